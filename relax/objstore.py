@@ -1,0 +1,85 @@
+"""Thin helpers over fsspec so every part of Relax addresses storage by URL alone.
+
+Why a module of its own: the data layer, the TransferQueue and the WeightStore all need
+the same two guarantees from very different stores (a local folder, S3, GCS, memory):
+
+* a URL means the same object in every process (relative local paths are made absolute);
+* a written object is either fully visible or not at all. Object stores give that for a
+  single PUT; on a local filesystem we write a temporary sibling and rename it.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import uuid
+from typing import Any
+
+import fsspec
+from fsspec import AbstractFileSystem
+
+
+def open_fs(url: str) -> tuple[AbstractFileSystem, str]:
+    """The filesystem and the protocol-less path of ``url`` (fsspec's own resolution)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs, path
+
+
+def absolute_url(url: str) -> str:
+    """``file://./.relax`` or ``./x`` -> ``file:///abs/.relax``; remote URLs unchanged."""
+    fs, path = open_fs(url)
+    if _is_local(fs):
+        return "file://" + os.path.abspath(path)
+    return fs.unstrip_protocol(path)
+
+
+def join(url: str, *parts: str) -> str:
+    return posixpath.join(url.rstrip("/"), *parts)
+
+
+def exists(url: str) -> bool:
+    fs, path = open_fs(url)
+    _forget_listing(fs, path)
+    return fs.exists(path)
+
+
+def read_bytes(url: str) -> bytes:
+    fs, path = open_fs(url)
+    return fs.cat_file(path)
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    """Write ``data`` so that readers see the whole object or nothing."""
+    fs, path = open_fs(url)
+    if _is_local(fs):
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    else:
+        fs.pipe_file(path, data)
+
+
+def list_dir(url: str) -> list[str]:
+    """Names (not paths) of the entries directly under ``url``; empty if it does not exist."""
+    fs, path = open_fs(url)
+    _forget_listing(fs, path)
+    try:
+        entries: list[Any] = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(posixpath.basename(e.rstrip("/")) for e in entries)
+
+
+def _is_local(fs: AbstractFileSystem) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def _forget_listing(fs: AbstractFileSystem, path: str) -> None:
+    """Object-store filesystems cache listings per process; another process may have written since."""
+    if not _is_local(fs):
+        fs.invalidate_cache(path)

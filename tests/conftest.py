@@ -1,0 +1,97 @@
+"""Session-wide fixtures: a real local S3 server (moto), isolated roots, offline settings.
+
+The S3 server is started lazily, once per session, only when a test asks for ``s3_url``.
+Clients find it through ``AWS_ENDPOINT_URL`` (botocore reads it), the same way a user
+points Relax at MinIO or any other S3-compatible store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A moto S3 server on a free loopback port; yields its endpoint URL, stops it at session end."""
+    port = _free_port()
+    exe = Path(sys.executable).with_name("moto_server")
+    log = open(REPO / ".pytest_moto.log", "wb")
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(endpoint, timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto_server did not start; see {log.name}") from None
+            time.sleep(0.2)
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    yield endpoint
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def s3_url(moto_server) -> str:
+    """A fresh, empty bucket for one test: ``s3://relax-test-<hex>``."""
+    import fsspec
+
+    bucket = f"relax-test-{uuid.uuid4().hex[:12]}"
+    fsspec.filesystem("s3").mkdir(bucket)
+    return f"s3://{bucket}"
+
+
+@pytest.fixture(params=["file", "memory", "s3"])
+def any_url(request, tmp_path) -> str:
+    """The same test on a local folder, fsspec's in-memory store and the moto S3 server."""
+    if request.param == "file":
+        return f"file://{tmp_path}/store"
+    if request.param == "memory":
+        return f"memory://relax-{uuid.uuid4().hex[:12]}"
+    request.applymarker(pytest.mark.s3)
+    return request.getfixturevalue("s3_url")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _clean_flyte_tmp():
+    """Local Flyte runs leave /tmp/flyte* folders behind; remove the ones this session made."""
+    import glob
+    import tempfile
+
+    pattern = os.path.join(tempfile.gettempdir(), "flyte*")
+    before = set(glob.glob(pattern))
+    yield
+    for path in set(glob.glob(pattern)) - before:
+        shutil.rmtree(path, ignore_errors=True)

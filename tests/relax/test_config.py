@@ -1,0 +1,153 @@
+"""Config tree: presets, overrides, round trips and every kind of bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import yaml
+
+from relax.config import RelaxConfig
+from relax.config_loader import (
+    ConfigError,
+    config_from_dict,
+    config_hash,
+    config_to_dict,
+    config_to_yaml,
+    list_presets,
+    load_config,
+    parse_override,
+)
+
+
+def test_default_preset_is_the_dataclass_defaults():
+    assert load_config() == RelaxConfig()
+    assert load_config("tiny-cpu") == RelaxConfig()
+    assert RelaxConfig().root == "file://./.relax"
+
+
+@pytest.mark.parametrize("preset", ["tiny-cpu", "qwen2.5-0.5b", "qwen2.5-vl-3b", "qwen2.5-omni-3b"])
+def test_every_preset_loads_and_round_trips(preset, tmp_path):
+    cfg = load_config(preset)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(config_to_yaml(cfg))
+    assert load_config(str(path)) == cfg
+    assert RelaxConfig.from_json(json.dumps(config_to_dict(cfg))) == cfg
+    assert preset in list_presets()
+
+
+def test_gpu_presets_use_their_model_family():
+    assert load_config("qwen2.5-vl-3b").model.family == "qwen2_5_vl"
+    assert load_config("qwen2.5-omni-3b").model.family == "qwen2_5_omni"
+    assert load_config("qwen2.5-0.5b").rollout.engine == "sglang"
+
+
+def test_overrides_parse_types():
+    cfg = load_config(None, ["trainer.lr=3e-4", "rollout.temperature=0.7", "data.tasks=[arithmetic,shapes]",
+                             "model.value_head=true", "run_id=exp1", "queue.max_staleness=0"])
+    assert cfg.trainer.lr == pytest.approx(3e-4)
+    assert cfg.rollout.temperature == pytest.approx(0.7)
+    assert cfg.data.tasks == ["arithmetic", "shapes"]
+    assert cfg.model.value_head is True
+    assert cfg.run_id == "exp1"
+    assert cfg.queue.max_staleness == 0
+
+
+def test_comma_list_override_and_numeric_string():
+    cfg = load_config(None, ["data.tasks=shapes,tones", "run_id=123"])
+    assert cfg.data.tasks == ["shapes", "tones"]
+    assert cfg.run_id == "123"  # a name that looks like a number stays a string
+
+
+def test_partial_yaml_file_keeps_other_defaults(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({"seed": 7, "rollout": {"n_samples_per_prompt": 4}}))
+    cfg = load_config(str(path), ["seed=9"])
+    assert cfg.seed == 9  # overrides win over the file
+    assert cfg.rollout.n_samples_per_prompt == 4
+    assert cfg.rollout.temperature == RelaxConfig().rollout.temperature
+
+
+def test_config_hash_changes_with_any_field():
+    base = config_hash(RelaxConfig())
+    assert config_hash(load_config()) == base
+    assert config_hash(load_config(None, ["rollout.top_p=0.9"])) != base
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("trainer.lrr=1", ["unknown config key trainer.lrr", "did you mean trainer.lr"]),
+        ("rolout.temperature=1", ["unknown config key rolout", "did you mean rollout"]),
+        ("trainer.lr=fast", ["trainer.lr must be a number", "'fast'"]),
+        ("rollout.top_p=1.5", ["rollout.top_p = 1.5 is out of range", "0.0 <= rollout.top_p <= 1.0"]),
+        ("queue.max_staleness=-1", ["queue.max_staleness = -1 is out of range"]),
+        ("rollout.n_samples_per_prompt=2.5", ["rollout.n_samples_per_prompt must be an integer"]),
+        ("topology=asynk", ["topology = 'asynk' is not accepted", "did you mean 'async'", "disaggregated"]),
+        ("model.value_head=yes please", ["model.value_head must be true or false"]),
+        ("data.tasks=5", ["data.tasks must be a list"]),
+        ("trainer=1", ["trainer must be a mapping"]),
+        ("novalue", ["not of the form key=value"]),
+        ("run_id=a/b", ["run_id", "without '/'"]),
+    ],
+)
+def test_bad_values_name_the_field_and_the_fix(override, fragments):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+def test_cross_field_checks():
+    with pytest.raises(ConfigError, match="exceed resources.num_gpus"):
+        load_config(None, ["resources.rollout_gpus=1"])
+    with pytest.raises(ConfigError, match="needs GPUs"):
+        load_config(None, ["rollout.engine=sglang"])
+    with pytest.raises(ConfigError, match="model.value_head=true"):
+        load_config(None, ["algorithm.advantage=gae"])
+    assert load_config(None, ["algorithm.advantage=gae", "model.value_head=true"]).algorithm.advantage == "gae"
+
+
+def test_unknown_preset_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean preset 'tiny-cpu'"):
+        load_config("tiny-cpo")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(str(listy))
+
+
+def test_from_json_is_strict():
+    # pyflyte passes --cfg files through RelaxConfig.from_json: a typo must not be dropped silently.
+    with pytest.raises(ConfigError, match="did you mean data.train_url"):
+        RelaxConfig.from_json(json.dumps({"data": {"train_urll": "x.jsonl"}}))
+
+
+def test_every_field_is_documented():
+    def walk(obj, prefix=""):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            assert f.metadata.get("help"), f"{prefix}{f.name} has no help text"
+            if dataclasses.is_dataclass(value):
+                walk(value, prefix + f.name + ".")
+
+    walk(RelaxConfig())
+
+
+def test_dict_round_trip_is_identity():
+    cfg = load_config("qwen2.5-omni-3b", ["seed=3"])
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+def test_parse_override_values():
+    assert parse_override("a.b=1") == ("a.b", 1)
+    assert parse_override("a=") == ("a", "")
+    assert parse_override("a=[x, y]") == ("a", ["x", "y"])
+    assert parse_override("url=s3://b/k=v") == ("url", "s3://b/k=v")
