@@ -1,0 +1,55 @@
+"""Turn the ``data`` section of a config into train/eval splits and into a snapshot.
+
+This is the one function the CLI, the Flyte task and later the trainer call, so that a
+config always names exactly one dataset snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from relax.config import DataConfig
+from relax.data.readers import read_samples
+from relax.data.schema import Sample
+from relax.data.snapshot import SnapshotInfo, SnapshotPlan, plan_snapshot, write_snapshot
+
+
+def load_splits(data: DataConfig) -> dict[str, list[Sample]]:
+    """``{"train": [...], "eval": [...]}`` from the built-in suite or from data.train_url/eval_url."""
+    if not data.train_url:
+        from relax.data.tasks import generate_suite
+
+        return generate_suite(list(data.tasks), seed=data.seed, train_per_task=data.train_per_task,
+                              eval_per_task=data.eval_per_task, difficulty=data.difficulty)
+    train = list(read_samples(data.train_url, data.format))
+    if data.eval_url:
+        return {"train": train, "eval": list(read_samples(data.eval_url, data.format))}
+    splits: dict[str, list[Sample]] = {"train": [], "eval": []}
+    for s in train:
+        splits["eval" if held_out(s.id, data.eval_fraction) else "train"].append(s)
+    return splits
+
+
+def held_out(sample_id: str, fraction: float) -> bool:
+    """A stable split by row id: the same row lands in the same split on every machine."""
+    h = int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+def source_description(data: DataConfig) -> dict[str, Any]:
+    """What the snapshot was made from, kept in its manifest (not part of its id)."""
+    if not data.train_url:
+        return {"kind": "builtin", "tasks": list(data.tasks), "seed": data.seed, "difficulty": data.difficulty,
+                "train_per_task": data.train_per_task, "eval_per_task": data.eval_per_task}
+    return {"kind": "files", "format": data.format, "train_url": data.train_url, "eval_url": data.eval_url,
+            "eval_fraction": data.eval_fraction if not data.eval_url else None}
+
+
+def plan_from_config(data: DataConfig, progress: bool = False) -> SnapshotPlan:
+    return plan_snapshot(load_splits(data), source_description(data), progress=progress)
+
+
+def snapshot_from_config(data: DataConfig, root: str, progress: bool = False) -> SnapshotInfo:
+    """Create (or reuse) the snapshot of the dataset ``data`` describes under ``root``."""
+    return write_snapshot(plan_from_config(data, progress), root, progress=progress)
