@@ -10,6 +10,8 @@ import hashlib
 from typing import Any
 
 from relax.config import DataConfig
+from relax.objstore import absolute_url
+from relax.data.errors import DataError
 from relax.data.readers import read_samples
 from relax.data.schema import Sample
 from relax.data.snapshot import SnapshotInfo, SnapshotPlan, plan_snapshot, write_snapshot
@@ -28,6 +30,11 @@ def load_splits(data: DataConfig) -> dict[str, list[Sample]]:
     splits: dict[str, list[Sample]] = {"train": [], "eval": []}
     for s in train:
         splits["eval" if held_out(s.id, data.eval_fraction) else "train"].append(s)
+    if not splits["eval"] or not splits["train"]:
+        empty = "eval" if not splits["eval"] else "train"
+        raise DataError(f"splitting {len(train)} rows of {data.train_url} with data.eval_fraction="
+                        f"{data.eval_fraction} left the {empty} split empty; change data.eval_fraction or pass "
+                        f"held-out rows in data.eval_url")
     return splits
 
 
@@ -42,7 +49,8 @@ def source_description(data: DataConfig) -> dict[str, Any]:
     if not data.train_url:
         return {"kind": "builtin", "tasks": list(data.tasks), "seed": data.seed, "difficulty": data.difficulty,
                 "train_per_task": data.train_per_task, "eval_per_task": data.eval_per_task}
-    return {"kind": "files", "format": data.format, "train_url": data.train_url, "eval_url": data.eval_url,
+    return {"kind": "files", "format": data.format, "train_url": absolute_url(data.train_url),
+            "eval_url": absolute_url(data.eval_url) if data.eval_url else "",
             "eval_fraction": data.eval_fraction if not data.eval_url else None}
 
 

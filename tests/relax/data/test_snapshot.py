@@ -166,3 +166,9 @@ def test_write_plan_twice_in_one_root_is_idempotent(tmp_path):
     plan = plan_snapshot({"train": [s]})
     assert write_snapshot(plan, str(tmp_path)).created
     assert not write_snapshot(plan, str(tmp_path)).created
+
+
+def test_hash_split_that_leaves_eval_empty_says_how_to_fix(tmp_path):
+    write_jsonl(str(tmp_path / "one.jsonl"), [Sample(id="only", messages=(Message("user", "q"),), answer="a")])
+    with pytest.raises(DataError, match="left the eval split empty; change data.eval_fraction or pass"):
+        snapshot_from_config(DataConfig(train_url=str(tmp_path / "one.jsonl")), str(tmp_path / "root"))

@@ -1,0 +1,43 @@
+"""``relax`` command line: one sub-command per area, each in its own module.
+
+Errors a user can fix (bad config, bad data) print one ``error:`` line and exit with
+status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from relax.cli import config_cmd, data_cmd
+from relax.config_loader import ConfigError
+from relax.data.errors import DataError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous omni-modal RL post-training.")
+    sub = parser.add_subparsers(dest="area", required=True, metavar="{config,data}")
+    config_cmd.register(sub)
+    data_cmd.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def split_overrides(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separate ``key=value`` overrides from positional arguments."""
+    overrides = [t for t in tokens if "=" in t and not t.startswith(("/", ".", "s3:", "file:"))]
+    positional = [t for t in tokens if t not in overrides]
+    return positional, overrides
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The `relax` command as a user runs it: a real subprocess of the installed entry point."""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from relax.data.readers import write_jsonl
+from relax.data.schema import MediaRef, Message, Sample
+
+RELAX = str(Path(sys.executable).with_name("relax"))
+
+
+def relax(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([RELAX, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def write_rows(folder: Path) -> None:
+    (folder / "img").mkdir(parents=True, exist_ok=True)
+    (folder / "img" / "x.png").write_bytes(b"\x89PNG fake image")
+    write_jsonl(str(folder / "rows.jsonl"), [
+        Sample(id=f"r{i}", messages=(Message("user", "<image> n?"),), answer=str(i),
+               images=(MediaRef(path="img/x.png"),)) for i in range(40)
+    ])
+
+
+def test_config_show_resolves_overrides(tmp_path):
+    out = relax("config", "show", "tiny-cpu", "trainer.lr=0.5", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["trainer"]["lr"] == 0.5
+    as_yaml = yaml.safe_load(relax("config", "show", "qwen2.5-vl-3b", cwd=tmp_path).stdout)
+    assert as_yaml["model"]["family"] == "qwen2_5_vl"
+
+
+def test_config_errors_exit_2_with_one_line(tmp_path):
+    out = relax("config", "show", "rollout.temprature=0.3", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: unknown config key rollout.temprature; did you mean rollout.temperature?")
+    assert "Traceback" not in out.stderr
+
+
+def test_snapshot_twice_prints_the_same_id(tmp_path):
+    write_rows(tmp_path)
+    first = relax("data", "snapshot", "rows.jsonl", "--root", "store", "--json", cwd=tmp_path)
+    second = relax("data", "snapshot", "rows.jsonl", "--root", "store", "--json", cwd=tmp_path)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert a["id"] == b["id"] and a["created"] and not b["created"]
+    assert a["url"] == f"file://{tmp_path}/store/datasets/{a['id']}"
+    human = relax("data", "snapshot", "rows.jsonl", "--root", "store", cwd=tmp_path).stdout
+    assert f"snapshot {a['id']} (already existed, reused)" in human and f"at    {a['url']}" in human
+
+
+def test_snapshot_missing_media_fails_cleanly(tmp_path):
+    write_rows(tmp_path)
+    (tmp_path / "img" / "x.png").unlink()
+    out = relax("data", "snapshot", "rows.jsonl", "--root", "store", cwd=tmp_path)
+    assert out.returncode == 2
+    assert re.search(r"row 'r\d+' images\[0\]: media file \S+/img/x.png not found", out.stderr)
+    assert not (tmp_path / "store").exists()
+
+
+def test_inspect_lists_and_shows(tmp_path):
+    write_rows(tmp_path)
+    sid = json.loads(relax("data", "snapshot", "rows.jsonl", "--root", "store", "--json", cwd=tmp_path).stdout)["id"]
+    listing = relax("data", "inspect", "store", cwd=tmp_path)
+    assert listing.returncode == 0 and listing.stdout.startswith(sid)
+    shown = relax("data", "inspect", "store", sid, "--rows", "2", cwd=tmp_path)
+    assert f"snapshot {sid}" in shown.stdout and shown.stdout.count("\n[r") == 2
+    manifest = json.loads(relax("data", "inspect", f"store/datasets/{sid}", "--json", cwd=tmp_path).stdout)
+    assert manifest["media"]["files"] == 1 and sum(s["rows"] for s in manifest["splits"].values()) == 40
+    empty = relax("data", "inspect", "nowhere", cwd=tmp_path)
+    assert empty.returncode == 2 and "no dataset snapshots under" in empty.stderr
+
+
+def test_config_docs_match_the_committed_reference(tmp_path):
+    out = relax("config", "docs", cwd=tmp_path)
+    committed = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
+    assert out.stdout == committed, "docs/configuration.md is stale: run `make docs`"
