@@ -1,0 +1,1 @@
+"""Flyte tasks: thin wrappers that declare resources, caching and retries and call one relax function."""

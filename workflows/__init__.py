@@ -1,0 +1,1 @@
+"""Flyte workflows and launch plans: wiring only."""
