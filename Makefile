@@ -12,11 +12,9 @@ export TRANSFORMERS_OFFLINE := 1
 
 setup: $(STAMP)
 
-# torch first, pinned: a bare torch requirement would pull a multi-GB CUDA build (docs/operations.md).
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+# infra/setup.sh installs torch first, pinned (a bare torch requirement pulls a multi-GB CUDA build).
+$(STAMP): pyproject.toml infra/setup.sh
+	PYTHON=$(PYTHON) VENV=$(VENV) infra/setup.sh
 	touch $(STAMP)
 
 run: setup

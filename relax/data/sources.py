@@ -10,11 +10,11 @@ import hashlib
 from typing import Any
 
 from relax.config import DataConfig
-from relax.objstore import absolute_url
 from relax.data.errors import DataError
 from relax.data.readers import read_samples
 from relax.data.schema import Sample
 from relax.data.snapshot import SnapshotInfo, SnapshotPlan, plan_snapshot, write_snapshot
+from relax.objstore import absolute_url
 
 
 def load_splits(data: DataConfig) -> dict[str, list[Sample]]:
