@@ -18,5 +18,5 @@ from tasks.data import hash_dataset, snapshot_dataset
 
 @workflow
 def omni_rl(cfg: RelaxConfig = RelaxConfig()) -> SnapshotInfo:
-    dataset_id = hash_dataset(cfg=cfg)
-    return snapshot_dataset(data=cfg.data, root=cfg.root, dataset_id=dataset_id)
+    key = hash_dataset(cfg=cfg)
+    return snapshot_dataset(data=cfg.data, key=key)

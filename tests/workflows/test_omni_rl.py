@@ -58,6 +58,19 @@ def test_pyflyte_run_prints_snapshot_and_reuses_cache(tmp_path):
     assert new and new.group(1) != sid  # new content, new id, cache missed
 
 
+@pytest.mark.slow
+def test_same_config_from_another_folder_gets_its_own_snapshot(tmp_path):
+    # The default root is relative (./.relax): a cache hit must never hand back another folder's snapshot.
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump({"data": {"train_per_task": 3, "eval_per_task": 2}}))
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        out = run_pyflyte(cfg_file, tmp_path / "home", tmp_path / name)
+        match = re.search(r"url='(file://[^']+)'", out)
+        assert match and match.group(1).startswith(f"file://{tmp_path / name}/.relax/datasets/"), out
+        assert Snapshot(match.group(1)).info().rows == {"train": 12, "eval": 8}
+
+
 def test_pyflyte_package_serializes(tmp_path):
     out_file = tmp_path / "flyte-package.tgz"
     out = subprocess.run([PYFLYTE, "--pkgs", "workflows", "package", "--image", "relax:dev", "--output",
