@@ -1,0 +1,39 @@
+"""What a new user and CI rely on at the top of the repository."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_readme_opens_with_the_two_commands():
+    text = (REPO / "README.md").read_text()
+    first_block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in first_block.strip().splitlines()]
+    assert commands == ["make run", "make test"]
+    assert text.index("```bash") < text.index("## What this is")
+
+
+def test_ci_runs_the_readme_test_command_and_fails_loudly():
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in ci and re.search(r"^make test\b", ci, re.M)
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^test: setup\n\t\$\(BIN\)/python -m pytest -m \"not gpu\"", makefile, re.M)
+
+
+def test_markers_and_license():
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    markers = {m.split(":")[0] for m in meta["tool"]["pytest"]["ini_options"]["markers"]}
+    assert markers == {"slow", "gpu", "s3", "ray"}
+    assert meta["project"]["license"] == "Apache-2.0"
+    assert "Apache License" in (REPO / "LICENSE").read_text()[:200]
+
+
+def test_engine_never_imports_flyte():
+    # DESIGN.md: nothing under relax/ imports Flyte, so the engine runs from plain Python too.
+    offenders = [str(p.relative_to(REPO)) for p in (REPO / "relax").rglob("*.py")
+                 if re.search(r"^\s*(import|from)\s+flytekit", p.read_text(), re.M)]
+    assert offenders == []
