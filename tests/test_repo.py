@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,10 +24,10 @@ def test_ci_runs_the_readme_test_command_and_fails_loudly():
 
 
 def test_markers_and_license():
-    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
-    markers = {m.split(":")[0] for m in meta["tool"]["pytest"]["ini_options"]["markers"]}
-    assert markers == {"slow", "gpu", "s3", "ray"}
-    assert meta["project"]["license"] == "Apache-2.0"
+    pyproject = (REPO / "pyproject.toml").read_text()  # no tomllib: Python 3.10 is supported
+    block = re.search(r"^markers = \[(.*?)^\]", pyproject, re.S | re.M).group(1)
+    assert set(re.findall(r'^\s*"(\w+):', block, re.M)) == {"slow", "gpu", "s3", "ray"}
+    assert re.search(r'^license = "Apache-2.0"$', pyproject, re.M)
     assert "Apache License" in (REPO / "LICENSE").read_text()[:200]
 
 
