@@ -17,9 +17,7 @@ from relax.data.schema import Message, Sample
 from relax.data.tasks.base import (
     TaskSpec,
     check_generate_args,
-    draw_for_split,
-    sample_id,
-    split_rng,
+    generate_split,
 )
 from relax.data.verifiers import ANSWER_FORMAT_HINT, numeric_match_reward
 
@@ -97,15 +95,8 @@ def generate_with_config(
     seed: int, split: str, n: int, config: ArithmeticConfig, difficulty: int = 0
 ) -> list[Sample]:
     """``n`` samples of ``split`` under an explicit config (``difficulty`` is only recorded)."""
-    rng = split_rng(seed, NAME, split, config)
-    seen: set[str] = set()
-    samples = []
-    for i in range(n):
-        question = draw_for_split(
-            rng, NAME, split, lambda r: draw_question(r, config), lambda q: q.expression, seen
-        )
-        samples.append(question_to_sample(question, sample_id(NAME, split, i), difficulty))
-    return samples
+    return generate_split(NAME, seed, split, n, config, lambda r: draw_question(r, config),
+                          lambda q: q.expression, lambda q, sid: question_to_sample(q, sid, difficulty))
 
 
 def generate(seed: int, split: str, n: int, difficulty: int) -> list[Sample]:

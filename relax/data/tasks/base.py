@@ -174,6 +174,23 @@ def draw_for_split(
     )
 
 
+def generate_split(
+    task: str,
+    seed: int,
+    split: str,
+    n: int,
+    config: object,
+    draw: Callable[[random.Random], T],
+    key: Callable[[T], str],
+    to_sample: Callable[[T, str], Sample],
+) -> list[Sample]:
+    """The loop every generator shares: ``n`` fresh questions of ``split`` from the task's one
+    random stream, each turned into a sample with a stable id by ``to_sample(item, id)``."""
+    rng = split_rng(seed, task, split, config)
+    seen: set[str] = set()
+    return [to_sample(draw_for_split(rng, task, split, draw, key, seen), sample_id(task, split, i)) for i in range(n)]
+
+
 def random_policy_score(task: TaskSpec, seed: int, n: int, difficulty: int) -> float:
     """Mean reward on ``n`` eval samples when every response is a uniform guess from the answer space.
 

@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 
 from relax.data.errors import DataError
 from relax.data.schema import IMAGE_PLACEHOLDER, MediaRef, Message, Sample
-from relax.data.tasks.base import TaskSpec, check_generate_args, draw_for_split, sample_id, split_rng
+from relax.data.tasks.base import TaskSpec, check_generate_args, generate_split
 from relax.data.verifiers import ANSWER_FORMAT_HINT, exact_match_reward
 
 NAME = "shapes"
@@ -167,13 +167,8 @@ def generate_with_config(
     seed: int, split: str, n: int, config: ShapesConfig, difficulty: int = 0
 ) -> list[Sample]:
     """``n`` samples of ``split`` under an explicit config, e.g. a larger ``image_size``."""
-    rng = split_rng(seed, NAME, split, config)
-    seen: set[str] = set()
-    samples = []
-    for i in range(n):
-        scene = draw_for_split(rng, NAME, split, lambda r: draw_scene(r, config), lambda s: s.key, seen)
-        samples.append(scene_to_sample(scene, config, sample_id(NAME, split, i), difficulty))
-    return samples
+    return generate_split(NAME, seed, split, n, config, lambda r: draw_scene(r, config),
+                          lambda s: s.key, lambda s, sid: scene_to_sample(s, config, sid, difficulty))
 
 
 def generate(seed: int, split: str, n: int, difficulty: int) -> list[Sample]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from relax.data.errors import DataError
 from relax.data.schema import AUDIO_PLACEHOLDER, MediaRef, Message, Sample
-from relax.data.tasks.base import TaskSpec, check_generate_args, draw_for_split, sample_id, split_rng
+from relax.data.tasks.base import TaskSpec, check_generate_args, generate_split
 from relax.data.verifiers import ANSWER_FORMAT_HINT, exact_match_reward
 
 NAME = "tones"
@@ -171,13 +171,8 @@ def generate_with_config(
     seed: int, split: str, n: int, config: TonesConfig, difficulty: int = 0
 ) -> list[Sample]:
     """``n`` samples of ``split`` under an explicit config, e.g. longer clips."""
-    rng = split_rng(seed, NAME, split, config)
-    seen: set[str] = set()
-    samples = []
-    for i in range(n):
-        clip = draw_for_split(rng, NAME, split, lambda r: draw_clip(r, config), lambda c: c.key, seen)
-        samples.append(clip_to_sample(clip, config, sample_id(NAME, split, i), difficulty))
-    return samples
+    return generate_split(NAME, seed, split, n, config, lambda r: draw_clip(r, config),
+                          lambda c: c.key, lambda c, sid: clip_to_sample(c, config, sid, difficulty))
 
 
 def generate(seed: int, split: str, n: int, difficulty: int) -> list[Sample]:

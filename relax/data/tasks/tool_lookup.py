@@ -21,7 +21,7 @@ from typing import Any
 
 from relax.data.errors import DataError
 from relax.data.schema import Message, Sample
-from relax.data.tasks.base import TaskSpec, check_generate_args, draw_for_split, sample_id, split_rng
+from relax.data.tasks.base import TaskSpec, check_generate_args, generate_split
 from relax.data.verifiers import extract_final_answer, normalize_answer
 
 NAME = "tool_lookup"
@@ -113,13 +113,8 @@ def generate_with_config(
     seed: int, split: str, n: int, config: LookupConfig, difficulty: int = 0
 ) -> list[Sample]:
     """``n`` samples of ``split``; the asked item name decides the split, so question texts never leak."""
-    rng = split_rng(seed, NAME, split, config)
-    seen: set[str] = set()
-    samples = []
-    for i in range(n):
-        puzzle = draw_for_split(rng, NAME, split, lambda r: draw_puzzle(r, config), lambda p: p.key, seen)
-        samples.append(puzzle_to_sample(puzzle, sample_id(NAME, split, i), difficulty))
-    return samples
+    return generate_split(NAME, seed, split, n, config, lambda r: draw_puzzle(r, config),
+                          lambda p: p.key, lambda p, sid: puzzle_to_sample(p, sid, difficulty))
 
 
 def generate(seed: int, split: str, n: int, difficulty: int) -> list[Sample]:
