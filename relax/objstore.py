@@ -48,19 +48,32 @@ def read_bytes(url: str) -> bytes:
     return fs.cat_file(path)
 
 
-def write_bytes(url: str, data: bytes) -> None:
-    """Write ``data`` so that readers see the whole object or nothing."""
+def write_bytes(url: str, data: bytes, fsync: bool = True) -> None:
+    """Write ``data`` so that readers see the whole object or nothing.
+
+    ``fsync`` (local files only) also makes it survive a power loss; a process crash never
+    needs it, and the queue's checksums catch what a power loss could still tear."""
     fs, path = open_fs(url)
     if _is_local(fs):
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         with open(tmp, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     else:
         fs.pipe_file(path, data)
+
+
+def delete(url: str) -> None:
+    """Remove one object (or an empty local folder); a missing object is not an error."""
+    fs, path = open_fs(url)
+    try:
+        fs.rm(path, recursive=fs.isdir(path))
+    except FileNotFoundError:
+        pass
 
 
 def list_dir(url: str) -> list[str]:

@@ -1,0 +1,124 @@
+"""The state of a topic as a pure function of its commit records.
+
+Every record a writer commits is applied here; the result depends only on *which*
+records were applied (the ``heads``: last sequence number per writer log), never on the
+order a reader happened to see them in. That is what makes a manifest version a precise
+name for a state: ``snapshots/<N>.json`` stores the heads and the folded state, and any
+reader that applies the same records gets the same samples, fields and arrival order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# (commit time, writer key, seq, index in record): a total order that every reader agrees on
+OrderKey = tuple[float, str, int, int]
+
+
+@dataclass
+class SampleMeta:
+    """Bookkeeping of one sample; ``locs`` maps each field to the (shard, row) that holds it."""
+
+    id: str
+    group: str
+    group_size: int
+    policy_version: int
+    num_tokens: int
+    order: OrderKey
+    locs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    added: dict[str, OrderKey] = field(default_factory=dict)  # commit order of fields added later
+
+    def to_json(self) -> list[Any]:
+        return [self.id, self.group, self.group_size, self.policy_version, self.num_tokens, list(self.order),
+                {k: list(v) for k, v in self.locs.items()}, {k: list(v) for k, v in self.added.items()}]
+
+    @staticmethod
+    def from_json(row: list[Any]) -> SampleMeta:
+        sid, group, size, pv, ntok, order, locs, added = row
+        return SampleMeta(sid, group, size, pv, ntok, tuple(order), {k: (v[0], v[1]) for k, v in locs.items()},
+                          {k: tuple(v) for k, v in added.items()})
+
+
+@dataclass
+class ShardInfo:
+    name: str
+    crc32: int
+    nbytes: int
+
+
+@dataclass
+class TopicState:
+    """All committed samples of a topic, with the fields each one has so far."""
+
+    heads: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, SampleMeta] = field(default_factory=dict)
+    shards: dict[str, ShardInfo] = field(default_factory=dict)
+    # fields committed for ids whose put this state has not seen (yet): order-independence
+    pending: dict[str, dict[str, tuple[OrderKey, tuple[str, int]]]] = field(default_factory=dict)
+    duplicates: dict[str, list[OrderKey]] = field(default_factory=dict)
+
+    def apply(self, writer_key: str, seq: int, record: dict[str, Any]) -> None:
+        """Fold one commit record in. Records of one writer must come in sequence order."""
+        expected = self.heads.get(writer_key, -1) + 1
+        if seq != expected:
+            raise ValueError(f"record {writer_key}/{seq} applied out of order (expected {expected})")
+        self.heads[writer_key] = seq
+        shard = record["shard"]
+        self.shards[shard] = ShardInfo(shard, int(record["crc32"]), int(record["nbytes"]))
+        t = float(record["time"])
+        if record["kind"] == "put":
+            for i, (sid, group, size, pv, ntok) in enumerate(record["samples"]):
+                order = (t, writer_key, seq, i)
+                meta = SampleMeta(sid, group, size, pv, ntok, order, {f: (shard, i) for f in record["fields"]})
+                self._add_sample(meta)
+        elif record["kind"] == "fields":
+            for i, sid in enumerate(record["ids"]):
+                for f in record["fields"]:
+                    self._add_field(sid, f, (t, writer_key, seq, i), (shard, i))
+        else:
+            raise ValueError(f"unknown record kind {record['kind']!r} in {writer_key}/{seq}")
+
+    def _add_sample(self, meta: SampleMeta) -> None:
+        old = self.samples.get(meta.id)
+        if old is not None:  # the same id put twice: the earlier commit wins on every reader
+            keep, lose = (old, meta) if old.order <= meta.order else (meta, old)
+            self.duplicates.setdefault(meta.id, []).append(lose.order)
+            if keep is old:
+                return
+            # keep the fields later stages added to this id; drop the losing put's own columns
+            for f, order in old.added.items():
+                meta.locs[f], meta.added[f] = old.locs[f], order
+        self.samples[meta.id] = meta
+        for f, (order, loc) in self.pending.pop(meta.id, {}).items():
+            self._add_field(meta.id, f, order, loc)
+
+    def _add_field(self, sid: str, name: str, order: OrderKey, loc: tuple[str, int]) -> None:
+        meta = self.samples.get(sid)
+        if meta is None:
+            prev = self.pending.setdefault(sid, {}).get(name)
+            if prev is None or order < prev[0]:
+                self.pending[sid][name] = (order, loc)
+            return
+        if name in meta.locs and (name not in meta.added or meta.added[name] <= order):
+            return  # the earliest commit of a field wins on every reader, whatever order they saw
+        meta.locs[name], meta.added[name] = loc, order
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "heads": self.heads,
+            "samples": [m.to_json() for m in sorted(self.samples.values(), key=lambda m: m.order)],
+            "shards": [[s.name, s.crc32, s.nbytes] for s in sorted(self.shards.values(), key=lambda s: s.name)],
+            "pending": {sid: {f: [list(o), list(loc)] for f, (o, loc) in fs.items()} for sid, fs in self.pending.items()},
+            "duplicates": {k: [list(o) for o in v] for k, v in self.duplicates.items()},
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> TopicState:
+        st = TopicState(heads={k: int(v) for k, v in d["heads"].items()})
+        st.samples = {row[0]: SampleMeta.from_json(row) for row in d["samples"]}
+        st.shards = {name: ShardInfo(name, crc, n) for name, crc, n in d["shards"]}
+        st.pending = {sid: {f: (tuple(o), (loc[0], loc[1])) for f, (o, loc) in fs.items()}
+                      for sid, fs in d.get("pending", {}).items()}
+        st.duplicates = {k: [tuple(o) for o in v] for k, v in d.get("duplicates", {}).items()}
+        return st

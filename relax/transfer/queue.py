@@ -1,0 +1,275 @@
+"""TransferQueue: a durable, versioned sample queue on any fsspec URL.
+
+Layout of one topic (``<root>/runs/<run_id>/queue/<topic>/``)::
+
+    schema/<writer>.json        fields each writer declared (the topic schema is their union)
+    shards/<writer>.<inc>/<seq>.safetensors   immutable column shards (crc32 in the record)
+    log/<writer>.<inc>/<seq>.json             commit records, one writer incarnation each
+    leases/<writer>.json                      who may write as <writer> right now
+    cursors/<group>/...                       consumer-group records (consumer.py)
+    snapshots/<N>.json                        compacted manifest versions
+
+A sample becomes visible when its commit record exists; the record is written after its
+shard, so a crash at any instant leaves either an invisible orphan shard or a committed,
+checksummed one. See docs/transfer.md for the API and the invariants.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from relax import objstore
+from relax.transfer.errors import SchemaError, StoreError
+from relax.transfer.manifest import TopicState
+from relax.transfer.schema import RESERVED, Field, TopicSchema, decode_shard, encode_shard
+from relax.transfer.writers import RecordLog, WriterLease, check_writer_id, read_records, split_key
+
+# In-process fast path: producers wake consumers of the same topic in the same process at once.
+_WAKE: dict[str, threading.Condition] = {}
+
+
+def _wake(url: str) -> threading.Condition:
+    return _WAKE.setdefault(url, threading.Condition())
+
+
+def topic_url(root: str, run_id: str, topic: str) -> str:
+    return objstore.join(objstore.absolute_url(root), "runs", run_id, "queue", topic)
+
+
+class TransferQueue:
+    """A reader of one topic, and the factory of its producers and consumer groups."""
+
+    def __init__(self, root: str, run_id: str, topic: str, *, poll_interval_s: float = 0.05,
+                 max_poll_interval_s: float = 1.0, fsync: bool = False, lease_timeout_s: float = 30.0,
+                 cache_bytes: int = 256 << 20):
+        self.url = topic_url(root, run_id, topic)
+        self.topic = topic
+        self.poll_interval_s = poll_interval_s
+        self.max_poll_interval_s = max_poll_interval_s
+        self.fsync = fsync
+        self.lease_timeout_s = lease_timeout_s
+        self.state = TopicState()
+        self.snapshot_version = 0
+        self._cache: OrderedDict[str, dict[str, list[Any]]] = OrderedDict()
+        self._cache_bytes = cache_bytes
+        self._cached = 0
+        try:
+            self._load_latest_snapshot()
+        except OSError as e:
+            raise StoreError(f"cannot open topic at {self.url}: {e}; check that the root is a writable "
+                             f"folder or bucket") from None
+
+    # -- schema ---------------------------------------------------------------------------
+    def schema(self) -> TopicSchema:
+        merged = TopicSchema(())
+        for name in objstore.list_dir(objstore.join(self.url, "schema")):
+            declared = json.loads(objstore.read_bytes(objstore.join(self.url, "schema", name)))
+            merged = merged.merge(TopicSchema.from_json(declared))
+        return merged
+
+    # -- producing ------------------------------------------------------------------------
+    def producer(self, writer_id: str, fields: Sequence[Field], tokens_field: str | None = "tokens") -> Producer:
+        """The only writer of ``writer_id``'s log; declares the fields it writes."""
+        return Producer(self, writer_id, TopicSchema(tuple(fields)), tokens_field)
+
+    # -- reading --------------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Apply every commit record written since the last refresh; returns how many."""
+        applied = 0
+        for key in objstore.list_dir(objstore.join(self.url, "log")):
+            start = self.state.heads.get(key, -1) + 1
+            for seq, record in read_records(objstore.join(self.url, "log", key), start):
+                self.state.apply(key, seq, record)
+                applied += 1
+        return applied
+
+    def wait_for_new(self, timeout: float) -> bool:
+        """Block until new records arrive or ``timeout`` passes; polls with backoff."""
+        deadline = time.monotonic() + timeout
+        delay = self.poll_interval_s
+        cond = _wake(self.url)
+        while True:
+            if self.refresh():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with cond:
+                cond.wait(min(delay, left))
+            delay = min(delay * 2, self.max_poll_interval_s)
+
+    def read(self, ids: Sequence[str], fields: Sequence[str]) -> dict[str, list[Any]]:
+        """Values of ``fields`` for ``ids`` (in that order), checksums verified.
+
+        Raises ``StoreError`` naming the shard if one is missing or corrupt; consumer groups
+        catch it, record the samples as dropped and go on.
+        """
+        out: dict[str, list[Any]] = {f: [] for f in fields}
+        for sid in ids:
+            meta = self.state.samples[sid]
+            for f in fields:
+                shard, row = meta.locs[f]
+                out[f].append(self._shard(shard)[f][row])
+        return out
+
+    def _shard(self, name: str) -> dict[str, list[Any]]:
+        if name in self._cache:
+            self._cache.move_to_end(name)
+            return self._cache[name]
+        info = self.state.shards[name]
+        try:
+            blob = objstore.read_bytes(objstore.join(self.url, "shards", name))
+        except FileNotFoundError:
+            raise StoreError(f"shard {name} is missing (deleted by retention, or the store lost it)") from None
+        if len(blob) != info.nbytes or zlib.crc32(blob) != info.crc32:
+            raise StoreError(f"shard {name} is corrupt: {len(blob)} bytes, crc32 {zlib.crc32(blob)} "
+                             f"(committed: {info.nbytes} bytes, crc32 {info.crc32})")
+        _, columns = decode_shard(blob, name)
+        self._cache[name] = columns
+        self._cached += len(blob)
+        while self._cached > self._cache_bytes and len(self._cache) > 1:
+            old, _ = self._cache.popitem(last=False)
+            self._cached -= self.state.shards[old].nbytes
+        return columns
+
+    # -- manifest versions ----------------------------------------------------------------
+    def compact(self, writer_id: str = "compactor") -> int:
+        """Write ``snapshots/<N+1>.json`` (the heads and the folded state); returns N+1."""
+        lease = WriterLease(objstore.join(self.url, "leases"), writer_id, self.lease_timeout_s).acquire()
+        try:
+            self.refresh()
+            latest = self._snapshot_versions()
+            version = (latest[-1] if latest else 0) + 1
+            body = {"version": version, "topic": self.topic, "time": time.time(), **self.state.to_json()}
+            objstore.write_bytes(objstore.join(self.url, "snapshots", f"{version:08d}.json"),
+                                 json.dumps(body, separators=(",", ":")).encode(), fsync=self.fsync)
+            self.snapshot_version = version
+            return version
+        finally:
+            lease.release()
+
+    def state_at(self, version: int) -> TopicState:
+        """The manifest of snapshot ``version`` (what a checkpoint names)."""
+        try:
+            return TopicState.from_json(json.loads(objstore.read_bytes(
+                objstore.join(self.url, "snapshots", f"{version:08d}.json"))))
+        except FileNotFoundError:
+            raise StoreError(f"topic {self.topic}: no manifest version {version} "
+                             f"(have {self._snapshot_versions()})") from None
+
+    def _snapshot_versions(self) -> list[int]:
+        return sorted(int(n.split(".")[0]) for n in objstore.list_dir(objstore.join(self.url, "snapshots"))
+                      if n.endswith(".json"))
+
+    def _load_latest_snapshot(self) -> None:
+        versions = self._snapshot_versions()
+        if versions:
+            self.state = self.state_at(versions[-1])
+            self.snapshot_version = versions[-1]
+        self.refresh()
+
+
+class Producer:
+    """Appends samples (``put``) and fields of existing samples (``add_fields``) to a topic."""
+
+    def __init__(self, queue: TransferQueue, writer_id: str, schema: TopicSchema, tokens_field: str | None):
+        self.queue = queue
+        self.writer_id = check_writer_id(writer_id)
+        self.schema = schema
+        self.fields = {f.name: f for f in schema.fields}
+        self.tokens_field = tokens_field
+        try:
+            queue.schema().merge(schema)  # fail on a contradicting declaration before writing
+        except OSError as e:
+            raise StoreError(f"cannot read topic {queue.url}: {e}") from None
+        self.lease = WriterLease(objstore.join(queue.url, "leases"), writer_id, queue.lease_timeout_s).acquire()
+        objstore.write_bytes(objstore.join(queue.url, "schema", f"{writer_id}.json"),
+                             json.dumps(schema.to_json(), sort_keys=True).encode(), fsync=queue.fsync)
+        self.log = RecordLog(objstore.join(queue.url, "log", self.lease.key), fsync=queue.fsync)
+
+    def put(self, samples: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None) -> list[str]:
+        """Commit ``samples`` as one shard. Each sample maps ``id``, ``group``, ``group_size``,
+        ``policy_version`` (and optionally ``num_tokens``) plus every declared field."""
+        if not samples:
+            return []
+        rows, columns = [], {name: [] for name in self.fields}
+        seen: set[str] = set()
+        for i, s in enumerate(samples):
+            sid = str(s.get("id", f"{self.lease.key}:{self.log.next_seq}:{i}"))
+            if sid in seen:
+                raise SchemaError(f"sample id {sid!r} appears twice in one put")
+            seen.add(sid)
+            missing = [f for f in self.fields if f not in s]
+            extra = [k for k in s if k not in self.fields and k not in RESERVED]
+            if missing or extra:
+                raise SchemaError(f"sample {sid!r}: missing fields {missing}, undeclared fields {extra}; "
+                                  f"declared: {list(self.fields)}")
+            for name, f in self.fields.items():
+                columns[name].append(f.check(s[name], sid))
+            ntok = s.get("num_tokens")
+            if ntok is None:
+                ntok = len(columns[self.tokens_field][-1]) if self.tokens_field in self.fields else 0
+            rows.append([sid, str(s.get("group", sid)), int(s.get("group_size", 1)), int(s.get("policy_version", 0)),
+                         int(ntok)])
+        return self._commit("put", rows, columns, [r[0] for r in rows], meta)
+
+    def add_fields(self, values: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any] | None = None) -> int:
+        """Commit new fields for existing samples: ``{sample_id: {field: value}}``."""
+        if not values:
+            return 0
+        names = sorted({f for v in values.values() for f in v})
+        columns = {name: [] for name in names}
+        for sid, fields in values.items():
+            if sorted(fields) != names:
+                raise SchemaError(f"sample {sid!r}: add_fields needs the same fields for every sample ({names})")
+            for name in names:
+                if name not in self.fields:
+                    raise SchemaError(f"field {name!r} is not declared by writer {self.writer_id!r}; "
+                                      f"declared: {list(self.fields)}")
+                columns[name].append(self.fields[name].check(fields[name], sid))
+        self._commit("fields", None, columns, list(values), meta)
+        return len(values)
+
+    def _commit(self, kind: str, rows: list | None, columns: dict, ids: list[str], meta: Mapping | None) -> Any:
+        self.lease.renew()
+        blob = encode_shard(columns, self.fields, ids)
+        shard = f"{self.lease.key}/{self.log.next_seq:08d}.safetensors"
+        objstore.write_bytes(objstore.join(self.queue.url, "shards", shard), blob, fsync=self.queue.fsync)
+        record: dict[str, Any] = {"kind": kind, "shard": shard, "crc32": zlib.crc32(blob), "nbytes": len(blob),
+                                  "fields": list(columns), "time": time.time(), "meta": dict(meta or {})}
+        if kind == "put":
+            record["samples"] = rows
+        else:
+            record["ids"] = ids
+        self.log.append(record)
+        cond = _wake(self.queue.url)
+        with cond:
+            cond.notify_all()
+        return ids
+
+    def last_meta(self) -> dict[str, Any] | None:
+        """``meta`` of this writer id's newest commit, across incarnations: where to resume from."""
+        self.queue.refresh()
+        newest: tuple[float, dict[str, Any]] | None = None
+        for key, head in self.queue.state.heads.items():
+            if split_key(key)[0] != self.writer_id:
+                continue
+            for _, record in read_records(objstore.join(self.queue.url, "log", key), head):
+                if newest is None or record["time"] >= newest[0]:
+                    newest = (record["time"], record.get("meta", {}))
+        return None if newest is None else newest[1]
+
+    def close(self) -> None:
+        self.lease.release()
+
+
+def samples_of(state: TopicState, fields: Iterable[str]) -> list[str]:
+    """Ids of samples that have every one of ``fields``, in arrival order."""
+    need = list(fields)
+    return [m.id for m in sorted(state.samples.values(), key=lambda m: m.order) if all(f in m.locs for f in need)]

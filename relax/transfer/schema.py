@@ -1,0 +1,193 @@
+"""Topic schemas and the columnar shard codec.
+
+A topic's samples are rows; their fields are columns. A shard holds one batch of rows
+for some fields as a safetensors blob: fixed-shape fields are stacked into one array,
+variable-length fields (token ids, logprobs, image patches) are concatenated along their
+first axis with an ``<name>.offsets`` array, bytes and strings likewise as uint8. Arrays
+stay numpy so producers and consumers that never touch torch (reward workers, the crash
+tests) start fast; ``to_torch`` converts at the edge, bfloat16 included.
+
+Per-sample bookkeeping (id, prompt group, policy version, token count) is not in shards:
+it travels in the commit record so that consumers plan batches without reading data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from relax.transfer.errors import SchemaError, StoreError
+
+KINDS = ("tensor", "bytes", "str")
+# bfloat16 has no numpy dtype: it is carried as its raw 16 bits and restored by to_torch.
+_STORAGE_DTYPE = {"bfloat16": "int16"}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One column. ``shape`` is per sample: ``()`` a scalar, ``(None,)`` a variable-length
+    vector, ``(None, 1176)`` variable rows of fixed width, ``(3,)`` a fixed vector. Only the
+    first dimension may be ``None``."""
+
+    name: str
+    dtype: str = "float32"
+    shape: tuple[int | None, ...] = ()
+    kind: str = "tensor"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise SchemaError(f"field {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if any(d is None for d in self.shape[1:]):
+            raise SchemaError(f"field {self.name!r}: only the first dimension may be variable (None)")
+        if self.kind == "tensor":
+            np.dtype(_STORAGE_DTYPE.get(self.dtype, self.dtype))  # raises on unknown dtypes
+
+    @property
+    def ragged(self) -> bool:
+        return self.kind != "tensor" or (len(self.shape) > 0 and self.shape[0] is None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "kind": self.kind}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Field:
+        return Field(d["name"], d.get("dtype", "float32"), tuple(d.get("shape", ())), d.get("kind", "tensor"))
+
+    def check(self, value: Any, sample_id: str) -> np.ndarray:
+        """Normalise one sample's value to a contiguous numpy array, or raise naming the mismatch."""
+        where = f"sample {sample_id!r} field {self.name!r}"
+        if self.kind == "bytes":
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                raise SchemaError(f"{where}: expected bytes, got {type(value).__name__}")
+            return np.frombuffer(bytes(value), dtype=np.uint8)
+        if self.kind == "str":
+            if not isinstance(value, str):
+                raise SchemaError(f"{where}: expected str, got {type(value).__name__}")
+            return np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
+        arr = _as_numpy(value, self.dtype)
+        if arr.dtype != np.dtype(_STORAGE_DTYPE.get(self.dtype, self.dtype)):
+            raise SchemaError(f"{where}: dtype {arr.dtype} contradicts the topic schema ({self.dtype}); "
+                              f"cast it before putting")
+        if arr.ndim != len(self.shape) or any(w is not None and w != g for w, g in zip(self.shape, arr.shape, strict=False)):
+            want = "(" + ", ".join("*" if d is None else str(d) for d in self.shape) + ")"
+            raise SchemaError(f"{where}: shape {tuple(arr.shape)} contradicts the topic schema {want}")
+        return arr if arr.flags.c_contiguous else arr.copy(order="C")  # ascontiguousarray makes 0-d 1-d
+
+
+def _as_numpy(value: Any, dtype: str) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor; imported lazily, never required
+        t = value.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":
+            if dtype != "bfloat16":
+                raise SchemaError(f"got a bfloat16 tensor for a {dtype} field")
+            import torch
+
+            return t.view(torch.int16).numpy()
+        return t.numpy()
+    if isinstance(value, np.ndarray):
+        return value
+    arr = np.asarray(value)
+    if arr.dtype.kind in "iuf" and dtype != "bfloat16" and np.can_cast(arr.dtype, dtype, "same_kind"):
+        return arr.astype(dtype)  # Python scalars and lists take the schema's dtype
+    return arr
+
+
+@dataclass(frozen=True)
+class TopicSchema:
+    """The fields a topic's samples may carry. Stages add fields by declaring them too."""
+
+    fields: tuple[Field, ...]
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in self.fields]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise SchemaError(f"fields declared twice: {dupes}")
+        reserved = set(names) & RESERVED
+        if reserved:
+            raise SchemaError(f"{sorted(reserved)} are per-sample bookkeeping, not fields; pass them as "
+                              f"keyword columns of put()")
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise SchemaError(f"field {name!r} is not in the topic schema; declared: {[f.name for f in self.fields]}")
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [f.to_json() for f in self.fields]
+
+    @staticmethod
+    def from_json(items: Sequence[Mapping[str, Any]]) -> TopicSchema:
+        return TopicSchema(tuple(Field.from_json(d) for d in items))
+
+    def merge(self, other: TopicSchema) -> TopicSchema:
+        """Union of two schemas; a field declared differently in each is an error."""
+        mine = {f.name: f for f in self.fields}
+        for f in other.fields:
+            if f.name in mine and mine[f.name] != f:
+                raise SchemaError(f"field {f.name!r} is declared as {mine[f.name].to_json()} in the topic but "
+                                  f"{f.to_json()} here")
+        return TopicSchema(self.fields + tuple(f for f in other.fields if f.name not in mine))
+
+
+RESERVED = {"id", "group", "group_size", "policy_version", "num_tokens"}
+
+
+def encode_shard(columns: Mapping[str, list[np.ndarray]], fields: Mapping[str, Field], ids: Sequence[str]) -> bytes:
+    """One safetensors blob holding ``columns`` (field -> per-sample arrays, checked already)."""
+    tensors: dict[str, np.ndarray] = {}
+    for name, values in columns.items():
+        if fields[name].ragged:
+            lengths = np.fromiter((v.shape[0] for v in values), dtype=np.int64, count=len(values))
+            offsets = np.zeros(len(values) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            tensors[name] = np.concatenate(values) if values else np.zeros(0, dtype=np.uint8)
+            tensors[name + ".offsets"] = offsets
+        else:
+            tensors[name] = np.stack(values)
+    kinds = {name: fields[name].kind for name in columns}
+    return st_save(tensors, metadata={"relax_shard": "1", "ids": json.dumps(list(ids)), "kinds": json.dumps(kinds)})
+
+
+def decode_shard(blob: bytes, name: str) -> tuple[list[str], dict[str, list[Any]]]:
+    """Per-sample values of every field in the shard (arrays, bytes or str); self-describing."""
+    try:
+        tensors = st_load(blob)
+        meta = _metadata(blob)
+        ids, kinds = json.loads(meta["ids"]), json.loads(meta["kinds"])
+    except Exception as e:  # a checksum passed but the blob is not ours: report, don't crash
+        raise StoreError(f"shard {name} cannot be decoded: {e}") from None
+    out: dict[str, list[Any]] = {}
+    for fname, kind in kinds.items():
+        arr = tensors[fname]
+        if fname + ".offsets" in tensors:
+            off = tensors[fname + ".offsets"]
+            parts = [arr[off[i]:off[i + 1]] for i in range(len(ids))]
+            if kind == "bytes":
+                parts = [p.tobytes() for p in parts]
+            elif kind == "str":
+                parts = [p.tobytes().decode("utf-8") for p in parts]
+            out[fname] = parts
+        else:
+            out[fname] = list(arr)
+    return ids, out
+
+
+def _metadata(blob: bytes) -> dict[str, str]:
+    n = int.from_bytes(blob[:8], "little")
+    return json.loads(blob[8:8 + n]).get("__metadata__", {})
+
+
+def to_torch(value: Any, field: Field) -> Any:
+    """A numpy value as a torch tensor, restoring bfloat16 from its raw bits."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(value))
+    return t.view(torch.bfloat16) if field.dtype == "bfloat16" else t
