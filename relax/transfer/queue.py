@@ -247,7 +247,8 @@ class Producer:
             record["samples"] = rows
         else:
             record["ids"] = ids
-        self.log.append(record)
+        seq = self.log.append(record)
+        self.queue.state.apply(self.lease.key, seq, record)  # our own commits are visible to us at once
         cond = _wake(self.queue.url)
         with cond:
             cond.notify_all()

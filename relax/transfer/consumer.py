@@ -1,0 +1,243 @@
+"""Consumer groups: exactly-once, staleness-bounded batches from a topic.
+
+A group (``actor_train``) takes one batch per training step and records, before handing
+it out, which sample ids that step consumed (``cursors/<group>/<writer>.<inc>/<seq>.json``).
+Asking again for a recorded step returns the same samples, so a trainer that restarts
+from a checkpoint at step c re-trains steps c+1.. on exactly what it saw before, then
+continues with new data: nothing is consumed twice, nothing skipped. Samples too stale
+to train on, or in a corrupt shard, are recorded as dropped with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from relax import objstore
+from relax.transfer.errors import QueueTimeout, StoreError
+from relax.transfer.manifest import SampleMeta
+from relax.transfer.queue import TransferQueue
+from relax.transfer.writers import RecordLog, WriterLease, read_records
+
+
+@dataclass
+class Batch:
+    """One training step's samples; ``fields[name][i]`` belongs to ``ids[i]``."""
+
+    step: int
+    ids: list[str]
+    groups: list[str]
+    policy_versions: list[int]
+    fields: dict[str, list[Any]]
+    replayed: bool = False
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def padded(self, name: str, pad: float = 0) -> tuple[np.ndarray, np.ndarray]:
+        """A ragged field as a ``(batch, max_len, ...)`` array plus a boolean ``(batch, max_len)`` mask."""
+        values = self.fields[name]
+        longest = max(len(v) for v in values)
+        out = np.full((len(values), longest, *values[0].shape[1:]), pad, dtype=values[0].dtype)
+        mask = np.zeros((len(values), longest), dtype=bool)
+        for i, v in enumerate(values):
+            out[i, : len(v)] = v
+            mask[i, : len(v)] = True
+        return out, mask
+
+
+@dataclass
+class GroupState:
+    """What a consumer group has done, folded from its records (all incarnations)."""
+
+    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    consumed: dict[str, int] = field(default_factory=dict)  # sample id -> step
+    dropped: dict[str, str] = field(default_factory=dict)  # sample id -> reason
+
+    @property
+    def last_step(self) -> int:
+        return max(self.steps, default=-1)
+
+    def apply(self, record: dict[str, Any]) -> None:
+        for sid, reason in record.get("dropped", []):
+            self.dropped.setdefault(sid, reason)
+        if record["kind"] == "step" and record["step"] not in self.steps:
+            self.steps[record["step"]] = record
+            for sid in record["ids"]:
+                self.consumed.setdefault(sid, record["step"])
+
+
+def group_url(queue: TransferQueue, group: str) -> str:
+    return objstore.join(queue.url, "cursors", group)
+
+
+def load_group_state(queue: TransferQueue, group: str) -> GroupState:
+    """Read-only view of a group (used by producers' admission control and by replay)."""
+    st = GroupState()
+    base = group_url(queue, group)
+    for key in objstore.list_dir(base):  # incarnation keys sort by start time
+        for _, record in read_records(objstore.join(base, key)):
+            st.apply(record)
+    return st
+
+
+class ConsumerGroup:
+    """The single live consumer of ``group`` on a topic (one writer per cursor log)."""
+
+    def __init__(self, queue: TransferQueue, group: str, fields: Sequence[str], *, batch_groups: int | None = None,
+                 token_budget: int | None = None, max_staleness: int = 1, flush_after_s: float = 1.0):
+        if (batch_groups is None) == (token_budget is None):
+            raise ValueError("give exactly one of batch_groups (complete prompt groups per step) or token_budget")
+        self.queue, self.group, self.fields = queue, group, list(fields)
+        self.batch_groups, self.token_budget = batch_groups, token_budget
+        self.max_staleness = max_staleness
+        self.flush_after_s = flush_after_s
+        self.lease = WriterLease(objstore.join(queue.url, "leases"), f"group:{group}", queue.lease_timeout_s).acquire()
+        self.state = load_group_state(queue, group)
+        self.log = RecordLog(objstore.join(group_url(queue, group), self.lease.key), fsync=queue.fsync)
+
+    @property
+    def next_step(self) -> int:
+        """The first step this group has not recorded: where a restarted run continues."""
+        return self.state.last_step + 1
+
+    def take(self, step: int, current_version: int, timeout: float | None = None) -> Batch:
+        """The batch of ``step``: the recorded one if the step was taken before, else a new one.
+
+        Waits (polling with backoff) until enough complete, fresh groups exist; raises
+        ``QueueTimeout`` after ``timeout`` seconds.
+        """
+        if step in self.state.steps:
+            return self._replay(step)
+        if step != self.next_step:
+            raise ValueError(f"group {self.group!r}: step {step} requested but the next new step is "
+                             f"{self.next_step}; steps are taken in order")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first_try = time.monotonic()
+        while True:
+            self.lease.renew()
+            self.queue.refresh()
+            chosen, dropped = self._select(current_version, flush=time.monotonic() - first_try >= self.flush_after_s)
+            if dropped:
+                self._record({"kind": "drop", "dropped": dropped, "time": time.time()})
+            if chosen:
+                return self._deliver(step, current_version, chosen)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise QueueTimeout(f"group {self.group!r} step {step}: not enough complete groups with fields "
+                                   f"{self.fields} within {timeout} s ({self.pending_count()} samples pending)")
+            self.queue.wait_for_new(min(left, 1.0) if left is not None else 1.0)
+
+    def pending_count(self) -> int:
+        """Committed samples this group has neither consumed nor dropped."""
+        done = self.state.consumed.keys() | self.state.dropped.keys()
+        return sum(1 for sid in self.queue.state.samples if sid not in done)
+
+    # -- selection --------------------------------------------------------------------------
+    def _select(self, current_version: int, flush: bool) -> tuple[list[list[SampleMeta]], list[list[str]]]:
+        done = self.state.consumed.keys() | self.state.dropped.keys()
+        groups: dict[str, list[SampleMeta]] = defaultdict(list)
+        for meta in self.queue.state.samples.values():
+            if meta.id not in done:
+                groups[meta.group].append(meta)
+        dropped: list[list[str]] = []
+        ready: list[list[SampleMeta]] = []
+        for members in groups.values():
+            oldest = min(m.policy_version for m in members)
+            if current_version - oldest > self.max_staleness:
+                reason = (f"stale: policy_version {oldest}, current {current_version}, "
+                          f"max_staleness {self.max_staleness}")
+                dropped += [[m.id, reason] for m in members]
+                continue
+            members.sort(key=lambda m: m.order)
+            size = members[0].group_size
+            if len(members) >= size and all(f in m.locs for m in members[:size] for f in self.fields):
+                ready.append(members[:size])
+        ready.sort(key=lambda g: g[0].order)
+        return self._fill(ready, dropped, flush), dropped
+
+    def _fill(self, ready: list[list[SampleMeta]], dropped: list[list[str]], flush: bool) -> list[list[SampleMeta]]:
+        chosen: list[list[SampleMeta]] = []
+        tokens = 0
+        for members in ready:
+            try:  # verify the data now, so a corrupt shard never enters a recorded step
+                self.queue.read([m.id for m in members], self.fields)
+            except StoreError as e:
+                dropped += [[m.id, f"corrupt: {e}"] for m in members]
+                continue
+            if self.batch_groups is not None:
+                chosen.append(members)
+                if len(chosen) == self.batch_groups:
+                    return chosen
+            else:
+                size = sum(m.num_tokens for m in members)
+                if chosen and tokens + size > self.token_budget:
+                    return chosen
+                chosen.append(members)
+                tokens += size
+        # token mode: a partly filled budget is handed out once no more data came for flush_after_s
+        return chosen if (self.token_budget is not None and chosen and flush) else []
+
+    def _deliver(self, step: int, current_version: int, chosen: list[list[SampleMeta]]) -> Batch:
+        ids = [m.id for members in chosen for m in members]
+        self._record({"kind": "step", "step": step, "ids": ids, "current_version": current_version,
+                      "heads": dict(self.queue.state.heads), "time": time.time()})
+        return self._batch(step, ids, replayed=False)
+
+    def _replay(self, step: int) -> Batch:
+        self.queue.refresh()
+        ids = self.state.steps[step]["ids"]
+        missing = [sid for sid in ids if sid not in self.queue.state.samples]
+        if missing:
+            raise StoreError(f"group {self.group!r} step {step}: recorded samples {missing[:3]} are not in the "
+                             f"topic's manifest")
+        return self._batch(step, ids, replayed=True)
+
+    def _batch(self, step: int, ids: list[str], replayed: bool) -> Batch:
+        metas = [self.queue.state.samples[sid] for sid in ids]
+        return Batch(step, ids, [m.group for m in metas], [m.policy_version for m in metas],
+                     self.queue.read(ids, self.fields), replayed)
+
+    def _record(self, record: dict[str, Any]) -> None:
+        self.log.append(record)
+        self.state.apply(record)
+
+    def close(self) -> None:
+        self.lease.release()
+
+
+def wait_for_capacity(queue: TransferQueue, group: str, batch_size: int, max_staleness: int, incoming: int,
+                      in_flight: int = 0, timeout: float | None = None) -> int:
+    """Producer admission: block until ``unconsumed + in_flight + incoming <= (max_staleness+1) * batch_size``.
+
+    ``unconsumed`` counts committed samples ``group`` has neither consumed nor dropped.
+    Returns the number of samples that may still be admitted after ``incoming``.
+    """
+    limit = (max_staleness + 1) * batch_size
+    if incoming > limit:
+        raise ValueError(f"{incoming} samples can never be admitted: the bound is (max_staleness + 1) * batch = {limit}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        queue.refresh()
+        st = load_group_state(queue, group)
+        done = st.consumed.keys() | st.dropped.keys()
+        unconsumed = sum(1 for sid in queue.state.samples if sid not in done)
+        room = limit - unconsumed - in_flight - incoming
+        if room >= 0:
+            return room
+        if deadline is not None and time.monotonic() >= deadline:
+            raise QueueTimeout(f"no capacity for {incoming} samples within {timeout} s: {unconsumed} unconsumed "
+                               f"+ {in_flight} in flight, bound {limit}")
+        queue.wait_for_new(queue.poll_interval_s * 4)
+
+
+def replay(queue: TransferQueue, group: str) -> Iterator[dict[str, Any]]:
+    """The recorded consumption of ``group``, step by step: ``{step, ids, current_version, ...}``."""
+    st = load_group_state(queue, group)
+    for step in sorted(st.steps):
+        yield st.steps[step]
