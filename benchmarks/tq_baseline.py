@@ -45,6 +45,9 @@ import psutil  # noqa: E402  (a dependency of transferqueue)
 # The package warns on every call when its default of 8 torch threads exceeds the cores.
 os.environ.setdefault("TQ_NUM_THREADS", str(psutil.cpu_count(logical=False) or 1))
 
+# This script's folder also holds benchmarks/transfer_queue.py, which would shadow the package.
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
+
 import ray  # noqa: E402
 import torch  # noqa: E402
 import transfer_queue as tq  # noqa: E402

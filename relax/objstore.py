@@ -13,10 +13,15 @@ from __future__ import annotations
 import os
 import posixpath
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
 from fsspec import AbstractFileSystem
+
+# Local writes go out in 1 MiB pieces: on our machines one 8 MiB write() into the page
+# cache measured 10x slower than the same bytes in 1 MiB writes (benchmarks/transfer_queue.py).
+WRITE_CHUNK = 1 << 20
 
 
 def open_fs(url: str) -> tuple[AbstractFileSystem, str]:
@@ -48,23 +53,49 @@ def read_bytes(url: str) -> bytes:
     return fs.cat_file(path)
 
 
-def write_bytes(url: str, data: bytes, fsync: bool = True) -> None:
+def write_bytes(url: str, data: bytes | list, fsync: bool = True) -> None:
     """Write ``data`` so that readers see the whole object or nothing.
 
     ``fsync`` (local files only) also makes it survive a power loss; a process crash never
-    needs it, and the queue's checksums catch what a power loss could still tear."""
+    needs it, and the queue's checksums catch what a power loss could still tear. ``data``
+    may be a list of byte-like parts, written in order without joining them (locally)."""
+    parts = data if isinstance(data, list) else [data]
     fs, path = open_fs(url)
     if _is_local(fs):
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         with open(tmp, "wb") as fh:
-            fh.write(data)
+            for piece in _chunks(parts):
+                fh.write(piece)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
     else:
-        fs.pipe_file(path, data)
+        fs.pipe_file(path, parts[0] if len(parts) == 1 else b"".join(parts))
+
+
+def _chunks(parts: list) -> Iterator[bytes | memoryview]:
+    """``parts`` re-cut into writes of about WRITE_CHUNK: large parts sliced, small ones joined
+    (a write() per 4 KB sample costs more than the copy that joins them)."""
+    pending: list = []
+    size = 0
+    for part in parts:
+        view = memoryview(part).cast("B")
+        if len(view) >= WRITE_CHUNK:
+            if pending:
+                yield b"".join(pending)
+                pending, size = [], 0
+            for at in range(0, len(view), WRITE_CHUNK):
+                yield view[at:at + WRITE_CHUNK]
+            continue
+        pending.append(view)
+        size += len(view)
+        if size >= WRITE_CHUNK:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if pending:
+        yield b"".join(pending)
 
 
 def delete(url: str) -> None:

@@ -11,7 +11,6 @@ to train on, or in a corrupt shard, are recorded as dropped with the reason.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,14 +75,25 @@ def group_url(queue: TransferQueue, group: str) -> str:
     return objstore.join(queue.url, "cursors", group)
 
 
+class GroupView:
+    """A read-only, incrementally refreshed view of a group's records (all incarnations)."""
+
+    def __init__(self, queue: TransferQueue, group: str):
+        self.url = group_url(queue, group)
+        self.state = GroupState()
+        self._next: dict[str, int] = {}
+
+    def refresh(self) -> GroupState:
+        for key in objstore.list_dir(self.url):  # incarnation keys sort by start time
+            for seq, record in read_records(objstore.join(self.url, key), self._next.get(key, 0)):
+                self.state.apply(record)
+                self._next[key] = seq + 1
+        return self.state
+
+
 def load_group_state(queue: TransferQueue, group: str) -> GroupState:
-    """Read-only view of a group (used by producers' admission control and by replay)."""
-    st = GroupState()
-    base = group_url(queue, group)
-    for key in objstore.list_dir(base):  # incarnation keys sort by start time
-        for _, record in read_records(objstore.join(base, key)):
-            st.apply(record)
-    return st
+    """What ``group`` has consumed and dropped so far (used by replay, retention and tests)."""
+    return GroupView(queue, group).refresh()
 
 
 class ConsumerGroup:
@@ -100,6 +110,9 @@ class ConsumerGroup:
         self.lease = WriterLease(objstore.join(queue.url, "leases"), f"group:{group}", queue.lease_timeout_s).acquire()
         self.state = load_group_state(queue, group)
         self.log = RecordLog(objstore.join(group_url(queue, group), self.lease.key), fsync=queue.fsync)
+        # samples neither consumed nor dropped, by prompt group, in the order this consumer saw them
+        self._open: dict[str, list[str]] = {}
+        self._seen = 0
 
     @property
     def next_step(self) -> int:
@@ -139,52 +152,67 @@ class ConsumerGroup:
         return sum(1 for sid in self.queue.state.samples if sid not in done)
 
     # -- selection --------------------------------------------------------------------------
+    def _ingest(self) -> None:
+        """Index samples that arrived since the last call (incremental: O(new samples))."""
+        arrivals = self.queue.state.arrivals
+        for sid in arrivals[self._seen:]:
+            if sid not in self.state.consumed and sid not in self.state.dropped:
+                self._open.setdefault(self.queue.state.samples[sid].group, []).append(sid)
+        self._seen = len(arrivals)
+
     def _select(self, current_version: int, flush: bool) -> tuple[list[list[SampleMeta]], list[list[str]]]:
-        done = self.state.consumed.keys() | self.state.dropped.keys()
-        groups: dict[str, list[SampleMeta]] = defaultdict(list)
-        for meta in self.queue.state.samples.values():
-            if meta.id not in done:
-                groups[meta.group].append(meta)
+        """Walk open groups first-come first-served: drop stale ones, skip incomplete ones, verify
+        the data of complete ones, and stop as soon as the batch is full."""
+        self._ingest()
+        samples = self.queue.state.samples
+        chosen: list[list[SampleMeta]] = []
         dropped: list[list[str]] = []
-        ready: list[list[SampleMeta]] = []
-        for members in groups.values():
+        tokens = 0
+        for gid in list(self._open):
+            members = sorted((samples[sid] for sid in self._open[gid]), key=lambda m: m.order)
             oldest = min(m.policy_version for m in members)
             if current_version - oldest > self.max_staleness:
                 reason = (f"stale: policy_version {oldest}, current {current_version}, "
                           f"max_staleness {self.max_staleness}")
-                dropped += [[m.id, reason] for m in members]
+                self._close(gid, members, dropped, reason)
                 continue
-            members.sort(key=lambda m: m.order)
-            size = members[0].group_size
-            if len(members) >= size and all(f in m.locs for m in members[:size] for f in self.fields):
-                ready.append(members[:size])
-        ready.sort(key=lambda g: g[0].order)
-        return self._fill(ready, dropped, flush), dropped
-
-    def _fill(self, ready: list[list[SampleMeta]], dropped: list[list[str]], flush: bool) -> list[list[SampleMeta]]:
-        chosen: list[list[SampleMeta]] = []
-        tokens = 0
-        for members in ready:
+            members = members[: members[0].group_size]
+            if len(members) < members[0].group_size or not all(f in m.locs for m in members for f in self.fields):
+                continue
             try:  # verify the data now, so a corrupt shard never enters a recorded step
-                self.queue.read([m.id for m in members], self.fields)
+                for shard in {m.locs[f][0] for m in members for f in self.fields}:
+                    self.queue.load_shard(shard)
             except StoreError as e:
-                dropped += [[m.id, f"corrupt: {e}"] for m in members]
+                self._close(gid, members, dropped, f"corrupt: {e}")
                 continue
             if self.batch_groups is not None:
                 chosen.append(members)
                 if len(chosen) == self.batch_groups:
-                    return chosen
+                    return chosen, dropped
             else:
                 size = sum(m.num_tokens for m in members)
                 if chosen and tokens + size > self.token_budget:
-                    return chosen
+                    return chosen, dropped
                 chosen.append(members)
                 tokens += size
         # token mode: a partly filled budget is handed out once no more data came for flush_after_s
-        return chosen if (self.token_budget is not None and chosen and flush) else []
+        return (chosen if (self.token_budget is not None and chosen and flush) else []), dropped
+
+    def _close(self, gid: str, members: list[SampleMeta], dropped: list[list[str]] | None, reason: str = "") -> None:
+        """Take ``members`` out of the open index (consumed, or dropped with ``reason``)."""
+        ids = {m.id for m in members}
+        if dropped is not None:
+            dropped += [[m.id, reason] for m in members]
+        rest = [sid for sid in self._open.get(gid, []) if sid not in ids]
+        if rest:
+            self._open[gid] = rest
+        else:
+            self._open.pop(gid, None)
 
     def _deliver(self, step: int, current_version: int, chosen: list[list[SampleMeta]]) -> Batch:
         ids = [m.id for members in chosen for m in members]
+        for members in chosen:
+            self._close(members[0].group, members, None)
         self._record({"kind": "step", "step": step, "ids": ids, "current_version": current_version,
                       "heads": dict(self.queue.state.heads), "time": time.time()})
         return self._batch(step, ids, replayed=False)
@@ -222,11 +250,12 @@ def wait_for_capacity(queue: TransferQueue, group: str, batch_size: int, max_sta
     if incoming > limit:
         raise ValueError(f"{incoming} samples can never be admitted: the bound is (max_staleness + 1) * batch = {limit}")
     deadline = None if timeout is None else time.monotonic() + timeout
+    view = GroupView(queue, group)
     while True:
         queue.refresh()
-        st = load_group_state(queue, group)
-        done = st.consumed.keys() | st.dropped.keys()
-        unconsumed = sum(1 for sid in queue.state.samples if sid not in done)
+        st = view.refresh()
+        done = len(st.consumed.keys() | st.dropped.keys())
+        unconsumed = len(queue.state.samples) - done
         room = limit - unconsumed - in_flight - incoming
         if room >= 0:
             return room

@@ -43,7 +43,7 @@ class SampleMeta:
 @dataclass
 class ShardInfo:
     name: str
-    crc32: int
+    crc32c: int
     nbytes: int
 
 
@@ -57,6 +57,9 @@ class TopicState:
     # fields committed for ids whose put this state has not seen (yet): order-independence
     pending: dict[str, dict[str, tuple[OrderKey, tuple[str, int]]]] = field(default_factory=dict)
     duplicates: dict[str, list[OrderKey]] = field(default_factory=dict)
+    # ids in the order this reader first saw them (not part of the manifest): lets consumers
+    # pick up new samples incrementally instead of rescanning everything on every step
+    arrivals: list[str] = field(default_factory=list)
 
     def apply(self, writer_key: str, seq: int, record: dict[str, Any]) -> None:
         """Fold one commit record in. Records of one writer must come in sequence order."""
@@ -65,7 +68,7 @@ class TopicState:
             raise ValueError(f"record {writer_key}/{seq} applied out of order (expected {expected})")
         self.heads[writer_key] = seq
         shard = record["shard"]
-        self.shards[shard] = ShardInfo(shard, int(record["crc32"]), int(record["nbytes"]))
+        self.shards[shard] = ShardInfo(shard, int(record["crc32c"]), int(record["nbytes"]))
         t = float(record["time"])
         if record["kind"] == "put":
             for i, (sid, group, size, pv, ntok) in enumerate(record["samples"]):
@@ -89,6 +92,8 @@ class TopicState:
             # keep the fields later stages added to this id; drop the losing put's own columns
             for f, order in old.added.items():
                 meta.locs[f], meta.added[f] = old.locs[f], order
+        if old is None:
+            self.arrivals.append(meta.id)
         self.samples[meta.id] = meta
         for f, (order, loc) in self.pending.pop(meta.id, {}).items():
             self._add_field(meta.id, f, order, loc)
@@ -108,7 +113,7 @@ class TopicState:
         return {
             "heads": self.heads,
             "samples": [m.to_json() for m in sorted(self.samples.values(), key=lambda m: m.order)],
-            "shards": [[s.name, s.crc32, s.nbytes] for s in sorted(self.shards.values(), key=lambda s: s.name)],
+            "shards": [[s.name, s.crc32c, s.nbytes] for s in sorted(self.shards.values(), key=lambda s: s.name)],
             "pending": {sid: {f: [list(o), list(loc)] for f, (o, loc) in fs.items()} for sid, fs in self.pending.items()},
             "duplicates": {k: [list(o) for o in v] for k, v in self.duplicates.items()},
         }
@@ -116,7 +121,8 @@ class TopicState:
     @staticmethod
     def from_json(d: dict[str, Any]) -> TopicState:
         st = TopicState(heads={k: int(v) for k, v in d["heads"].items()})
-        st.samples = {row[0]: SampleMeta.from_json(row) for row in d["samples"]}
+        st.samples = {row[0]: SampleMeta.from_json(row) for row in d["samples"]}  # stored in order
+        st.arrivals = list(st.samples)
         st.shards = {name: ShardInfo(name, crc, n) for name, crc, n in d["shards"]}
         st.pending = {sid: {f: (tuple(o), (loc[0], loc[1])) for f, (o, loc) in fs.items()}
                       for sid, fs in d.get("pending", {}).items()}

@@ -3,7 +3,7 @@
 Layout of one topic (``<root>/runs/<run_id>/queue/<topic>/``)::
 
     schema/<writer>.json        fields each writer declared (the topic schema is their union)
-    shards/<writer>.<inc>/<seq>.safetensors   immutable column shards (crc32 in the record)
+    shards/<writer>.<inc>/<seq>.safetensors   immutable column shards (CRC-32C in the record)
     log/<writer>.<inc>/<seq>.json             commit records, one writer incarnation each
     leases/<writer>.json                      who may write as <writer> right now
     cursors/<group>/...                       consumer-group records (consumer.py)
@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+import google_crc32c
 
 from relax import objstore
 from relax.transfer.errors import SchemaError, StoreError
@@ -36,6 +37,12 @@ _WAKE: dict[str, threading.Condition] = {}
 
 def _wake(url: str) -> threading.Condition:
     return _WAKE.setdefault(url, threading.Condition())
+
+
+def checksum(blob: bytes) -> int:
+    """CRC-32C: hardware-accelerated (~25 GB/s here, 4x zlib's crc32), so verifying every shard
+    on every read costs little next to the I/O. (It takes only ``bytes``, not buffer views.)"""
+    return google_crc32c.value(blob)
 
 
 def topic_url(root: str, run_id: str, topic: str) -> str:
@@ -115,10 +122,11 @@ class TransferQueue:
             meta = self.state.samples[sid]
             for f in fields:
                 shard, row = meta.locs[f]
-                out[f].append(self._shard(shard)[f][row])
+                out[f].append(self.load_shard(shard)[f][row])
         return out
 
-    def _shard(self, name: str) -> dict[str, list[Any]]:
+    def load_shard(self, name: str) -> dict[str, list[Any]]:
+        """The decoded columns of one committed shard, checksum-verified (cached, LRU by bytes)."""
         if name in self._cache:
             self._cache.move_to_end(name)
             return self._cache[name]
@@ -127,9 +135,9 @@ class TransferQueue:
             blob = objstore.read_bytes(objstore.join(self.url, "shards", name))
         except FileNotFoundError:
             raise StoreError(f"shard {name} is missing (deleted by retention, or the store lost it)") from None
-        if len(blob) != info.nbytes or zlib.crc32(blob) != info.crc32:
-            raise StoreError(f"shard {name} is corrupt: {len(blob)} bytes, crc32 {zlib.crc32(blob)} "
-                             f"(committed: {info.nbytes} bytes, crc32 {info.crc32})")
+        if len(blob) != info.nbytes or checksum(blob) != info.crc32c:
+            raise StoreError(f"shard {name} is corrupt: {len(blob)} bytes, crc32c {checksum(blob)} "
+                             f"(committed: {info.nbytes} bytes, crc32c {info.crc32c})")
         _, columns = decode_shard(blob, name)
         self._cache[name] = columns
         self._cached += len(blob)
@@ -238,10 +246,10 @@ class Producer:
 
     def _commit(self, kind: str, rows: list | None, columns: dict, ids: list[str], meta: Mapping | None) -> Any:
         self.lease.renew()
-        blob = encode_shard(columns, self.fields, ids)
+        blob = b"".join(encode_shard(columns, self.fields, ids))
         shard = f"{self.lease.key}/{self.log.next_seq:08d}.safetensors"
         objstore.write_bytes(objstore.join(self.queue.url, "shards", shard), blob, fsync=self.queue.fsync)
-        record: dict[str, Any] = {"kind": kind, "shard": shard, "crc32": zlib.crc32(blob), "nbytes": len(blob),
+        record: dict[str, Any] = {"kind": kind, "shard": shard, "crc32c": checksum(blob), "nbytes": len(blob),
                                   "fields": list(columns), "time": time.time(), "meta": dict(meta or {})}
         if kind == "put":
             record["samples"] = rows

@@ -1,7 +1,7 @@
 """Topic schemas and the columnar shard codec.
 
 A topic's samples are rows; their fields are columns. A shard holds one batch of rows
-for some fields as a safetensors blob: fixed-shape fields are stacked into one array,
+for some fields as a safetensors file: fixed-shape fields are stacked into one array,
 variable-length fields (token ids, logprobs, image patches) are concatenated along their
 first axis with an ``<name>.offsets`` array, bytes and strings likewise as uint8. Arrays
 stay numpy so producers and consumers that never touch torch (reward workers, the crash
@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
 
 from relax.transfer.errors import SchemaError, StoreError
 
@@ -140,49 +138,81 @@ class TopicSchema:
 RESERVED = {"id", "group", "group_size", "policy_version", "num_tokens"}
 
 
-def encode_shard(columns: Mapping[str, list[np.ndarray]], fields: Mapping[str, Field], ids: Sequence[str]) -> bytes:
-    """One safetensors blob holding ``columns`` (field -> per-sample arrays, checked already)."""
-    tensors: dict[str, np.ndarray] = {}
+# safetensors dtype codes; shards are written and read without the library so that no
+# sample is copied on the way (the format stays standard: safetensors.numpy.load reads it).
+_ST_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32", "int16": "I16",
+             "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64", "bool": "BOOL"}
+_ST_DTYPES = {v: k for k, v in _ST_CODES.items()}
+
+
+def encode_shard(columns: Mapping[str, list[np.ndarray]], fields: Mapping[str, Field],
+                 ids: Sequence[str]) -> list[bytes | memoryview]:
+    """A safetensors file as a list of parts (header, then each sample's buffer in place).
+
+    Fixed-shape fields are one stacked tensor; ragged fields, bytes and strings are the
+    samples' buffers back to back plus an ``<name>.offsets`` tensor.
+    """
+    header: dict[str, Any] = {}
+    parts: list[bytes | memoryview] = []
+    pos = 0
+
+    def add(name: str, dtype: np.dtype, shape: list[int], buffers: list[np.ndarray]) -> None:
+        nonlocal pos
+        size = sum(b.nbytes for b in buffers)
+        header[name] = {"dtype": _ST_CODES[dtype.name], "shape": shape, "data_offsets": [pos, pos + size]}
+        parts.extend(memoryview(b).cast("B") for b in buffers if b.nbytes)
+        pos += size
+
     for name, values in columns.items():
         if fields[name].ragged:
             lengths = np.fromiter((v.shape[0] for v in values), dtype=np.int64, count=len(values))
             offsets = np.zeros(len(values) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            tensors[name] = np.concatenate(values) if values else np.zeros(0, dtype=np.uint8)
-            tensors[name + ".offsets"] = offsets
+            dtype = values[0].dtype if values else np.dtype(np.uint8)
+            add(name, dtype, [int(offsets[-1]), *(values[0].shape[1:] if values else ())], list(values))
+            add(name + ".offsets", offsets.dtype, [len(offsets)], [offsets])
         else:
-            tensors[name] = np.stack(values)
+            stacked = np.stack(values)
+            add(name, stacked.dtype, list(stacked.shape), [stacked])
     kinds = {name: fields[name].kind for name in columns}
-    return st_save(tensors, metadata={"relax_shard": "1", "ids": json.dumps(list(ids)), "kinds": json.dumps(kinds)})
+    header["__metadata__"] = {"relax_shard": "1", "ids": json.dumps(list(ids)), "kinds": json.dumps(kinds)}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the format aligns data to 8 bytes
+    return [len(head).to_bytes(8, "little") + head, *parts]
 
 
 def decode_shard(blob: bytes, name: str) -> tuple[list[str], dict[str, list[Any]]]:
-    """Per-sample values of every field in the shard (arrays, bytes or str); self-describing."""
+    """Per-sample values of every field in the shard, as views into ``blob`` (no copies):
+    numpy arrays for tensors, memoryviews for bytes, str for strings."""
     try:
-        tensors = st_load(blob)
-        meta = _metadata(blob)
+        n = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8:8 + n])
+        meta = header.pop("__metadata__")
         ids, kinds = json.loads(meta["ids"]), json.loads(meta["kinds"])
+        base = 8 + n
+        tensors = {}
+        for tname, spec in header.items():
+            start, stop = spec["data_offsets"]
+            dtype = np.dtype(_ST_DTYPES[spec["dtype"]])
+            tensors[tname] = np.frombuffer(blob, dtype=dtype, count=(stop - start) // dtype.itemsize,
+                                           offset=base + start).reshape(spec["shape"])
     except Exception as e:  # a checksum passed but the blob is not ours: report, don't crash
         raise StoreError(f"shard {name} cannot be decoded: {e}") from None
+    view = memoryview(blob)
     out: dict[str, list[Any]] = {}
     for fname, kind in kinds.items():
         arr = tensors[fname]
-        if fname + ".offsets" in tensors:
-            off = tensors[fname + ".offsets"]
-            parts = [arr[off[i]:off[i + 1]] for i in range(len(ids))]
-            if kind == "bytes":
-                parts = [p.tobytes() for p in parts]
-            elif kind == "str":
-                parts = [p.tobytes().decode("utf-8") for p in parts]
-            out[fname] = parts
-        else:
+        if fname + ".offsets" not in tensors:
             out[fname] = list(arr)
+            continue
+        off = tensors[fname + ".offsets"].tolist()
+        if kind == "tensor":
+            out[fname] = [arr[off[i]:off[i + 1]] for i in range(len(ids))]
+        else:
+            start = base + header[fname]["data_offsets"][0]
+            raw = [view[start + off[i]:start + off[i + 1]] for i in range(len(ids))]
+            out[fname] = raw if kind == "bytes" else [bytes(r).decode("utf-8") for r in raw]
     return ids, out
-
-
-def _metadata(blob: bytes) -> dict[str, str]:
-    n = int.from_bytes(blob[:8], "little")
-    return json.loads(blob[8:8 + n]).get("__metadata__", {})
 
 
 def to_torch(value: Any, field: Field) -> Any:

@@ -112,7 +112,7 @@ def test_corrupt_shard_is_reported_dropped_and_skipped(tmp_path):
     group = ConsumerGroup(TransferQueue(str(tmp_path), "run", "rollouts"), "actor", ["tokens"], batch_groups=1)
     assert group.take(0, 0, timeout=5).ids == ["good/0", "good/1"]
     reason = group.state.dropped["bad/0"]
-    assert reason.startswith(f"corrupt: shard {bad_shard} is corrupt") and "crc32" in reason
+    assert reason.startswith(f"corrupt: shard {bad_shard} is corrupt") and "crc32c" in reason
 
 
 def test_producer_admission_is_bounded(tmp_path):

@@ -33,7 +33,7 @@ def check_store(root: str) -> dict:
     assert set(q.state.samples) == expected, "a committed sample was lost or an extra one appeared"
     assert not q.state.duplicates, f"samples committed twice: {sorted(q.state.duplicates)[:4]}"
     for name in q.state.shards:  # every committed shard reads back and matches its checksum
-        q._shard(name)
+        q.load_shard(name)
     st = load_group_state(q, "actor")
     consumed = [sid for step in sorted(st.steps) for sid in st.steps[step]["ids"]]
     assert len(consumed) == len(set(consumed)), "a sample was consumed twice"
