@@ -22,6 +22,7 @@ docs/benchmarks.md, and prints one JSON object as its last line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -235,10 +236,10 @@ def main() -> None:
                 data = payloads(n, nbytes)
                 tq = None if args.no_tq else transferqueue(n, nbytes, k)
                 for store, url in stores.items():
-                    fns = {"relax": lambda url=url: relax_put_get(url, data, k),
-                           "raw": lambda url=url: raw_put_get(url, data, k)}
+                    contenders = {"relax": relax_put_get, "raw": raw_put_get}
                     if store == "file":
-                        fns["raw_chunked"] = lambda url=url: raw_chunked_put_get(url, data, k)
+                        contenders["raw_chunked"] = raw_chunked_put_get
+                    fns = {name: functools.partial(fn, url, data, k) for name, fn in contenders.items()}
                     both = side_by_side(fns, repeats)
                     relax, raw = both["relax"], both["raw"]
                     case = {"n": n, "bytes": nbytes, "k": k, "store": store, "relax": relax, "raw": raw,
