@@ -160,8 +160,14 @@ class QueueConfig:
 
     max_staleness: int = opt(1, "Most policy versions a trained sample may lag; 0 = synchronous on-policy.",
                              range=(0, 1000))
-    poll_interval_s: float = opt(0.05, "First poll delay of a waiting consumer (backs off to 1 s).",
+    poll_interval_s: float = opt(0.05, "First poll delay of a waiting consumer; doubles up to "
+                                 "max_poll_interval_s. Across processes this is the put-to-visible latency.",
                                  range=(0.001, 60.0))
+    max_poll_interval_s: float = opt(1.0, "Longest poll delay of a waiting consumer.", range=(0.001, 600.0))
+    lease_timeout_s: float = opt(30.0, "A writer on another host with no heartbeat for this long is taken "
+                                 "over (on the same host a dead pid is taken over at once).", range=(1.0, 86400.0))
+    fsync: bool = opt(False, "fsync local queue writes so they survive a power loss (a process crash never "
+                      "needs it; checksums catch torn shards either way).")
     keep_checkpoints: int = opt(3, "Checkpoints kept; shards only they reference are retained.", range=(1, 10_000))
 
 

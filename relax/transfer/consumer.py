@@ -270,3 +270,17 @@ def replay(queue: TransferQueue, group: str) -> Iterator[dict[str, Any]]:
     st = load_group_state(queue, group)
     for step in sorted(st.steps):
         yield st.steps[step]
+
+
+def trained_policy_versions(queue: TransferQueue, group: str, up_to_step: int,
+                            after_step: int = -1) -> dict[int, int]:
+    """How many samples of each policy version ``group`` consumed in steps
+    ``after_step < step <= up_to_step``: what a checkpoint's lineage record stores."""
+    queue.refresh()
+    counts: dict[int, int] = {}
+    for step, record in load_group_state(queue, group).steps.items():
+        if after_step < step <= up_to_step:
+            for sid in record["ids"]:
+                pv = queue.state.samples[sid].policy_version
+                counts[pv] = counts.get(pv, 0) + 1
+    return dict(sorted(counts.items()))

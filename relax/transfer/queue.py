@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import google_crc32c
 
@@ -31,12 +31,43 @@ from relax.transfer.manifest import TopicState
 from relax.transfer.schema import RESERVED, Field, TopicSchema, decode_shard, encode_shard
 from relax.transfer.writers import RecordLog, WriterLease, check_writer_id, read_records, split_key
 
-# In-process fast path: producers wake consumers of the same topic in the same process at once.
-_WAKE: dict[str, threading.Condition] = {}
+
+class Notifier(Protocol):
+    """Wakes waiting consumers when a producer commits to a topic.
+
+    The store stays the truth: a notification only cuts short the wait before the next
+    poll, so a lost or spurious one costs latency, never data. The default works inside
+    one process; the services layer may pass one that spans a Ray cluster.
+    """
+
+    def notify(self, topic_url: str) -> None: ...
+
+    def wait(self, topic_url: str, timeout: float) -> None: ...
 
 
-def _wake(url: str) -> threading.Condition:
-    return _WAKE.setdefault(url, threading.Condition())
+class InProcessNotifier:
+    """Producers and consumers of the same topic in one process (colocated roles, tests)."""
+
+    def __init__(self) -> None:
+        self._conds: dict[str, threading.Condition] = {}
+        self._lock = threading.Lock()
+
+    def _cond(self, url: str) -> threading.Condition:
+        with self._lock:
+            return self._conds.setdefault(url, threading.Condition())
+
+    def notify(self, topic_url: str) -> None:
+        cond = self._cond(topic_url)
+        with cond:
+            cond.notify_all()
+
+    def wait(self, topic_url: str, timeout: float) -> None:
+        cond = self._cond(topic_url)
+        with cond:
+            cond.wait(timeout)
+
+
+IN_PROCESS = InProcessNotifier()
 
 
 def checksum(blob: bytes) -> int:
@@ -52,10 +83,19 @@ def topic_url(root: str, run_id: str, topic: str) -> str:
 class TransferQueue:
     """A reader of one topic, and the factory of its producers and consumer groups."""
 
+    @classmethod
+    def from_config(cls, cfg: Any, topic: str, **kwargs: Any) -> TransferQueue:
+        """The topic ``topic`` of the run a ``RelaxConfig`` describes (root, run id, queue knobs)."""
+        q = cfg.queue
+        return cls(cfg.root, cfg.run_id, topic, poll_interval_s=q.poll_interval_s,
+                   max_poll_interval_s=q.max_poll_interval_s, fsync=q.fsync, lease_timeout_s=q.lease_timeout_s,
+                   **kwargs)
+
     def __init__(self, root: str, run_id: str, topic: str, *, poll_interval_s: float = 0.05,
                  max_poll_interval_s: float = 1.0, fsync: bool = False, lease_timeout_s: float = 30.0,
-                 cache_bytes: int = 256 << 20):
+                 cache_bytes: int = 256 << 20, notifier: Notifier = IN_PROCESS):
         self.url = topic_url(root, run_id, topic)
+        self.notifier = notifier
         self.topic = topic
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max_poll_interval_s
@@ -100,15 +140,13 @@ class TransferQueue:
         """Block until new records arrive or ``timeout`` passes; polls with backoff."""
         deadline = time.monotonic() + timeout
         delay = self.poll_interval_s
-        cond = _wake(self.url)
         while True:
             if self.refresh():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            with cond:
-                cond.wait(min(delay, left))
+            self.notifier.wait(self.url, min(delay, left))
             delay = min(delay * 2, self.max_poll_interval_s)
 
     def read(self, ids: Sequence[str], fields: Sequence[str]) -> dict[str, list[Any]]:
@@ -257,9 +295,7 @@ class Producer:
             record["ids"] = ids
         seq = self.log.append(record)
         self.queue.state.apply(self.lease.key, seq, record)  # our own commits are visible to us at once
-        cond = _wake(self.queue.url)
-        with cond:
-            cond.notify_all()
+        self.queue.notifier.notify(self.queue.url)
         return ids
 
     def last_meta(self) -> dict[str, Any] | None:

@@ -153,3 +153,27 @@ def test_in_process_consumer_is_woken_at_once(tmp_path):
     p.put(rollout_group("g0"))
     t.join(timeout=4.0)  # without the wake-up the reader would sleep its full 5 s poll interval
     assert seen == [True]
+
+
+def test_from_config_and_a_custom_notifier(tmp_path):
+    from relax.config_loader import load_config
+
+    class Counting:
+        """A stand-in for a cluster-wide notifier: records notifications, never waits long."""
+
+        def __init__(self):
+            self.notified: list[str] = []
+
+        def notify(self, topic_url):
+            self.notified.append(topic_url)
+
+        def wait(self, topic_url, timeout):
+            time.sleep(min(timeout, 0.01))
+
+    cfg = load_config(None, [f"root={tmp_path}", "run_id=exp", "queue.poll_interval_s=0.2", "queue.fsync=true"])
+    notifier = Counting()
+    q = TransferQueue.from_config(cfg, "rollouts", notifier=notifier)
+    assert q.url == f"file://{tmp_path}/runs/exp/queue/rollouts"
+    assert (q.poll_interval_s, q.fsync) == (0.2, True)
+    q.producer("w", ROLLOUT_FIELDS).put(rollout_group("g0"))
+    assert notifier.notified == [q.url]
