@@ -72,29 +72,35 @@ def write_bytes(url: str, data: bytes | list, fsync: bool = True) -> None:
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
     else:
-        fs.pipe_file(path, parts[0] if len(parts) == 1 else b"".join(parts))
+        single = len(parts) == 1 and isinstance(parts[0], bytes)
+        fs.pipe_file(path, parts[0] if single else b"".join(parts))  # object stores want bytes
 
 
 def _chunks(parts: list) -> Iterator[bytes | memoryview]:
-    """``parts`` re-cut into writes of about WRITE_CHUNK: large parts sliced, small ones joined
-    (a write() per 4 KB sample costs more than the copy that joins them)."""
+    """``parts`` re-cut into writes of about WRITE_CHUNK: large parts sliced, runs of small ones
+    joined (a write() per 4 KB sample costs more than the copy that joins them)."""
     pending: list = []
     size = 0
     for part in parts:
         view = memoryview(part).cast("B")
         if len(view) >= WRITE_CHUNK:
-            if pending:
-                yield b"".join(pending)
-                pending, size = [], 0
+            yield from _flush(pending)
+            pending, size = [], 0
             for at in range(0, len(view), WRITE_CHUNK):
                 yield view[at:at + WRITE_CHUNK]
             continue
         pending.append(view)
         size += len(view)
         if size >= WRITE_CHUNK:
-            yield b"".join(pending)
+            yield from _flush(pending)
             pending, size = [], 0
-    if pending:
+    yield from _flush(pending)
+
+
+def _flush(pending: list) -> Iterator[bytes | memoryview]:
+    if len(pending) == 1:
+        yield pending[0]  # nothing to join: no copy
+    elif pending:
         yield b"".join(pending)
 
 

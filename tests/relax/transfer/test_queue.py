@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,13 +93,14 @@ def test_dead_writer_is_taken_over(tmp_path):
     code = ("import sys; sys.path.insert(0, %r); from transfer_helpers import *; from relax.transfer.queue import "
             "TransferQueue; p = TransferQueue(%r, 'run', 't').producer('w', ROLLOUT_FIELDS); "
             "p.put(rollout_group('g0')); print('ready', flush=True); import time; time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code % (str(__import__("pathlib").Path(__file__).parent),
-                                                           str(tmp_path))], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code % (str(Path(__file__).parent), str(tmp_path))],
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     with pytest.raises(WriterConflict):
         TransferQueue(str(tmp_path), "run", "t").producer("w", ROLLOUT_FIELDS)
     proc.kill()
     proc.wait()
+    proc.stdout.close()
     p = TransferQueue(str(tmp_path), "run", "t").producer("w", ROLLOUT_FIELDS)
     p.put(rollout_group("g1"))
     assert sorted(TransferQueue(str(tmp_path), "run", "t").state.samples) == ["g0/0", "g0/1", "g1/0", "g1/1"]

@@ -1,0 +1,36 @@
+"""URL helpers and atomic writes shared by the data and transfer layers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from relax import objstore
+
+
+@pytest.mark.parametrize("sizes", [[0], [10], [3 << 20], [5, 4096, 2 << 20, 7, 1 << 20, 100]])
+def test_parts_are_written_in_order_on_every_store(any_url, sizes):
+    # parts below, at and above the 1 MiB write chunk must come back as one exact byte string
+    rng = np.random.default_rng(len(sizes))
+    parts = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    url = objstore.join(any_url, "dir", "obj.bin")
+    objstore.write_bytes(url, [memoryview(p) for p in parts], fsync=False)
+    assert objstore.read_bytes(url) == b"".join(p.tobytes() for p in parts)
+
+
+def test_relative_and_remote_urls(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert objstore.absolute_url("file://./.relax") == f"file://{tmp_path}/.relax"
+    assert objstore.absolute_url("sub/x") == f"file://{tmp_path}/sub/x"
+    assert objstore.absolute_url("memory://bucket/a") == "memory:///bucket/a"
+
+
+def test_listing_delete_and_no_temp_files_left(tmp_path):
+    base = f"file://{tmp_path}"
+    objstore.write_bytes(objstore.join(base, "a", "x"), b"1")
+    objstore.write_bytes(objstore.join(base, "a", "y"), b"2")
+    assert objstore.list_dir(objstore.join(base, "a")) == ["x", "y"]  # no .tmp-* leftovers
+    objstore.delete(objstore.join(base, "a", "x"))
+    objstore.delete(objstore.join(base, "a", "missing"))  # deleting nothing is fine
+    assert objstore.list_dir(objstore.join(base, "a")) == ["y"]
+    assert objstore.list_dir(objstore.join(base, "nowhere")) == []
