@@ -216,8 +216,9 @@ def decode_shard(blob: bytes, name: str) -> tuple[list[str], dict[str, list[Any]
 
 
 def to_torch(value: Any, field: Field) -> Any:
-    """A numpy value as a torch tensor, restoring bfloat16 from its raw bits."""
+    """A numpy value as a torch tensor (a writable copy: read values are read-only views into
+    the cached shard), restoring bfloat16 from its raw bits."""
     import torch
 
-    t = torch.from_numpy(np.ascontiguousarray(value))
+    t = torch.from_numpy(np.array(value, copy=True, order="C"))
     return t.view(torch.bfloat16) if field.dtype == "bfloat16" else t
