@@ -1,0 +1,76 @@
+"""What the trainers consume: one rollout batch as ragged per-sample tensors.
+
+Every per-token field is aligned with ``input_ids`` (prompt + response, length L_i):
+``loss_mask[t] = 1`` where token t is trained (response tokens; tool observations and the
+prompt are 0), ``old_logprobs[t]`` is the behaviour policy's log-probability of token t
+given tokens < t (0 where the mask is 0). Sequence-level fields (``rewards``) are scalars.
+Keeping samples ragged lets the packer choose the layout; nothing is padded here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+import torch
+
+TOKEN_FIELDS = ("loss_mask", "old_logprobs", "advantages", "ref_logprobs", "prox_logprobs", "values", "returns")
+
+
+@dataclass
+class RolloutBatch:
+    """``input_ids[i]`` is sample i's (L_i,) int64 tokens; every token field is a list of (L_i,) tensors."""
+
+    ids: list[str]
+    input_ids: list[torch.Tensor]
+    loss_mask: list[torch.Tensor]
+    old_logprobs: list[torch.Tensor] | None = None
+    advantages: list[torch.Tensor] | None = None
+    ref_logprobs: list[torch.Tensor] | None = None
+    prox_logprobs: list[torch.Tensor] | None = None
+    values: list[torch.Tensor] | None = None
+    returns: list[torch.Tensor] | None = None
+    rewards: torch.Tensor | None = None  # (B,)
+    policy_versions: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if len(self.ids) != n:
+            raise ValueError(f"batch has {len(self.ids)} ids but {n} input_ids")
+        for name in TOKEN_FIELDS:
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if len(values) != n:
+                raise ValueError(f"field {name!r} has {len(values)} entries for {n} samples")
+            for sid, v, ids in zip(self.ids, values, self.input_ids, strict=True):
+                if v.shape != ids.shape:
+                    raise ValueError(f"sample {sid!r}: {name} has shape {tuple(v.shape)} but input_ids "
+                                     f"{tuple(ids.shape)}; token fields align with input_ids")
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [int(t.shape[0]) for t in self.input_ids]
+
+    def require(self, names: Sequence[str], why: str) -> None:
+        """Fail naming the missing field, e.g. ``values`` for PPO with GAE."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"{why} needs batch field(s) {missing}, which this batch does not carry; "
+                             f"present: {[f.name for f in fields(self) if getattr(self, f.name) is not None]}")
+
+    def select(self, indices: Sequence[int]) -> RolloutBatch:
+        """The samples at ``indices`` (a data-parallel rank's share)."""
+        def pick(v):
+            if v is None:
+                return None
+            if isinstance(v, torch.Tensor):
+                return v[list(indices)]
+            return [v[i] for i in indices]
+
+        return RolloutBatch(**{f.name: pick(getattr(self, f.name)) for f in fields(self)
+                               if f.name != "policy_versions"},
+                            policy_versions=[self.policy_versions[i] for i in indices] if self.policy_versions else [])

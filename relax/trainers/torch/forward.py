@@ -1,0 +1,50 @@
+"""Per-token log-probabilities (and entropies) of the tokens a sequence actually contains.
+
+For a sample with tokens x_0..x_{L-1}, position t holds log pi(x_t | x_<t) for t >= 1 and 0
+at t = 0, so the result aligns with ``input_ids`` like every other token field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from relax.trainers.torch.packing import MicroBatch
+
+
+def logits_of(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """(R, T, V) logits for a micro-batch (packed rows carry their block-diagonal mask)."""
+    return model(**mb.model_inputs(), use_cache=False).logits
+
+
+def span_logprobs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0,
+                  with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per-sample (L_i,) logprobs of its own tokens (and entropies), in ``mb.spans`` order.
+
+    ``temperature`` divides the logits first, so the trainer scores tokens with the same
+    distribution the engine sampled from.
+    """
+    out, ent = [], [] if with_entropy else None
+    for s in mb.spans:
+        lg = logits[s.row, s.start:s.start + s.length - 1].float() / temperature  # predicts tokens 1..L-1
+        logp = torch.log_softmax(lg, dim=-1)
+        target = mb.input_ids[s.row, s.start + 1:s.start + s.length]
+        lp = logp.gather(-1, target[:, None]).squeeze(-1)
+        out.append(torch.cat([lp.new_zeros(1), lp]))
+        if ent is not None:
+            h = -(logp.exp() * logp).sum(-1)
+            ent.append(torch.cat([h.new_zeros(1), h]))
+    return out, ent
+
+
+@torch.no_grad()
+def compute_logprobs(model: torch.nn.Module, batches: Sequence[MicroBatch], n: int,
+                     temperature: float = 1.0) -> list[torch.Tensor]:
+    """Logprobs of every sample under ``model`` without gradients (reference, proximal policy)."""
+    result: list[torch.Tensor | None] = [None] * n
+    for mb in batches:
+        lps, _ = span_logprobs(logits_of(model, mb), mb, temperature)
+        for s, lp in zip(mb.spans, lps, strict=True):
+            result[s.index] = lp
+    return result  # type: ignore[return-value]

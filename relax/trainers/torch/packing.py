@@ -1,0 +1,125 @@
+"""Micro-batch layouts: padding-free packing, length buckets, or plain padding.
+
+RL batches mix short and long responses (4:1 is common). Padding every micro-batch to its
+longest sample spends compute on pad tokens; packing concatenates samples into rows up to
+a token budget and gives attention a block-diagonal causal mask (and per-sample position
+ids), so each token attends only within its own sample and the output is identical to
+running samples one by one. Models whose attention cannot take a 4-D mask fall back to
+length buckets: samples sorted by length, so pads stay few.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+LAYOUTS = ("pack", "bucket", "pad")
+
+
+@dataclass
+class Span:
+    """Where sample ``index`` sits in a micro-batch: row ``row``, tokens ``start:start+length``."""
+
+    index: int
+    row: int
+    start: int
+    length: int
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # (R, T) int64
+    position_ids: torch.Tensor  # (R, T) int64
+    attention_mask: torch.Tensor  # (R, 1, T, T) bool when packed, else (R, T) int64 padding mask
+    spans: list[Span]
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(s.length for s in self.spans)
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": self.attention_mask}
+
+
+def plan(lengths: Sequence[int], token_budget: int, layout: str = "pack", max_samples: int | None = None) -> list[list[int]]:
+    """Group sample indices into micro-batches of at most ``token_budget`` tokens (counting pads).
+
+    ``pack``: first-fit decreasing into bins of ``token_budget`` real tokens.
+    ``bucket``: sorted by length, each micro-batch as many as fit when padded to its longest.
+    ``pad``: input order, as many as fit when padded to the longest (the naive baseline).
+    A sample longer than the budget gets a micro-batch of its own.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown micro-batch layout {layout!r}; choose one of {LAYOUTS}")
+    order = list(range(len(lengths)))
+    if layout == "pack":
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for i in sorted(order, key=lambda i: (-lengths[i], i)):
+            for b, free in enumerate(room):
+                if lengths[i] <= free and (max_samples is None or len(bins[b]) < max_samples):
+                    bins[b].append(i)
+                    room[b] -= lengths[i]
+                    break
+            else:
+                bins.append([i])
+                room.append(token_budget - lengths[i])
+        return bins
+    if layout == "bucket":
+        order.sort(key=lambda i: (lengths[i], i))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            cur = groups[-1]
+            longest = max(lengths[j] for j in cur + [i])
+            if longest * (len(cur) + 1) <= token_budget and (max_samples is None or len(cur) < max_samples):
+                cur.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+def collate(input_ids: Sequence[torch.Tensor], indices: Sequence[int], packed: bool, pad_id: int = 0) -> MicroBatch:
+    """One micro-batch: a single packed row, or one right-padded row per sample."""
+    if packed:
+        seqs = [input_ids[i] for i in indices]
+        total = sum(int(s.shape[0]) for s in seqs)
+        segment = torch.cat([torch.full((int(s.shape[0]),), k) for k, s in enumerate(seqs)])
+        causal = torch.ones(total, total, dtype=torch.bool).tril_()
+        mask = causal & (segment[:, None] == segment[None, :])
+        spans, start = [], 0
+        for i, s in zip(indices, seqs, strict=True):
+            spans.append(Span(i, 0, start, int(s.shape[0])))
+            start += int(s.shape[0])
+        positions = torch.cat([torch.arange(int(s.shape[0])) for s in seqs])
+        return MicroBatch(torch.cat(seqs)[None], positions[None], mask[None, None], spans)
+    longest = max(int(input_ids[i].shape[0]) for i in indices)
+    ids = torch.full((len(indices), longest), pad_id, dtype=torch.long)
+    pad_mask = torch.zeros(len(indices), longest, dtype=torch.long)
+    spans = []
+    for row, i in enumerate(indices):
+        n = int(input_ids[i].shape[0])
+        ids[row, :n] = input_ids[i]
+        pad_mask[row, :n] = 1
+        spans.append(Span(i, row, 0, n))
+    positions = torch.arange(longest).expand(len(indices), longest).clone()
+    return MicroBatch(ids, positions, pad_mask, spans)
+
+
+def micro_batches(input_ids: Sequence[torch.Tensor], token_budget: int, layout: str = "pack",
+                  pad_id: int = 0) -> list[MicroBatch]:
+    lengths = [int(t.shape[0]) for t in input_ids]
+    return [collate(input_ids, group, packed=layout == "pack", pad_id=pad_id)
+            for group in plan(lengths, token_budget, layout)]
+
+
+def waste(batches: Sequence[MicroBatch]) -> float:
+    """Share of computed token positions that are padding (0 for packed rows)."""
+    total = sum(b.total_tokens for b in batches)
+    return 1.0 - sum(b.real_tokens for b in batches) / total if total else 0.0

@@ -1,0 +1,164 @@
+"""One optimizer step over a rollout batch: micro-batches, accumulation, data parallel, safety.
+
+Every loss in Relax is a weighted sum of per-token terms, sum_i sum_t w_it * l_it, where the
+weights encode the aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm)
+over the *global* batch: all ranks and all micro-batches. So splitting a batch into
+micro-batches or across data-parallel ranks never changes the gradient, only the memory
+it takes: 2 gloo processes give the same weights as 1 process on the whole batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from relax.trainers.torch.batch import RolloutBatch
+from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from relax.trainers.torch.forward import logits_of, span_logprobs
+from relax.trainers.torch.optim import build_optimizer
+from relax.trainers.torch.packing import MicroBatch, collate, plan
+
+log = logging.getLogger(__name__)
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+# (micro-batch, per-sample logprobs, per-sample entropies or None, batch) -> per-sample token losses
+TokenLoss = Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None, RolloutBatch],
+                     tuple[list[torch.Tensor], dict[str, float]]]
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    skipped: bool
+    lr: float
+    micro_batches: int
+    tokens: int
+    metrics: dict[str, float]
+
+
+def token_weights(masks: Sequence[torch.Tensor], agg: str, norm: float | None = None,
+                  group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
+    """Per-token weights w_it such that sum w_it * l_it is the ``agg`` mean over the global batch.
+
+    token-mean: m_it / sum m; seq-mean-token-mean: m_it / (|m_i| * N);
+    seq-mean-token-sum-norm: m_it / (norm * N) with N sequences (Dr.GRPO's constant normalizer).
+    Sequences with an empty mask still count in N (they contribute zero).
+    """
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {AGGREGATIONS}")
+    local = torch.tensor([float(sum(m.sum() for m in masks)), float(len(masks))], dtype=torch.float64)
+    if group is not None or (dist.is_available() and dist.is_initialized()):
+        dist.all_reduce(local, group=group)
+    tokens, seqs = local.tolist()
+    if agg == "token-mean":
+        return [m.double() / max(tokens, 1.0) for m in masks]
+    if agg == "seq-mean-token-mean":
+        return [m.double() / (max(float(m.sum()), 1.0) * max(seqs, 1.0)) for m in masks]
+    if norm is None:
+        raise ValueError("seq-mean-token-sum-norm needs a constant normalizer (e.g. max response length)")
+    return [m.double() / (norm * max(seqs, 1.0)) for m in masks]
+
+
+class TorchTrainer:
+    """Owns a model, its optimizer and schedule; ``step`` applies one update from a batch."""
+
+    def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0,
+                 total_steps: int = 1, schedule: str = "constant", grad_clip: float = 1.0,
+                 micro_batch_tokens: int = 4096, layout: str = "pack", pad_id: int = 0,
+                 aggregation: str = "token-mean", agg_norm: float | None = None, nan_policy: str = "skip",
+                 temperature: float = 1.0):
+        self.model = model
+        self.optimizer, self.scheduler = build_optimizer(unwrap(model), lr, weight_decay, warmup_steps,
+                                                         total_steps, schedule)
+        self.grad_clip = grad_clip
+        self.micro_batch_tokens = micro_batch_tokens
+        self.layout = layout
+        self.pad_id = pad_id
+        self.aggregation = aggregation
+        self.agg_norm = agg_norm
+        if nan_policy not in ("skip", "fail"):
+            raise ValueError(f"nan_policy must be 'skip' or 'fail', got {nan_policy!r}")
+        self.nan_policy = nan_policy
+        self.temperature = temperature
+        self.steps_done = 0
+
+    @property
+    def world(self) -> tuple[int, int]:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def micro_batches(self, batch: RolloutBatch) -> list[MicroBatch]:
+        groups = plan(batch.lengths, self.micro_batch_tokens, self.layout)
+        return [collate(batch.input_ids, g, packed=self.layout == "pack", pad_id=self.pad_id) for g in groups]
+
+    def step(self, batch: RolloutBatch, token_loss: TokenLoss, with_entropy: bool = False) -> StepResult:
+        """Forward/backward every micro-batch of this rank's ``batch``, then one optimizer step."""
+        self.model.train()
+        _, world = self.world
+        weights = token_weights(batch.loss_mask, self.aggregation, self.agg_norm)
+        mbs = self.micro_batches(batch)
+        total = torch.zeros((), dtype=torch.float64)
+        metrics: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        for k, mb in enumerate(mbs):
+            sync = k == len(mbs) - 1
+            ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else _null()
+            with ctx:
+                logprobs, entropies = span_logprobs(logits_of(self.model, mb), mb, self.temperature, with_entropy)
+                losses, m = token_loss(mb, logprobs, entropies, batch)
+                mb_loss = sum((loss.double() * weights[s.index]).sum() for s, loss in zip(mb.spans, losses, strict=True))
+                # DDP averages gradients over ranks; the weights already normalise globally
+                (mb_loss * world).float().backward()
+            total += mb_loss.detach()
+            for key, v in m.items():
+                metrics[key] = metrics.get(key, 0.0) + v / len(mbs)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(total)
+        finite = math.isfinite(total.item())
+        grad_norm = float("nan")
+        if finite:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else
+                                                             float("inf")))
+            finite = math.isfinite(grad_norm)
+        if not finite:
+            msg = f"non-finite loss/gradient at step {self.steps_done}; samples {batch.ids[:8]}"
+            if self.nan_policy == "fail":
+                raise FloatingPointError(msg)
+            log.warning("%s: step skipped", msg)
+            self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        if finite:  # the schedule follows applied updates; a skipped step does not advance it
+            self.optimizer.step()
+            self.scheduler.step()
+        self.steps_done += 1
+        return StepResult(float(total), grad_norm, not finite, lr, len(mbs), sum(batch.lengths), metrics)
+
+    def save(self, url: str, meta: dict | None = None) -> str:
+        return save_checkpoint(url, self.model, self.optimizer, self.scheduler,
+                               {"steps_done": self.steps_done, **(meta or {})})
+
+    def load(self, url: str) -> dict:
+        meta = load_checkpoint(url, self.model, self.optimizer, self.scheduler)
+        self.steps_done = int(meta.get("steps_done", 0))
+        return meta
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def sft_loss(mb: MicroBatch, logprobs: list[torch.Tensor], entropies, batch: RolloutBatch):
+    """Cross-entropy on demonstration tokens (``loss_mask``): the format warm-start."""
+    return [-lp for lp in logprobs], {}

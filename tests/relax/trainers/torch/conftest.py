@@ -1,0 +1,6 @@
+"""Make ``tiny`` (model and batch builders) importable from these tests and their subprocesses."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,33 @@
+"""One rank of the 2-process gloo DDP test: trains on its half of the batch, saves its weights."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from tiny import tiny_batch, tiny_qwen2  # noqa: E402
+
+from relax.trainers.torch.trainer import TorchTrainer, sft_loss  # noqa: E402
+
+
+def main(rank: int, world: int, port: int, out: str, steps: int, agg: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_default_dtype(torch.float64)
+    model = tiny_qwen2().double()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    trainer = TorchTrainer(ddp, lr=1e-2, micro_batch_tokens=24, aggregation=agg, agg_norm=16.0)
+    batch = tiny_batch(n=8)
+    mine = batch.select([i for i in range(len(batch)) if i % world == rank])
+    for _ in range(steps):
+        trainer.step(mine, sft_loss)
+    if rank == 0:
+        torch.save(model.state_dict(), out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6])

@@ -1,0 +1,125 @@
+"""TorchTrainer: layouts agree, data parallel equals one process, checkpoints resume exactly."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import tiny_batch, tiny_qwen2
+
+from relax.trainers.torch.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from relax.trainers.torch.trainer import TorchTrainer, sft_loss, token_weights
+
+WORKER = str(Path(__file__).with_name("ddp_worker.py"))
+
+
+def grads_after_one_step(layout: str, budget: int) -> list[torch.Tensor]:
+    model = tiny_qwen2().double()
+    trainer = TorchTrainer(model, lr=0.0, micro_batch_tokens=budget, layout=layout)
+    trainer.step(tiny_batch(), sft_loss)  # lr 0: the update leaves the weights and keeps .grad
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("layout,budget", [("pack", 24), ("bucket", 24), ("pad", 24), ("pack", 4096)])
+def test_micro_batching_never_changes_the_gradient(layout, budget):
+    reference = grads_after_one_step("pad", 10_000)  # everything in one padded micro-batch
+    got = grads_after_one_step(layout, budget)
+    assert max((a - b).abs().max().item() for a, b in zip(reference, got, strict=True)) < 1e-12  # float64
+
+
+def test_token_weights_by_hand():
+    masks = [torch.tensor([0.0, 1, 1]), torch.tensor([1.0, 1, 1, 1])]
+    # token-mean: 2 + 4 = 6 masked tokens -> every masked token weighs 1/6
+    sixth = 1 / 6
+    assert [w.tolist() for w in token_weights(masks, "token-mean")] == [[0, sixth, sixth], [sixth] * 4]
+    # seq-mean-token-mean: 2 sequences; 1/(2*2) for the first's 2 tokens, 1/(4*2) for the second's 4
+    assert [w.tolist() for w in token_weights(masks, "seq-mean-token-mean")] == [[0, 0.25, 0.25], [0.125] * 4]
+    # seq-mean-token-sum-norm with constant 8: 1/(8*2) for every masked token
+    assert [w.tolist() for w in token_weights(masks, "seq-mean-token-sum-norm", norm=8)] == [[0, 1 / 16, 1 / 16],
+                                                                                             [1 / 16] * 4]
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        token_weights(masks, "mean")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_two_gloo_processes_match_one_process(tmp_path, agg):
+    port, out = _free_port(), str(tmp_path / "ddp.pt")
+    procs = [subprocess.Popen([sys.executable, WORKER, str(r), "2", str(port), out, "3", agg]) for r in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    ddp = torch.load(out)
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = tiny_qwen2().double()
+        trainer = TorchTrainer(model, lr=1e-2, micro_batch_tokens=24, aggregation=agg, agg_norm=16.0)
+        for _ in range(3):
+            trainer.step(tiny_batch(n=8), sft_loss)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    # float64 throughout: only summation order differs between 1 and 2 processes
+    diff = max((ddp[k] - v).abs().max().item() for k, v in model.state_dict().items())
+    assert diff < 1e-9, diff
+
+
+def test_resume_from_checkpoint_is_bit_exact(tmp_path):
+    batches = [tiny_batch(seed=s) for s in range(4)]
+    straight = TorchTrainer(tiny_qwen2(), lr=1e-2, warmup_steps=2, total_steps=4, schedule="cosine")
+    for b in batches:
+        straight.step(b, sft_loss)
+    first = TorchTrainer(tiny_qwen2(), lr=1e-2, warmup_steps=2, total_steps=4, schedule="cosine")
+    for b in batches[:2]:
+        first.step(b, sft_loss)
+    first.save(str(tmp_path / "ckpt"), {"step": 2})
+    resumed = TorchTrainer(tiny_qwen2(seed=99), lr=1e-2, warmup_steps=2, total_steps=4, schedule="cosine")
+    assert resumed.load(str(tmp_path / "ckpt"))["step"] == 2
+    for b in batches[2:]:
+        resumed.step(b, sft_loss)
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert resumed.scheduler.get_last_lr() == straight.scheduler.get_last_lr()
+
+
+def test_checkpoint_of_another_shape_names_the_tensor(tmp_path):
+    save_checkpoint(str(tmp_path / "small"), tiny_qwen2(hidden=32))
+    with pytest.raises(ValueError, match=r"tensor 'model.embed_tokens.weight' has shape \(64, 32\) in the checkpoint "
+                                         r"but \(64, 48\) in the model"):
+        load_checkpoint(str(tmp_path / "small"), tiny_qwen2(hidden=48))
+    with pytest.raises(FileNotFoundError, match="meta.json missing"):
+        load_checkpoint(str(tmp_path / "nowhere"), tiny_qwen2())
+
+
+def test_nan_loss_skips_the_step_and_names_samples(caplog):
+    model = tiny_qwen2()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = TorchTrainer(model, lr=1e-2)
+    nan_loss = lambda mb, lps, ents, b: ([lp * float("nan") for lp in lps], {})  # noqa: E731
+    result = trainer.step(tiny_batch(), nan_loss)
+    assert result.skipped and "samples ['s0'" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not trainer.step(tiny_batch(), sft_loss).skipped  # training goes on
+    fatal = TorchTrainer(tiny_qwen2(), lr=1e-2, nan_policy="fail")
+    with pytest.raises(FloatingPointError, match="non-finite loss"):
+        fatal.step(tiny_batch(), nan_loss)
+
+
+def test_sft_learns_and_exports_to_hf(tmp_path):
+    from transformers import Qwen2ForCausalLM
+
+    trainer = TorchTrainer(tiny_qwen2(), lr=1e-2)
+    losses = [trainer.step(tiny_batch(), sft_loss).loss for _ in range(30)]
+    assert losses[-1] < 0.2 * losses[0]  # memorising 6 short demonstrations
+    out = export_hf(trainer.model, str(tmp_path / "hf"))
+    again = Qwen2ForCausalLM.from_pretrained(out).eval()
+    ids = tiny_batch().input_ids[3][None]
+    trainer.model.eval()
+    assert torch.equal(again(ids).logits, trainer.model(ids).logits)

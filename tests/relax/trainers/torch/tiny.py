@@ -1,0 +1,34 @@
+"""Tiny Hugging Face models and batches built from a config with a fixed seed (never downloaded)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from relax.trainers.torch.batch import RolloutBatch
+
+VOCAB = 64
+
+
+def tiny_qwen2(seed: int = 0, hidden: int = 32, layers: int = 2) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      attention_dropout=0.0)
+    return Qwen2ForCausalLM(cfg)
+
+
+def tiny_batch(n: int = 6, seed: int = 1, prompt: int = 4, lengths: tuple[int, ...] = (3, 9, 5, 12, 2, 7)) -> RolloutBatch:
+    """``n`` samples: ``prompt`` prompt tokens then a response of ``lengths[i % len]`` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    ids, masks, old, adv = [], [], [], []
+    for i in range(n):
+        r = lengths[i % len(lengths)]
+        ids.append(torch.randint(0, VOCAB, (prompt + r,), generator=g))
+        m = torch.cat([torch.zeros(prompt), torch.ones(r)])
+        masks.append(m)
+        old.append(-torch.rand(prompt + r, generator=g) * m)
+        adv.append(m * (1.0 if i % 2 else -1.0))
+    return RolloutBatch(ids=[f"s{i}" for i in range(n)], input_ids=ids, loss_mask=masks, old_logprobs=old,
+                        advantages=adv, rewards=torch.tensor([float(i % 2) for i in range(n)]),
+                        policy_versions=[0] * n)
