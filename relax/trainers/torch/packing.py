@@ -32,8 +32,21 @@ class Span:
 class MicroBatch:
     input_ids: torch.Tensor  # (R, T) int64
     position_ids: torch.Tensor  # (R, T) int64
-    attention_mask: torch.Tensor  # (R, 1, T, T) bool when packed, else (R, T) int64 padding mask
+    attention_mask: torch.Tensor | None  # (R, T) padding mask; None for a packed row
     spans: list[Span]
+    cu_seqlens: torch.Tensor | None = None  # packed row: sample boundaries (n+1,) int32
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens is not None
+
+    def dense_mask(self) -> torch.Tensor:
+        """(1, 1, T, T) block-diagonal causal mask of a packed row, for models that need one."""
+        total = int(self.cu_seqlens[-1])
+        lengths = (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
+        segment = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        causal = torch.ones(total, total, dtype=torch.bool).tril_()
+        return (causal & (segment[:, None] == segment[None, :]))[None, None]
 
     @property
     def real_tokens(self) -> int:
@@ -43,8 +56,20 @@ class MicroBatch:
     def total_tokens(self) -> int:
         return int(self.input_ids.numel())
 
-    def model_inputs(self) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": self.attention_mask}
+    def model_inputs(self, segment_kernel: bool = True) -> dict[str, object]:
+        """Keyword arguments for a Hugging Face model. A packed row passes its segments the way
+        HF forwards them to varlen attention (``attention.enable_packed_attention``), or, with
+        ``segment_kernel=False``, as a dense block-diagonal mask."""
+        inputs: dict[str, object] = {"input_ids": self.input_ids, "position_ids": self.position_ids}
+        if not self.packed:
+            inputs["attention_mask"] = self.attention_mask
+        elif segment_kernel:
+            longest = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
+            inputs.update(cu_seq_lens_q=self.cu_seqlens, cu_seq_lens_k=self.cu_seqlens, max_length_q=longest,
+                          max_length_k=longest)
+        else:
+            inputs["attention_mask"] = self.dense_mask()
+        return inputs
 
 
 def plan(lengths: Sequence[int], token_budget: int, layout: str = "pack", max_samples: int | None = None) -> list[list[int]]:
@@ -89,16 +114,13 @@ def collate(input_ids: Sequence[torch.Tensor], indices: Sequence[int], packed: b
     """One micro-batch: a single packed row, or one right-padded row per sample."""
     if packed:
         seqs = [input_ids[i] for i in indices]
-        total = sum(int(s.shape[0]) for s in seqs)
-        segment = torch.cat([torch.full((int(s.shape[0]),), k) for k, s in enumerate(seqs)])
-        causal = torch.ones(total, total, dtype=torch.bool).tril_()
-        mask = causal & (segment[:, None] == segment[None, :])
         spans, start = [], 0
         for i, s in zip(indices, seqs, strict=True):
             spans.append(Span(i, 0, start, int(s.shape[0])))
             start += int(s.shape[0])
         positions = torch.cat([torch.arange(int(s.shape[0])) for s in seqs])
-        return MicroBatch(torch.cat(seqs)[None], positions[None], mask[None, None], spans)
+        cu = torch.tensor([0] + [sp.start + sp.length for sp in spans], dtype=torch.int32)
+        return MicroBatch(torch.cat(seqs)[None], positions[None], None, spans, cu)
     longest = max(int(input_ids[i].shape[0]) for i in indices)
     ids = torch.full((len(indices), longest), pad_id, dtype=torch.long)
     pad_mask = torch.zeros(len(indices), longest, dtype=torch.long)

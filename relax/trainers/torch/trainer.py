@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from relax.trainers.torch.attention import enable_packed_attention
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from relax.trainers.torch.forward import logits_of, span_logprobs
@@ -87,6 +88,8 @@ class TorchTrainer:
         self.nan_policy = nan_policy
         self.temperature = temperature
         self.steps_done = 0
+        if layout == "pack":
+            enable_packed_attention(model)
 
     @property
     def world(self) -> tuple[int, int]:
