@@ -1,0 +1,110 @@
+"""The actor: RL policy updates on a Hugging Face model, with the algorithm chosen by config.
+
+Per micro-batch the samples' token fields are padded into (n, T) tensors and handed to
+``relax.algorithms`` (policy loss, off-policy correction, KL, entropy); the per-token loss
+comes back per sample and ``TorchTrainer`` weights it by the configured aggregation over
+the whole (all-rank) batch. The proximal policy of decoupled PPO / TIS / icepop is this
+model's own logprobs before the update, recomputed here when the batch does not carry them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from relax.algorithms import compute_policy_loss, kl_estimate, off_policy_correction
+from relax.config import AlgorithmConfig, RelaxConfig
+from relax.trainers.torch.batch import RolloutBatch
+from relax.trainers.torch.forward import compute_logprobs
+from relax.trainers.torch.packing import MicroBatch, micro_batches
+from relax.trainers.torch.trainer import StepResult, TorchTrainer
+
+
+def pad(values: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(L_i,) tensors -> (n, max L) right-padded with zeros."""
+    out = torch.zeros(len(values), max(int(v.shape[0]) for v in values), dtype=dtype or values[0].dtype)
+    for i, v in enumerate(values):
+        out[i, : v.shape[0]] = v
+    return out
+
+
+def required_fields(alg: AlgorithmConfig) -> list[str]:
+    fields = ["loss_mask", "old_logprobs", "advantages"]
+    if alg.kl_coef > 0 and not alg.kl_in_reward:
+        fields.append("ref_logprobs")
+    return fields
+
+
+class PolicyLoss:
+    """Per-token policy loss of one micro-batch (the ``TokenLoss`` a TorchTrainer step takes)."""
+
+    def __init__(self, alg: AlgorithmConfig):
+        self.alg = alg
+
+    def __call__(self, mb: MicroBatch, logprobs: list[torch.Tensor], entropies: list[torch.Tensor] | None,
+                 batch: RolloutBatch) -> tuple[list[torch.Tensor], dict[str, float]]:
+        a = self.alg
+        idx = [s.index for s in mb.spans]
+        lengths = [s.length for s in mb.spans]
+        lp = pad(logprobs)
+        mask = pad([batch.loss_mask[i] for i in idx]).to(lp.dtype)
+        behav = pad([batch.old_logprobs[i] for i in idx]).to(lp.dtype)
+        adv = pad([batch.advantages[i] for i in idx]).to(lp.dtype)
+        weights = None
+        old = behav
+        if a.off_policy != "none":  # ratio against the proximal policy, behaviour enters as a weight
+            old = pad([batch.prox_logprobs[i] for i in idx]).to(lp.dtype)
+            corr = off_policy_correction(a.off_policy, old, behav, mask, cap=a.is_cap)
+            weights, mask = corr.weights, corr.mask
+        loss, metrics = compute_policy_loss(a.policy_loss, lp, old, adv, mask, clip_low=a.clip_low,
+                                            clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights)
+        if a.kl_coef > 0 and not a.kl_in_reward:
+            ref = pad([batch.ref_logprobs[i] for i in idx]).to(lp.dtype)
+            loss = loss + a.kl_coef * kl_estimate(lp, ref, a.kl_estimator) * mask
+        if a.entropy_coef > 0 and entropies is not None:
+            loss = loss - a.entropy_coef * pad(entropies) * mask
+        out = {k: float(v) for k, v in metrics.items()}
+        return [loss[k, :n] for k, n in enumerate(lengths)], out
+
+
+class Actor:
+    """Policy model + optimizer; ``train_step`` is one RL update from a rollout batch."""
+
+    def __init__(self, model: torch.nn.Module, cfg: RelaxConfig, pad_id: int = 0, layout: str = "pack"):
+        t = cfg.trainer
+        self.cfg = cfg
+        self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
+                                    total_steps=t.total_steps, grad_clip=t.grad_clip,
+                                    micro_batch_tokens=t.micro_batch_tokens, layout=layout, pad_id=pad_id,
+                                    aggregation=cfg.algorithm.loss_agg, agg_norm=float(cfg.rollout.max_new_tokens),
+                                    temperature=cfg.rollout.temperature)
+        self.loss = PolicyLoss(cfg.algorithm)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trainer.model
+
+    def logprobs(self, batch: RolloutBatch) -> list[torch.Tensor]:
+        """This policy's logprobs of every token, without gradients (proximal policy, checks)."""
+        return compute_logprobs(self.model, self.trainer.micro_batches(batch), len(batch), self.trainer.temperature)
+
+    def train_step(self, batch: RolloutBatch) -> StepResult:
+        batch.require(required_fields(self.cfg.algorithm),
+                      f"policy loss {self.cfg.algorithm.policy_loss!r} with off_policy {self.cfg.algorithm.off_policy!r}")
+        if self.cfg.algorithm.off_policy != "none" and batch.prox_logprobs is None:
+            batch.prox_logprobs = self.logprobs(batch)
+        return self.trainer.step(batch, self.loss, with_entropy=self.cfg.algorithm.entropy_coef > 0)
+
+
+class Reference:
+    """A frozen copy of the initial policy: reference logprobs for the KL term."""
+
+    def __init__(self, model: torch.nn.Module, micro_batch_tokens: int = 4096, temperature: float = 1.0):
+        self.model = model.eval().requires_grad_(False)
+        self.micro_batch_tokens = micro_batch_tokens
+        self.temperature = temperature
+
+    def logprobs(self, batch: RolloutBatch) -> list[torch.Tensor]:
+        return compute_logprobs(self.model, micro_batches(batch.input_ids, self.micro_batch_tokens, "bucket"),
+                                len(batch), self.temperature)
