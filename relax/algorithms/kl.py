@@ -1,0 +1,129 @@
+"""KL regularisation against a reference policy, and the entropy of the policy.
+
+KL estimators follow J. Schulman, "Approximating KL Divergence" (2020),
+http://joschu.net/blog/kl-approx.html. Tokens are sampled from the policy q = pi_theta and
+we want KL[q || p] with p = pi_ref. With log rho = log p(x) - log q(x) = ref_logprob -
+logprob:
+
+* k1 = -log rho                  unbiased, high variance, can be negative per token;
+* k2 = (log rho)^2 / 2           biased (second order), low variance, >= 0;
+* k3 = (rho - 1) - log rho       unbiased, low variance, >= 0 (verl's "low_var_kl").
+
+The KL enters training in one of two ways (``AlgorithmConfig.kl_in_reward``):
+as a differentiable loss term (:func:`kl_loss`, scaled by ``kl_coef`` after aggregation)
+or as per-token reward shaping (:func:`kl_reward_penalty`, no gradient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from relax.algorithms.aggregation import aggregate_loss
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "kl_estimate",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_loss",
+    "kl_reward_penalty",
+]
+
+# exp(20) ~ 5e8: far beyond any ratio a sane run sees, small enough that k3 stays finite.
+_MAX_LOG_RHO = 20.0
+
+
+def _log_rho(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    return (ref_logprobs.detach() - logprobs).clamp(-_MAX_LOG_RHO, _MAX_LOG_RHO)
+
+
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 = log q - log p = logprob - ref_logprob (config ``k1``). Shapes: (B, T) -> (B, T)."""
+    return -_log_rho(logprobs, ref_logprobs)
+
+
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k2 = (log p - log q)^2 / 2 (config ``k2``). Its gradient is that of the true KL to
+    first order around q = p. Shapes: (B, T) -> (B, T)."""
+    return 0.5 * _log_rho(logprobs, ref_logprobs) ** 2
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 = (p/q - 1) - log(p/q) (config ``k3``); expm1 keeps precision when p ~ q.
+    Shapes: (B, T) -> (B, T)."""
+    log_rho = _log_rho(logprobs, ref_logprobs)
+    return torch.expm1(log_rho) - log_rho
+
+
+#: Config name (``AlgorithmConfig.kl_estimator``) -> estimator f(logprobs, ref_logprobs).
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimate of KL[pi_theta || pi_ref] with the named estimator (k1/k2/k3).
+
+    Shapes: logprobs, ref_logprobs (B, T) -> (B, T), unmasked. Gradient flows through
+    ``logprobs`` only. Raises ValueError for an unknown ``estimator``.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_estimator {estimator!r}; valid: {', '.join(sorted(KL_ESTIMATORS))}")
+    return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
+
+
+def kl_loss(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k3") -> Tensor:
+    """KL as a loss term (``kl_in_reward = False``): per-token KL, 0 off the mask.
+
+    Formula: l_t = m_t * k(logp_t, logp_ref_t); the trainer adds
+    kl_coef * aggregate(l, mask). Shapes: (B, T) -> (B, T).
+    """
+    kl = kl_estimate(logprobs, ref_logprobs, estimator)
+    m = mask.to(kl.dtype)
+    return torch.where(m > 0, kl * m, torch.zeros_like(kl))
+
+
+def kl_reward_penalty(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kl_coef: float,
+    estimator: str = "k1",
+) -> Tensor:
+    """KL as per-token reward shaping (``kl_in_reward = True``; InstructGPT-style,
+    arXiv:2203.02155): R_t += -beta * k(logp_t, logp_ref_t) * m_t.
+
+    ``logprobs`` are the sampling (old) policy's, so the penalty is a constant reward
+    (detached). k1 is the classic choice here: its expectation is the KL and the sum over
+    tokens is the sequence log-ratio. Shapes: (B, T) -> (B, T) penalty (<= 0 for k2/k3).
+    """
+    kl = kl_estimate(logprobs.detach(), ref_logprobs, estimator)
+    m = mask.to(kl.dtype)
+    return torch.where(m > 0, -kl_coef * kl * m, torch.zeros_like(kl))
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the categorical distribution at every position.
+
+    Formula: H = -sum_v p_v log p_v with log p = log_softmax(z) (computed as z - logsumexp z,
+    so large logits do not overflow). Vocabulary entries masked with -inf logits have p = 0
+    and contribute exactly 0 to the value and the gradient (no 0 * -inf NaN).
+    Shapes: logits (B, T, V) -> (B, T), in the logits' dtype.
+    """
+    logp = torch.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits, -1)
+    p = logp.exp()
+    safe_logp = torch.where(p > 0, logp, torch.zeros_like(logp))
+    return (-(p * safe_logp).sum(dim=-1)).to(logits.dtype)
+
+
+def entropy_bonus(entropy: Tensor, mask: Tensor, coef: float, mode: str = "token-mean") -> Tensor:
+    """Entropy bonus as a loss term to ADD to the policy loss (config ``entropy_coef``).
+
+    Formula: L_ent = -coef * aggregate(H, mask) -- negative because the loss is minimised
+    and higher entropy is rewarded. Shapes: entropy, mask (B, T) -> scalar.
+    """
+    return -coef * aggregate_loss(entropy, mask, mode)
