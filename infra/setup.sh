@@ -16,4 +16,6 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==${TORCH_VERSION:-2.13.0}"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[${EXTRAS}]"
+# megatron-core (0.16.1: newest for Py3.11); --no-deps so pip never re-resolves the CPU torch. No-op if present.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "megatron-core==0.16.1"
 "$VENV/bin/python" -c "import relax, torch, flytekit, ray; print(f'relax ready: torch {torch.__version__}, flytekit {flytekit.__version__}, ray {ray.__version__}')"
