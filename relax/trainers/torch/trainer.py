@@ -101,8 +101,12 @@ class TorchTrainer:
         groups = plan(batch.lengths, self.micro_batch_tokens, self.layout)
         return [collate(batch.input_ids, g, packed=self.layout == "pack", pad_id=self.pad_id) for g in groups]
 
-    def step(self, batch: RolloutBatch, token_loss: TokenLoss, with_entropy: bool = False) -> StepResult:
-        """Forward/backward every micro-batch of this rank's ``batch``, then one optimizer step."""
+    def step(self, batch: RolloutBatch, token_loss: TokenLoss, with_entropy: bool = False,
+             forward: Callable[[torch.nn.Module, MicroBatch], list[torch.Tensor]] | None = None) -> StepResult:
+        """Forward/backward every micro-batch of this rank's ``batch``, then one optimizer step.
+
+        ``forward`` maps (model, micro-batch) to per-sample outputs (default: token logprobs);
+        the critic passes its values."""
         self.model.train()
         _, world = self.world
         weights = token_weights(batch.loss_mask, self.aggregation, self.agg_norm)
@@ -114,7 +118,10 @@ class TorchTrainer:
             sync = k == len(mbs) - 1
             ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else _null()
             with ctx:
-                logprobs, entropies = span_logprobs(logits_of(self.model, mb), mb, self.temperature, with_entropy)
+                if forward is None:
+                    logprobs, entropies = span_logprobs(logits_of(self.model, mb), mb, self.temperature, with_entropy)
+                else:
+                    logprobs, entropies = forward(self.model, mb), None
                 losses, m = token_loss(mb, logprobs, entropies, batch)
                 mb_loss = sum((loss.double() * weights[s.index]).sum() for s, loss in zip(mb.spans, losses, strict=True))
                 # DDP averages gradients over ranks; the weights already normalise globally

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -14,8 +15,10 @@ from tiny import tiny_batch, tiny_qwen2  # noqa: E402
 from relax.trainers.torch.trainer import TorchTrainer, sft_loss  # noqa: E402
 
 
-def main(rank: int, world: int, port: int, out: str, steps: int, agg: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def main(rank: int, world: int, rendezvous: str, out: str, steps: int, agg: str) -> None:
+    # a file rendezvous: no port to race for with other tests or processes on the machine
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
     torch.set_default_dtype(torch.float64)
     model = tiny_qwen2().double()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -30,4 +33,4 @@ def main(rank: int, world: int, port: int, out: str, steps: int, agg: str) -> No
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6])
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])

@@ -66,3 +66,25 @@ def test_kl_term_needs_reference_logprobs_and_uses_them():
     batch.ref_logprobs = ref.logprobs(batch)
     # policy == reference: every KL estimator is 0, so the loss is the plain PPO loss again (-18/38)
     assert a.train_step(batch).loss == pytest.approx(-18 / 38, abs=1e-6)
+
+
+def test_critic_fits_returns_and_needs_them():
+    from relax.trainers.torch.critic import Critic, ValueModel, clipped_value_loss
+
+    # clipped value loss by hand: V=[1, 3], V_old=[0, 0], R=[2, 2], clip 0.5
+    # unclipped (V-R)^2 = [1, 1]; clipped V' = [0.5, 0.5] -> (V'-R)^2 = [2.25, 2.25]; 0.5*max = [1.125, 1.125]
+    got = clipped_value_loss(torch.tensor([1.0, 3.0]), torch.zeros(2), torch.tensor([2.0, 2.0]), 0.5)
+    assert got.tolist() == [1.125, 1.125]
+    lm = tiny_qwen2()
+    critic = Critic(ValueModel(lm.model, lm.config.hidden_size), lr=0.05, value_clip=100.0)
+    batch = tiny_batch()
+    with pytest.raises(ValueError, match=r"needs batch field\(s\) \['values', 'returns'\]"):
+        critic.train_step(batch)
+    batch.values = critic.values(batch)
+    assert all(float(v.abs().max()) == 0.0 for v in batch.values)  # zero-initialised head
+    batch.returns = [m * (1.0 if i % 2 else -1.0) for i, m in enumerate(batch.loss_mask)]
+    first = critic.train_step(batch).loss
+    for _ in range(40):
+        batch.values = critic.values(batch)
+        last = critic.train_step(batch).loss
+    assert last < 0.1 * first

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,17 +44,11 @@ def test_token_weights_by_hand():
         token_weights(masks, "mean")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_two_gloo_processes_match_one_process(tmp_path, agg):
-    port, out = _free_port(), str(tmp_path / "ddp.pt")
-    procs = [subprocess.Popen([sys.executable, WORKER, str(r), "2", str(port), out, "3", agg]) for r in range(2)]
+    rendezvous, out = str(tmp_path / "rendezvous"), str(tmp_path / "ddp.pt")
+    procs = [subprocess.Popen([sys.executable, WORKER, str(r), "2", rendezvous, out, "3", agg]) for r in range(2)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     ddp = torch.load(out)
     torch.set_default_dtype(torch.float64)
