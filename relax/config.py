@@ -144,7 +144,14 @@ class TrainerConfig:
     warmup_steps: int = opt(5, "Linear warm-up steps.", range=(0, 10_000_000))
     total_steps: int = opt(100, "RL steps in the run.", range=(1, 100_000_000))
     grad_clip: float = opt(1.0, "Max global gradient norm; 0 disables clipping.", range=(0.0, 1e6))
-    micro_batch_tokens: int = opt(4096, "Token budget of one packed micro-batch.", range=(16, 1 << 30))
+    micro_batch_tokens: int = opt(4096, "Token budget of one micro-batch (pads included).", range=(16, 1 << 30))
+    micro_batch_layout: str = opt("pack", "'pack': samples concatenated padding-free with per-sample attention; "
+                                  "'bucket': sorted by length, then padded; 'pad': input order, padded.",
+                                  choices=("pack", "bucket", "pad"))
+    lr_schedule: str = opt("constant", "After warm-up: constant, or cosine down to 10% at total_steps.",
+                           choices=("constant", "cosine"))
+    nan_policy: str = opt("skip", "A non-finite loss or gradient: 'skip' the step (logged with the sample ids) "
+                          "or 'fail' the run.", choices=("skip", "fail"))
     sft_steps: int = opt(0, "Supervised warm-start steps teaching the answer format; 0 skips it.", range=(0, 10_000_000))
     checkpoint_every: int = opt(20, "Save a checkpoint every k steps.", range=(1, 100_000_000))
     data_parallel: int = opt(1, "Data-parallel processes (gloo on CPU, NCCL on GPU).", range=(1, 100_000))

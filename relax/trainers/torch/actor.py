@@ -71,14 +71,16 @@ class PolicyLoss:
 class Actor:
     """Policy model + optimizer; ``train_step`` is one RL update from a rollout batch."""
 
-    def __init__(self, model: torch.nn.Module, cfg: RelaxConfig, pad_id: int = 0, layout: str = "pack"):
+    def __init__(self, model: torch.nn.Module, cfg: RelaxConfig, pad_id: int = 0):
         t = cfg.trainer
         self.cfg = cfg
         self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                                    total_steps=t.total_steps, grad_clip=t.grad_clip,
-                                    micro_batch_tokens=t.micro_batch_tokens, layout=layout, pad_id=pad_id,
-                                    aggregation=cfg.algorithm.loss_agg, agg_norm=float(cfg.rollout.max_new_tokens),
-                                    temperature=cfg.rollout.temperature)
+                                    total_steps=t.total_steps, schedule=t.lr_schedule, grad_clip=t.grad_clip,
+                                    micro_batch_tokens=t.micro_batch_tokens, layout=t.micro_batch_layout,
+                                    pad_id=pad_id, aggregation=cfg.algorithm.loss_agg,
+                                    agg_norm=float(cfg.rollout.max_new_tokens), nan_policy=t.nan_policy,
+                                    temperature=cfg.rollout.temperature,
+                                    autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None)
         self.loss = PolicyLoss(cfg.algorithm)
 
     @property

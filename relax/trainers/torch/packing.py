@@ -44,8 +44,9 @@ class MicroBatch:
         """(1, 1, T, T) block-diagonal causal mask of a packed row, for models that need one."""
         total = int(self.cu_seqlens[-1])
         lengths = (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
-        segment = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-        causal = torch.ones(total, total, dtype=torch.bool).tril_()
+        device = self.input_ids.device
+        segment = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+        causal = torch.ones(total, total, dtype=torch.bool, device=device).tril_()
         return (causal & (segment[:, None] == segment[None, :]))[None, None]
 
     @property
@@ -118,19 +119,21 @@ def collate(input_ids: Sequence[torch.Tensor], indices: Sequence[int], packed: b
         for i, s in zip(indices, seqs, strict=True):
             spans.append(Span(i, 0, start, int(s.shape[0])))
             start += int(s.shape[0])
-        positions = torch.cat([torch.arange(int(s.shape[0])) for s in seqs])
-        cu = torch.tensor([0] + [sp.start + sp.length for sp in spans], dtype=torch.int32)
+        device = seqs[0].device
+        positions = torch.cat([torch.arange(int(s.shape[0]), device=device) for s in seqs])
+        cu = torch.tensor([0] + [sp.start + sp.length for sp in spans], dtype=torch.int32, device=device)
         return MicroBatch(torch.cat(seqs)[None], positions[None], None, spans, cu)
     longest = max(int(input_ids[i].shape[0]) for i in indices)
-    ids = torch.full((len(indices), longest), pad_id, dtype=torch.long)
-    pad_mask = torch.zeros(len(indices), longest, dtype=torch.long)
+    device = input_ids[indices[0]].device
+    ids = torch.full((len(indices), longest), pad_id, dtype=torch.long, device=device)
+    pad_mask = torch.zeros(len(indices), longest, dtype=torch.long, device=device)
     spans = []
     for row, i in enumerate(indices):
         n = int(input_ids[i].shape[0])
         ids[row, :n] = input_ids[i]
         pad_mask[row, :n] = 1
         spans.append(Span(i, row, 0, n))
-    positions = torch.arange(longest).expand(len(indices), longest).clone()
+    positions = torch.arange(longest, device=device).expand(len(indices), longest).clone()
     return MicroBatch(ids, positions, pad_mask, spans)
 
 

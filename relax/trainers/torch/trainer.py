@@ -9,6 +9,7 @@ it takes: 2 gloo processes give the same weights as 1 process on the whole batch
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -53,17 +54,30 @@ def token_weights(masks: Sequence[torch.Tensor], agg: str, norm: float | None = 
     """
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {AGGREGATIONS}")
-    local = torch.tensor([float(sum(m.sum() for m in masks)), float(len(masks))], dtype=torch.float64)
+    local = torch.tensor([float(sum(float(m.sum()) for m in masks)), float(len(masks))], dtype=torch.float64)
     if group is not None or (dist.is_available() and dist.is_initialized()):
         dist.all_reduce(local, group=group)
     tokens, seqs = local.tolist()
     if agg == "token-mean":
-        return [m.double() / max(tokens, 1.0) for m in masks]
+        return [m.double() / max(tokens, 1.0) for m in masks]  # stays on the masks' device
     if agg == "seq-mean-token-mean":
         return [m.double() / (max(float(m.sum()), 1.0) * max(seqs, 1.0)) for m in masks]
     if norm is None:
         raise ValueError("seq-mean-token-sum-norm needs a constant normalizer (e.g. max response length)")
     return [m.double() / (norm * max(seqs, 1.0)) for m in masks]
+
+
+def wrap_ddp(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
+    """DistributedDataParallel as TorchTrainer needs it.
+
+    Ranks plan their own micro-batches, so they run different numbers of forward passes;
+    DDP's default buffer broadcast is a collective on every forward and would deadlock
+    them. Buffers here (rotary frequencies) are deterministic, so nothing is lost.
+    """
+    ddp = torch.nn.parallel.DistributedDataParallel
+    if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters:  # torch >= 2.13 name
+        return ddp(model, forward_sync_buffers=False)
+    return ddp(model, broadcast_buffers=False)
 
 
 class TorchTrainer:
@@ -73,7 +87,12 @@ class TorchTrainer:
                  total_steps: int = 1, schedule: str = "constant", grad_clip: float = 1.0,
                  micro_batch_tokens: int = 4096, layout: str = "pack", pad_id: int = 0,
                  aggregation: str = "token-mean", agg_norm: float | None = None, nan_policy: str = "skip",
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, autocast: str | None = None):
+        syncs = model.forward_sync_buffers if hasattr(model, "forward_sync_buffers") else \
+            getattr(model, "broadcast_buffers", False)
+        if syncs:
+            raise ValueError("wrap the model with relax.trainers.torch.trainer.wrap_ddp (broadcast_buffers=False): "
+                             "ranks run different numbers of micro-batches and would deadlock on buffer broadcasts")
         self.model = model
         self.optimizer, self.scheduler = build_optimizer(unwrap(model), lr, weight_decay, warmup_steps,
                                                          total_steps, schedule)
@@ -87,6 +106,8 @@ class TorchTrainer:
             raise ValueError(f"nan_policy must be 'skip' or 'fail', got {nan_policy!r}")
         self.nan_policy = nan_policy
         self.temperature = temperature
+        # mixed precision for the forward/backward (bf16 on GPU); master weights and the optimizer stay fp32
+        self.autocast = getattr(torch, autocast) if autocast else None
         self.steps_done = 0
         if layout == "pack":
             enable_packed_attention(model)
@@ -117,7 +138,7 @@ class TorchTrainer:
         for k, mb in enumerate(mbs):
             sync = k == len(mbs) - 1
             ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else _null()
-            with ctx:
+            with ctx, self._precision():
                 if forward is None:
                     logprobs, entropies = span_logprobs(logits_of(self.model, mb), mb, self.temperature, with_entropy)
                 else:
@@ -150,6 +171,12 @@ class TorchTrainer:
             self.scheduler.step()
         self.steps_done += 1
         return StepResult(float(total), grad_norm, not finite, lr, len(mbs), sum(batch.lengths), metrics)
+
+    def _precision(self):
+        if self.autocast is None:
+            return _null()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=self.autocast)
 
     def save(self, url: str, meta: dict | None = None) -> str:
         return save_checkpoint(url, self.model, self.optimizer, self.scheduler,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -12,24 +14,31 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from tiny import tiny_batch, tiny_qwen2  # noqa: E402
 
-from relax.trainers.torch.trainer import TorchTrainer, sft_loss  # noqa: E402
+from relax.trainers.torch.trainer import TorchTrainer, sft_loss, wrap_ddp  # noqa: E402
 
 
 def main(rank: int, world: int, rendezvous: str, out: str, steps: int, agg: str) -> None:
+    faulthandler.dump_traceback_later(90, exit=True)  # a hang shows where it hangs, then fails
     # a file rendezvous: no port to race for with other tests or processes on the machine
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     torch.set_default_dtype(torch.float64)
     model = tiny_qwen2().double()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = wrap_ddp(model)
     trainer = TorchTrainer(ddp, lr=1e-2, micro_batch_tokens=24, aggregation=agg, agg_norm=16.0)
     batch = tiny_batch(n=8)
     mine = batch.select([i for i in range(len(batch)) if i % world == rank])
-    for _ in range(steps):
+    for k in range(steps):
         trainer.step(mine, sft_loss)
+        print(f"rank {rank} step {k} done", file=sys.stderr, flush=True)
     if rank == 0:
         torch.save(model.state_dict(), out)
+    print(f"rank {rank} saved", file=sys.stderr, flush=True)
     dist.destroy_process_group()
+    print(f"rank {rank} destroyed", file=sys.stderr, flush=True)
+    # gloo's background threads can hang interpreter teardown (seen here 1 run in 3): exit hard,
+    # everything this worker had to do is done and written
+    os._exit(0)
 
 
 if __name__ == "__main__":

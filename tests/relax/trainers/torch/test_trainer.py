@@ -48,8 +48,14 @@ def test_token_weights_by_hand():
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_two_gloo_processes_match_one_process(tmp_path, agg):
     rendezvous, out = str(tmp_path / "rendezvous"), str(tmp_path / "ddp.pt")
-    procs = [subprocess.Popen([sys.executable, WORKER, str(r), "2", rendezvous, out, "3", agg]) for r in range(2)]
-    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    procs = [subprocess.Popen([sys.executable, WORKER, str(r), "2", rendezvous, out, "3", agg],
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        errs = [p.communicate(timeout=150)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-3000:] for e in errs)
     ddp = torch.load(out)
     torch.set_default_dtype(torch.float64)
     try:
@@ -116,3 +122,33 @@ def test_sft_learns_and_exports_to_hf(tmp_path):
     ids = tiny_batch().input_ids[3][None]
     trainer.model.eval()
     assert torch.equal(again(ids).logits, trainer.model(ids).logits)
+
+
+def test_bf16_autocast_step_keeps_fp32_master_weights():
+    # CPU autocast runs the same code path a CUDA bf16 run takes; the weights stay float32
+    model = tiny_qwen2()
+    trainer = TorchTrainer(model, lr=1e-2, autocast="bfloat16")
+    result = trainer.step(tiny_batch(), sft_loss)
+    assert not result.skipped and result.grad_norm > 0
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_step():
+    model = tiny_qwen2().cuda()
+    trainer = TorchTrainer(model, lr=1e-2, autocast="bfloat16")
+    batch = tiny_batch()
+    batch.input_ids = [t.cuda() for t in batch.input_ids]
+    batch.loss_mask = [m.cuda() for m in batch.loss_mask]
+    assert not trainer.step(batch, sft_loss).skipped
+
+
+def test_default_ddp_wrapper_is_refused(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rv", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="wrap_ddp"):
+            TorchTrainer(torch.nn.parallel.DistributedDataParallel(tiny_qwen2()), lr=1e-2)
+    finally:
+        dist.destroy_process_group()
