@@ -136,6 +136,13 @@ def transformer_config_from_hf(
     return TransformerConfig(**kwargs)
 
 
+def parallel_sizes(trainer_cfg: Any) -> dict[str, int]:
+    """TP/PP/CP/EP sizes from ``relax.config.TrainerConfig`` (the ``*_parallel`` fields), as the
+    keyword arguments ``init_cpu_distributed`` and megatron's ``initialize_model_parallel`` take."""
+    return {"tp": trainer_cfg.tensor_parallel, "pp": trainer_cfg.pipeline_parallel,
+            "cp": trainer_cfg.context_parallel, "ep": trainer_cfg.expert_parallel}
+
+
 def build_gpt_model(
     hf_config: Any,
     tp: int = 1,

@@ -222,3 +222,16 @@ def test_errors_name_the_tensor_and_both_shapes():
     # a Qwen3 checkpoint read with a Qwen2 layout fails on names, not silently
     with pytest.raises(ConversionError, match="unexpected tensor 'model.layers.0.self_attn.q_norm.weight'"):
         hf_to_megatron(tiny_model("qwen3", head_dim=16).state_dict(), cfg)
+
+
+def test_parallel_sizes_come_from_the_trainer_config():
+    import importlib.util
+
+    if importlib.util.find_spec("megatron") is None:
+        pytest.skip("megatron-core is not installed")
+    from relax.config_loader import load_config
+    from relax.trainers.megatron.model import parallel_sizes
+
+    cfg = load_config(None, ["trainer.tensor_parallel=2", "trainer.pipeline_parallel=4", "trainer.context_parallel=1",
+                             "trainer.expert_parallel=8"])
+    assert parallel_sizes(cfg.trainer) == {"tp": 2, "pp": 4, "cp": 1, "ep": 8}
