@@ -71,6 +71,12 @@ def _base_metrics(log_ratio: Tensor, mask: Tensor) -> Metrics:
     }
 
 
+def _clip_metrics(clipped: Tensor, ratio: Tensor, mask: Tensor) -> Metrics:
+    """Share of tokens whose gradient the clip removed, in all and per side."""
+    return {"clip_frac": _frac(clipped, mask), "clip_frac_low": _frac(clipped & (ratio < 1.0), mask),
+            "clip_frac_high": _frac(clipped & (ratio > 1.0), mask)}
+
+
 def _frac(flag: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(flag.detach().to(mask.dtype if mask.is_floating_point() else torch.float32), mask)
 
@@ -112,10 +118,7 @@ def ppo_loss(
     _check_clip(clip_low, clip_high)
     log_ratio, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     loss, clipped, ratio = _clipped_surrogate(log_ratio.exp(), advantages, clip_low, clip_high)
-    metrics = _base_metrics(log_ratio, mask)
-    metrics["clip_frac"] = _frac(clipped, mask)
-    metrics["clip_frac_low"] = _frac(clipped & (ratio < 1.0), mask)
-    metrics["clip_frac_high"] = _frac(clipped & (ratio > 1.0), mask)
+    metrics = {**_base_metrics(log_ratio, mask), **_clip_metrics(clipped, ratio, mask)}
     return _finish(loss, mask, is_weights), metrics
 
 
@@ -216,10 +219,7 @@ def gspo_token_loss(
     seq = _seq_log_ratio(log_ratio, mask).detach()
     token_log_ratio = seq + _off_mask_zero(logprobs - logprobs.detach(), mask)
     loss, clipped, ratio = _clipped_surrogate(token_log_ratio.exp(), advantages, clip_low, clip_high)
-    metrics = _base_metrics(log_ratio, mask)
-    metrics["clip_frac"] = _frac(clipped, mask)
-    metrics["clip_frac_low"] = _frac(clipped & (ratio < 1.0), mask)
-    metrics["clip_frac_high"] = _frac(clipped & (ratio > 1.0), mask)
+    metrics = {**_base_metrics(log_ratio, mask), **_clip_metrics(clipped, ratio, mask)}
     return _finish(loss, mask, is_weights), metrics
 
 
