@@ -1,0 +1,284 @@
+"""The native engine: continuous batching over a slot KV cache, on any torch device.
+
+A scheduler thread owns the model. Each iteration it admits waiting requests while slots
+are free (one prefill per prompt; the n samples of a prompt share it), then runs one
+decode step for every running sequence together, then retires finished ones, so requests
+join and leave the running batch at every step. Forward passes are Hugging Face's own
+modules writing into ``SlotCache``, so returned logprobs equal a plain forward pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from relax.engines.native.kv_cache import cache_for
+from relax.engines.native.sampling import generator_for, sample
+from relax.engines.types import Completion, EngineError, GenerateRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Seq:
+    pending: _Pending
+    index: int
+    slot: int
+    prompt_len: int
+    generator: torch.Generator
+    out_ids: list[int] = field(default_factory=list)
+    out_lps: list[float] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+
+    @property
+    def last_pos(self) -> int:  # position of the newest token, the one the next decode step feeds in
+        return self.prompt_len + len(self.out_ids) - 1
+
+
+@dataclass
+class _Pending:
+    req: GenerateRequest
+    future: concurrent.futures.Future
+    version: str = ""
+    seqs: list[_Seq] = field(default_factory=list)
+    aborted: bool = False
+
+
+class NativeEngine:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch_size: int = 64,
+                 max_seq_len: int | None = None, weight_version: str = "0", model_path: str = "", seed: int = 0):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        text = getattr(model.config, "text_config", None) or model.config
+        self.max_context_length = int(max_seq_len or getattr(text, "max_position_embeddings", 2048))
+        self.max_batch_size = max_batch_size
+        self.cache = cache_for(model, max_batch_size, self.max_context_length)
+        self.weight_version = str(weight_version)
+        self.model_path = model_path
+        self.seed = seed
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_ids = {eos} if eos is not None else set()
+        self._free = list(range(max_batch_size))[::-1]
+        self._waiting: deque[_Pending] = deque()
+        self._running: list[_Seq] = []
+        self._inflight: dict[int, _Pending] = {}  # admitted, not yet resolved
+        self._cond = threading.Condition()
+        self._paused = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- public API ------------------------------------------------------------------------
+    def start(self) -> NativeEngine:
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._loop, name="relax-native-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def submit(self, req: GenerateRequest) -> concurrent.futures.Future:
+        """Queue a request; the future resolves to its ``n`` completions."""
+        req.params.validate()
+        if not req.input_ids:
+            raise EngineError("input_ids is empty")
+        if len(req.input_ids) >= self.max_context_length:
+            raise EngineError(f"prompt has {len(req.input_ids)} tokens but the context length is "
+                              f"{self.max_context_length}; shorten the prompt")
+        if req.params.n > self.max_batch_size:
+            raise EngineError(f"n={req.params.n} exceeds the engine's max_batch_size {self.max_batch_size}")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            self._waiting.append(_Pending(req, future))
+            self._cond.notify_all()
+        if self._thread is None:
+            self.start()
+        return future
+
+    async def generate(self, req: GenerateRequest) -> list[Completion]:
+        return await asyncio.wrap_future(self.submit(req))
+
+    def generate_sync(self, req: GenerateRequest, timeout: float | None = None) -> list[Completion]:
+        return self.submit(req).result(timeout)
+
+    def abort(self, rid: str) -> bool:
+        """Finish request ``rid`` now (finish_reason abort); False if it is unknown or done."""
+        with self._cond:
+            for p in list(self._waiting):
+                if p.req.rid == rid:
+                    self._waiting.remove(p)
+                    p.future.set_result([self._aborted(p, i) for i in range(p.req.params.n)])
+                    return True
+            for s in self._running:
+                if s.pending.req.rid == rid:
+                    s.pending.aborted = True
+                    return True
+        return False
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: str) -> None:
+        """Swap weights between steps: new requests wait, running ones finish on the old weights
+        (so every completion is from one version), then the new version serves."""
+        current = self.model.state_dict()
+        bad = [k for k, v in state_dict.items() if k not in current or tuple(v.shape) != tuple(current[k].shape)]
+        missing = sorted(set(current) - set(state_dict))
+        if bad or missing:
+            raise EngineError(f"weights of version {version} do not fit this model: mismatched {bad[:3]}, "
+                              f"missing {missing[:3]}; still serving version {self.weight_version}")
+        with self._cond:
+            self._paused = True
+            while self._running:
+                self._cond.wait(0.05)
+            self.model.load_state_dict(state_dict)
+            self.weight_version = str(version)
+            self._paused = False
+            self._cond.notify_all()
+
+    def flush_cache(self) -> bool:
+        with self._cond:
+            if self._running:
+                return False
+            self.cache.k.zero_()
+            self.cache.v.zero_()
+            return True
+
+    @property
+    def load(self) -> int:
+        with self._cond:
+            return len(self._waiting) + len({id(s.pending) for s in self._running})
+
+    def model_info(self) -> dict[str, Any]:
+        text = getattr(self.model.config, "text_config", None) or self.model.config
+        return {"model_path": self.model_path, "max_context_length": self.max_context_length,
+                "vocab_size": text.vocab_size, "weight_version": self.weight_version, "is_generation": True,
+                "max_batch_size": self.max_batch_size}
+
+    # -- scheduler -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._running and not self._inflight \
+                        and (not self._waiting or self._paused):
+                    self._cond.wait()
+                if self._stop:
+                    return
+                admitted = []
+                while (self._waiting and not self._paused
+                       and len(self._free) >= self._waiting[0].req.params.n):
+                    p = self._waiting.popleft()
+                    p.version = self.weight_version
+                    self._inflight[id(p)] = p
+                    admitted.append((p, [self._free.pop() for _ in range(p.req.params.n)]))
+            try:
+                with torch.no_grad():
+                    for p, slots in admitted:
+                        self._prefill(p, slots)
+                    if self._running:
+                        self._decode()
+            except Exception as e:  # a bug or OOM must not leave callers waiting forever
+                log.exception("engine step failed")
+                self._fail_all(e)
+            self._retire()
+
+    def _prefill(self, p: _Pending, slots: list[int]) -> None:
+        req, n = p.req, p.req.params.n
+        # a request's samples draw from their own streams: (sampling_seed or rid, index)
+        base = f"seed:{req.params.sampling_seed}" if req.params.sampling_seed is not None else f"rid:{req.rid}"
+        p.seqs = [_Seq(p, i, slots[i], len(req.input_ids), generator_for(_seed_of(f"{base}:{i}", self.seed)))
+                  for i in range(n)]
+        if req.params.max_new_tokens == 0:
+            for s in p.seqs:
+                s.finish = {"type": "length", "length": 0}
+            return
+        ids = torch.tensor([req.input_ids])
+        plen = ids.shape[1]
+        mask = torch.ones(plen, plen, dtype=torch.bool).tril_()[None, None]
+        logits = self.model(input_ids=ids, position_ids=torch.arange(plen)[None], attention_mask=mask,
+                            cache=self.cache.view([slots[0]], [0], plen), use_cache=True,
+                            **(req.mm_inputs or {})).logits[:, -1]
+        for s in p.seqs[1:]:
+            self.cache.copy_slot(slots[0], s.slot, plen)
+        tokens, lps = sample(logits.expand(n, -1), [req.params] * n, [s.generator for s in p.seqs])
+        for s, t, lp in zip(p.seqs, tokens, lps, strict=True):
+            self._append(s, t, lp)
+        with self._cond:
+            self._running.extend(s for s in p.seqs if s.finish is None)
+
+    def _decode(self) -> None:
+        seqs = list(self._running)
+        pos = [s.last_pos for s in seqs]
+        span = max(pos) + 1
+        mask = torch.arange(span)[None, :] <= torch.tensor(pos)[:, None]
+        logits = self.model(input_ids=torch.tensor([[s.out_ids[-1]] for s in seqs]),
+                            position_ids=torch.tensor(pos)[:, None], attention_mask=mask[:, None, None, :],
+                            cache=self.cache.view([s.slot for s in seqs], pos, span), use_cache=True).logits[:, -1]
+        tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.generator for s in seqs])
+        for s, t, lp in zip(seqs, tokens, lps, strict=True):
+            self._append(s, t, lp)
+
+    def _append(self, s: _Seq, token: int, logprob: float) -> None:
+        s.out_ids.append(token)
+        s.out_lps.append(logprob)
+        params = s.pending.req.params
+        if token in params.stop_token_ids:
+            s.finish = {"type": "stop", "matched": token}
+        elif token in self.eos_ids and not params.ignore_eos:
+            s.finish = {"type": "stop", "matched": token}
+        elif params.stop and self.tokenizer is not None:
+            tail = self.tokenizer.decode(s.out_ids[-32:])
+            hit = next((x for x in params.stop if x in tail), None)
+            if hit is not None:
+                s.finish = {"type": "stop", "matched": hit}
+        if s.finish is None and (len(s.out_ids) >= params.max_new_tokens
+                                 or s.last_pos + 1 >= self.max_context_length):
+            s.finish = {"type": "length", "length": len(s.out_ids)}
+
+    def _retire(self) -> None:
+        """Free the slots of finished requests and resolve their futures."""
+        done: list[_Pending] = []
+        with self._cond:
+            for s in self._running:
+                if s.finish is None and s.pending.aborted:
+                    s.finish = {"type": "abort", "message": "aborted by request", "status_code": 200}
+            self._running = [s for s in self._running if s.finish is None]
+            for key, p in list(self._inflight.items()):
+                if all(s.finish is not None for s in p.seqs):
+                    self._free.extend(s.slot for s in p.seqs)
+                    del self._inflight[key]
+                    done.append(p)
+            self._cond.notify_all()
+        for p in done:
+            p.future.set_result([Completion(p.req.rid, s.index, s.out_ids, s.out_lps, s.finish,
+                                            len(p.req.input_ids), p.version) for s in p.seqs])
+
+    def _aborted(self, p: _Pending, index: int) -> Completion:
+        return Completion(p.req.rid, index, [], [], {"type": "abort", "message": "aborted by request",
+                                                     "status_code": 200}, len(p.req.input_ids), self.weight_version)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._cond:
+            victims = dict(self._inflight)
+            self._inflight.clear()
+            self._running = []
+            for p in victims.values():
+                self._free.extend(s.slot for s in p.seqs)
+                if not p.future.done():
+                    p.future.set_exception(error)
+            self._cond.notify_all()
+
+
+def _seed_of(rid: str, seed: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{rid}".encode()).digest()[:8], "big") >> 1
