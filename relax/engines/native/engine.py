@@ -54,7 +54,10 @@ class _Pending:
 
 class NativeEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch_size: int = 64,
-                 max_seq_len: int | None = None, weight_version: str = "0", model_path: str = "", seed: int = 0):
+                 max_seq_len: int | None = None, weight_version: str = "0", model_path: str = "", seed: int = 0,
+                 background: bool = True):
+        """``background``: run the scheduler in its own thread (started on first use); False means
+        the caller drives it with ``run_until_idle()`` on its own thread."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         text = getattr(model.config, "text_config", None) or model.config
@@ -66,7 +69,7 @@ class NativeEngine:
         self.seed = seed
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_ids = {eos} if eos is not None else set()
-        self._free = list(range(max_batch_size))[::-1]
+        self._free = list(range(max_batch_size))[::-1]  # pop() hands out the lowest slot first
         self._waiting: deque[_Pending] = deque()
         self._running: list[_Seq] = []
         self._inflight: dict[int, _Pending] = {}  # admitted, not yet resolved
@@ -74,6 +77,7 @@ class NativeEngine:
         self._paused = False
         self._stop = False
         self._thread: threading.Thread | None = None
+        self.background = background
 
     # -- public API ------------------------------------------------------------------------
     def start(self) -> NativeEngine:
@@ -105,15 +109,31 @@ class NativeEngine:
         with self._cond:
             self._waiting.append(_Pending(req, future))
             self._cond.notify_all()
-        if self._thread is None:
+        if self._thread is None and self.background:
             self.start()
         return future
+
+    def submit_many(self, reqs: list[GenerateRequest]) -> list[concurrent.futures.Future]:
+        return [self.submit(r) for r in reqs]
 
     async def generate(self, req: GenerateRequest) -> list[Completion]:
         return await asyncio.wrap_future(self.submit(req))
 
     def generate_sync(self, req: GenerateRequest, timeout: float | None = None) -> list[Completion]:
         return self.submit(req).result(timeout)
+
+    def run_until_idle(self) -> None:
+        """Drive the scheduler on the calling thread until every submitted request is done.
+
+        For callers that own the compute thread (a colocated rollout, a benchmark): torch's
+        OpenMP pool belongs to the thread that first used it, and a second thread doing
+        torch work beside it measured 2x slower per op on our 2-core machines.
+        """
+        if self.background:
+            raise RuntimeError("this engine runs its own scheduler thread; build it with background=False "
+                               "to drive it with run_until_idle()")
+        while self._step(block=False):
+            pass
 
     def abort(self, rid: str) -> bool:
         """Finish request ``rid`` now (finish_reason abort); False if it is unknown or done."""
@@ -168,57 +188,92 @@ class NativeEngine:
 
     # -- scheduler -------------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stop and not self._running and not self._inflight \
-                        and (not self._waiting or self._paused):
-                    self._cond.wait()
-                if self._stop:
-                    return
-                admitted = []
-                while (self._waiting and not self._paused
-                       and len(self._free) >= self._waiting[0].req.params.n):
-                    p = self._waiting.popleft()
-                    p.version = self.weight_version
-                    self._inflight[id(p)] = p
-                    admitted.append((p, [self._free.pop() for _ in range(p.req.params.n)]))
-            try:
-                with torch.no_grad():
-                    for p, slots in admitted:
-                        self._prefill(p, slots)
-                    if self._running:
-                        self._decode()
-            except Exception as e:  # a bug or OOM must not leave callers waiting forever
-                log.exception("engine step failed")
-                self._fail_all(e)
-            self._retire()
+        while self._step(block=True):
+            pass
 
-    def _prefill(self, p: _Pending, slots: list[int]) -> None:
-        req, n = p.req, p.req.params.n
-        # a request's samples draw from their own streams: (sampling_seed or rid, index)
-        base = f"seed:{req.params.sampling_seed}" if req.params.sampling_seed is not None else f"rid:{req.rid}"
-        p.seqs = [_Seq(p, i, slots[i], len(req.input_ids), generator_for(_seed_of(f"{base}:{i}", self.seed)))
-                  for i in range(n)]
-        if req.params.max_new_tokens == 0:
-            for s in p.seqs:
-                s.finish = {"type": "length", "length": 0}
+    def _step(self, block: bool = False) -> bool:
+        """One scheduler iteration: admit, prefill, one decode step, retire. False when stopping
+        (or, non-blocking, when there is nothing to do)."""
+        with self._cond:
+            while not self._stop and not self._running and not self._inflight \
+                    and (not self._waiting or self._paused):
+                if not block:
+                    return False
+                self._cond.wait()
+            if self._stop:
+                return False
+            admitted = []
+            while self._waiting and not self._paused and len(self._free) >= self._waiting[0].req.params.n:
+                p = self._waiting.popleft()
+                p.version = self.weight_version
+                self._inflight[id(p)] = p
+                admitted.append((p, [self._free.pop() for _ in range(p.req.params.n)]))
+        try:
+            with torch.no_grad():
+                text = [(p, slots) for p, slots in admitted if not p.req.mm_inputs]
+                for start in range(0, len(text), 16):  # batched prefill, bounded memory
+                    self._prefill(text[start:start + 16])
+                for p, slots in admitted:
+                    if p.req.mm_inputs:
+                        self._prefill([(p, slots)])
+                if self._running:
+                    self._decode()
+        except Exception as e:  # a bug or OOM must not leave callers waiting forever
+            log.exception("engine step failed")
+            self._fail_all(e)
+        self._retire()
+        return True
+
+    def _prefill(self, group: list[tuple[_Pending, list[int]]]) -> None:
+        """Prefill prompts together (right-padded; pad positions are masked and later overwritten),
+        then sample every request's first tokens; the n samples of a prompt share its prefill."""
+        todo = []
+        for p, slots in group:
+            req = p.req
+            # a request's samples draw from their own streams: (sampling_seed or rid, index)
+            base = f"seed:{req.params.sampling_seed}" if req.params.sampling_seed is not None else f"rid:{req.rid}"
+            p.seqs = [_Seq(p, i, slots[i], len(req.input_ids), generator_for(_seed_of(f"{base}:{i}", self.seed)))
+                      for i in range(req.params.n)]
+            if req.params.max_new_tokens == 0:
+                for s in p.seqs:
+                    s.finish = {"type": "length", "length": 0}
+            else:
+                todo.append(p)
+        if not todo:
             return
-        ids = torch.tensor([req.input_ids])
-        plen = ids.shape[1]
-        mask = torch.ones(plen, plen, dtype=torch.bool).tril_()[None, None]
-        logits = self.model(input_ids=ids, position_ids=torch.arange(plen)[None], attention_mask=mask,
-                            cache=self.cache.view([slots[0]], [0], plen), use_cache=True,
-                            **(req.mm_inputs or {})).logits[:, -1]
-        for s in p.seqs[1:]:
-            self.cache.copy_slot(slots[0], s.slot, plen)
-        tokens, lps = sample(logits.expand(n, -1), [req.params] * n, [s.generator for s in p.seqs])
-        for s, t, lp in zip(p.seqs, tokens, lps, strict=True):
+        lengths = [len(p.req.input_ids) for p in todo]
+        longest = max(lengths)
+        ids = torch.zeros(len(todo), longest, dtype=torch.long)
+        for i, p in enumerate(todo):
+            ids[i, : lengths[i]] = torch.tensor(p.req.input_ids)
+        causal = torch.ones(longest, longest, dtype=torch.bool).tril_()
+        valid = torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]
+        mask = (causal[None] & valid[:, None, :])[:, None]
+        mm = (todo[0].req.mm_inputs or {}) if len(todo) == 1 else {}  # media prompts prefill alone
+        # only the last prompt position of each row needs logits: skip the LM head elsewhere
+        keep = sorted(set(n - 1 for n in lengths))
+        logits = self.model(input_ids=ids, position_ids=torch.arange(longest)[None].expand(len(todo), -1),
+                            attention_mask=mask, cache=self.cache.view([p.seqs[0].slot for p in todo],
+                                                                      [0] * len(todo), longest),
+                            use_cache=True, logits_to_keep=torch.tensor(keep), **mm).logits
+        last = logits[torch.arange(len(todo)), torch.tensor([keep.index(n - 1) for n in lengths])]
+        rows, params, gens, seqs = [], [], [], []
+        for i, p in enumerate(todo):
+            for s in p.seqs[1:]:
+                self.cache.copy_slot(p.seqs[0].slot, s.slot, lengths[i])
+            for s in p.seqs:
+                rows.append(i)
+                params.append(p.req.params)
+                gens.append(s.generator)
+                seqs.append(s)
+        tokens, lps = sample(last[rows], params, gens)
+        for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
         with self._cond:
-            self._running.extend(s for s in p.seqs if s.finish is None)
+            self._running.extend(s for s in seqs if s.finish is None)
 
     def _decode(self) -> None:
-        seqs = list(self._running)
+        seqs = sorted(self._running, key=lambda s: s.slot)  # consecutive slots read the cache without a copy
         pos = [s.last_pos for s in seqs]
         span = max(pos) + 1
         mask = torch.arange(span)[None, :] <= torch.tensor(pos)[:, None]
@@ -257,6 +312,7 @@ class NativeEngine:
             for key, p in list(self._inflight.items()):
                 if all(s.finish is not None for s in p.seqs):
                     self._free.extend(s.slot for s in p.seqs)
+                    self._free.sort(reverse=True)  # keep handing out low slots: running rows stay contiguous
                     del self._inflight[key]
                     done.append(p)
             self._cond.notify_all()

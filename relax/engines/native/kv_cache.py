@@ -34,6 +34,9 @@ class SlotCache:
         self._slots = torch.tensor(slots, dtype=torch.long, device=self.k.device)
         self._start = torch.tensor(start, dtype=torch.long, device=self.k.device)
         self._span = span
+        # consecutive slots (the common case: slots are handed out lowest first) read as a view, no copy
+        first = slots[0]
+        self._range = slice(first, first + len(slots)) if slots == list(range(first, first + len(slots))) else None
         return self
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -47,7 +50,8 @@ class SlotCache:
                 s, p = int(self._slots[i]), int(self._start[i])
                 self.k[layer_idx, s, :, p:p + q] = key_states[i]
                 self.v[layer_idx, s, :, p:p + q] = value_states[i]
-        return self.k[layer_idx, self._slots, :, : self._span], self.v[layer_idx, self._slots, :, : self._span]
+        rows = self._range if self._range is not None else self._slots
+        return self.k[layer_idx, rows, :, : self._span], self.v[layer_idx, rows, :, : self._span]
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Share a prefilled prompt: n samples of one prompt prefill once."""

@@ -21,14 +21,19 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype)
     scaled = logits / temps[:, None]
     logp = torch.log_softmax(scaled, dim=-1)
-    tokens: list[int] = []
-    for i, p in enumerate(params):
-        if p.greedy:
-            tokens.append(int(torch.argmax(logits[i])))
-            continue
-        probs = _truncate(logp[i].exp(), p.top_k, p.top_p)
-        tokens.append(int(torch.multinomial(probs, 1, generator=generators[i])))
-    chosen = torch.tensor(tokens)
+    probs = logp.exp()
+    for i, p in enumerate(params):  # truncation only for the rows that ask for it
+        if not p.greedy and (p.top_k > 0 or p.top_p < 1.0):
+            probs[i] = _truncate(probs[i], p.top_k, p.top_p)
+    # inverse-CDF sampling: one uniform per row from the row's own generator, then one
+    # vectorised search (a torch.multinomial call per row cost more than the model's step)
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators]).to(probs.dtype)
+    cdf = torch.cumsum(probs, dim=-1)
+    chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    greedy = torch.tensor([p.greedy for p in params])
+    if greedy.any():
+        chosen = torch.where(greedy, logits.argmax(-1), chosen)
+    tokens = chosen.tolist()
     lps = logp.gather(-1, chosen[:, None]).squeeze(-1)
     return tokens, lps.tolist()
 
