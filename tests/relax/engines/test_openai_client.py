@@ -1,0 +1,72 @@
+"""The official ``openai`` client against ``/v1/chat/completions`` of the native server (in-process uvicorn)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import openai
+import pytest
+
+from relax.engines.server import build_native_engine, create_app
+from tests.relax.engines.contract import InProcessServer, data_uri, png_bytes, save_tiny_model, wav_bytes
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory):
+    model_dir = save_tiny_model(Path(tmp_path_factory.mktemp("oai")) / "model")
+    engine, processor = build_native_engine(str(model_dir), max_batch_size=8)
+    engine.start()
+    try:
+        with InProcessServer(create_app(engine, str(model_dir), processor=processor)) as srv:
+            yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=30)
+    finally:
+        engine.stop()
+
+
+def test_text_chat(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello world"}],
+                                       max_completion_tokens=5, temperature=0.0, logprobs=True, n=2)
+    assert r.object == "chat.completion" and len(r.choices) == 2
+    c = r.choices[0]
+    assert c.message.role == "assistant" and isinstance(c.message.content, str)
+    assert c.finish_reason in ("stop", "length") and r.choices[1].message.content == c.message.content
+    assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert c.logprobs is not None and 1 <= len(c.logprobs.content) <= 5
+    assert all(t.logprob <= 0 for t in c.logprobs.content)
+
+
+def test_max_tokens_and_stop(client: openai.OpenAI) -> None:
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "1 + 2"}]}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=1, temperature=0.0)
+    assert r.usage.completion_tokens == 1
+    full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0.0)
+    text = full.choices[0].message.content
+    stop = next((text[i:i + 2] for i in range(len(text) - 1) if text[i:i + 2].strip()), None)
+    if stop and full.choices[0].finish_reason == "length":
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0.0, stop=[stop])
+        assert r.choices[0].finish_reason == "stop" and stop not in r.choices[0].message.content
+
+
+def test_image_and_audio_parts(client: openai.OpenAI) -> None:
+    """Both parts are decoded and validated; this text-only model then refuses them by name (400)."""
+    content = [{"type": "text", "text": "what is shown and heard?"},
+               {"type": "image_url", "image_url": {"url": data_uri(png_bytes())}},
+               {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes()).decode(), "format": "wav"}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}], max_tokens=2)
+    assert e.value.status_code == 400 and "takes no images and audio" in str(e.value)
+
+
+def test_malformed_media_and_long_prompt(client: openai.OpenAI) -> None:
+    bad = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!!!"}}]
+    with pytest.raises(openai.BadRequestError, match=r"image_url\[0\]"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": bad}])
+    notpng = [{"type": "image_url", "image_url": {"url": data_uri(b"not an image")}}]
+    with pytest.raises(openai.BadRequestError, match=r"image_data\[0\] is not a decodable image"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": notpng}])
+    badwav = [{"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFFxx").decode(), "format": "wav"}}]
+    with pytest.raises(openai.BadRequestError, match=r"audio_data\[0\]"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": badwav}])
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello world " * 60}])

@@ -1,0 +1,161 @@
+"""Router: least-outstanding balancing, add/remove with draining, failover when an engine is killed.
+
+Engines are real server subprocesses (``create_app`` over a stub engine that sleeps
+``0.05 s * max_new_tokens`` and reports its name as ``weight_version``), so killing one is a
+real SIGKILL mid-request. Run this file as ``python test_router.py --serve PORT NAME`` to
+start one such server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relax.engines.router import NoEngineAvailable, Router
+from relax.engines.types import Completion, GenerateRequest
+from tests.relax.engines.contract import free_port, start_subprocess
+
+
+class StubTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(ch) % 50 for ch in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+
+class StubEngine:
+    """The NativeEngine interface without a model: fixed outputs, a delay per token."""
+
+    def __init__(self, name: str):
+        self.name, self.tokenizer, self.max_context_length, self.load = name, StubTokenizer(), 1024, 0
+
+    async def generate(self, req: GenerateRequest) -> list[Completion]:
+        self.load += 1
+        try:
+            await asyncio.sleep(0.05 * req.params.max_new_tokens)
+        finally:
+            self.load -= 1
+        k = req.params.max_new_tokens
+        return [Completion(req.rid, i, [1] * k, [-0.1] * k, {"type": "length", "length": k}, len(req.input_ids),
+                           self.name) for i in range(req.params.n)]
+
+    def abort(self, rid: str) -> bool:
+        return False
+
+    def flush_cache(self) -> bool:
+        return True
+
+    def update_weights(self, state_dict: dict, version: str) -> None:
+        raise NotImplementedError
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": "stub", "max_context_length": 1024, "weight_version": self.name, "is_generation": True}
+
+
+def serve(port: int, name: str) -> None:
+    import uvicorn
+
+    from relax.engines.server import create_app
+
+    uvicorn.run(create_app(StubEngine(name), "stub"), host="127.0.0.1", port=port, log_level="warning")
+
+
+@pytest.fixture
+def engines(tmp_path: Path):
+    started: dict[str, Any] = {}
+
+    def start(name: str) -> str:
+        port = free_port()
+        proc, url = start_subprocess([__file__, "--serve", str(port), name], port, tmp_path / f"{name}.log")
+        started[url] = proc
+        return url
+
+    yield start, started
+    for proc in started.values():
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_least_outstanding_and_round_robin(engines) -> None:
+    start, _ = engines
+    a, b = start("a"), start("b")
+
+    async def go() -> None:
+        router = Router([a, b], timeout_s=10)
+        slow = [asyncio.create_task(router.generate(input_ids=[1], sampling_params={"max_new_tokens": 10}))
+                for _ in range(4)]
+        await asyncio.sleep(0.05)
+        assert sorted(e["outstanding"] for e in router.engines()) == [2, 2]
+        # a is made busier: the next requests all go to b until the counts are even again
+        busy = [asyncio.create_task(router.generate(input_ids=[1], sampling_params={"max_new_tokens": 10}))]
+        await asyncio.sleep(0.05)
+        first = next(e for e in router.engines() if e["outstanding"] == 3)["url"]
+        other = b if first == a else a
+        quick = await router.generate(input_ids=[1], sampling_params={"max_new_tokens": 1})
+        assert quick["meta_info"]["weight_version"] == ("b" if other == b else "a")
+        names = [r["meta_info"]["weight_version"] for r in await asyncio.gather(*slow, *busy)]
+        assert sorted(names) in (["a", "a", "a", "b", "b"], ["a", "a", "b", "b", "b"])
+        # idle ties alternate
+        seq = [(await router.generate(input_ids=[1], sampling_params={"max_new_tokens": 1}))["meta_info"]
+               ["weight_version"] for _ in range(4)]
+        assert sorted(seq) == ["a", "a", "b", "b"] and seq[0] != seq[1]
+        await router.close()
+
+    asyncio.run(go())
+
+
+def test_add_and_remove_with_drain(engines) -> None:
+    start, _ = engines
+    a = start("a")
+
+    async def go() -> None:
+        router = Router([a], timeout_s=10)
+        with pytest.raises(ConnectionError):
+            await router.add_engine(f"http://127.0.0.1:{free_port()}")
+        b = start("b")
+        await router.add_engine(b)
+        assert [e["url"] for e in router.engines()] == [a, b]
+        pending = [asyncio.create_task(router.generate(input_ids=[1], sampling_params={"max_new_tokens": 8}))
+                   for _ in range(2)]
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        await router.remove_engine(a, drain=True)  # waits for a's in-flight request
+        assert time.monotonic() - t0 > 0.2 and [e["url"] for e in router.engines()] == [b]
+        assert all(len(r["output_ids"]) == 8 for r in await asyncio.gather(*pending))
+        r = await router.generate(input_ids=[1], sampling_params={"max_new_tokens": 1})
+        assert r["meta_info"]["weight_version"] == "b"
+        await router.remove_engine(b, drain=False)
+        with pytest.raises(NoEngineAvailable):
+            await router.generate(input_ids=[1])
+
+    asyncio.run(go())
+
+
+def test_failover_when_engine_is_killed(engines) -> None:
+    start, started = engines
+    a, b = start("a"), start("b")
+
+    async def go() -> None:
+        router = Router([a, b], timeout_s=10, retries=1, backoff_s=0.05)
+        tasks = [asyncio.create_task(router.generate(input_ids=[1], sampling_params={"max_new_tokens": 10}))
+                 for _ in range(4)]
+        await asyncio.sleep(0.1)
+        started[a].kill()  # SIGKILL with two requests in flight on a
+        results = await asyncio.gather(*tasks)
+        assert [r["meta_info"]["weight_version"] for r in results] == ["b"] * 4
+        assert {e["url"]: e["healthy"] for e in router.engines()} == {a: False, b: True}
+        await router.check_health()
+        assert {e["url"]: e["healthy"] for e in router.engines()} == {a: False, b: True}
+        await router.close()
+
+    asyncio.run(go())
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
+    serve(int(sys.argv[2]), sys.argv[3])

@@ -1,0 +1,79 @@
+"""The native engine server as a real subprocess (``python -m relax.engines.server``) against the contract."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from relax.engines.client import EngineClient
+from tests.relax.engines.contract import free_port, run_contract, save_tiny_model, start_subprocess
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("native-server")
+    model_dir = save_tiny_model(tmp / "model")
+    root = str(tmp / "store")
+    port = free_port()
+    proc, url = start_subprocess(["-m", "relax.engines.server", "--model-path", str(model_dir), "--port", str(port),
+                                  "--weight-store-root", root, "--run-id", "run1", "--max-batch-size", "8"],
+                                 port, tmp / "server.log")
+    yield url, model_dir, root
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_contract(server) -> None:
+    url, _, _ = server
+    facts = run_contract(url)
+    assert facts["info"]["max_context_length"] == 64 and facts["info"]["is_generation"] is True
+
+
+def test_health_generate_flush_and_openapi(server) -> None:
+    url, _, _ = server
+    with urllib.request.urlopen(url + "/health_generate", timeout=30) as r:
+        assert r.status == 200
+    req = urllib.request.Request(url + "/flush_cache", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+    with urllib.request.urlopen(url + "/openapi.json", timeout=30) as r:
+        paths = json.load(r)["paths"]
+    assert {"/generate", "/v1/chat/completions", "/update_weights_from_disk", "/abort_request"} <= set(paths)
+
+
+def test_update_weights_from_store_and_folder(server) -> None:
+    """Publish the served weights (v1) and perturbed ones (v2) to a WeightStore; swap by URL, then back by folder."""
+    from safetensors.torch import load_file
+
+    from relax.transfer.weights import WeightStore
+
+    url, model_dir, root = server
+    state = load_file(str(Path(model_dir) / "model.safetensors"))
+    store = WeightStore(root, "run1", fsync=False)
+    v1 = store.publish(1, state)
+    perturbed = {k: (-v if k == "lm_head.weight" else v) for k, v in state.items()}  # flips every argmax
+    store.publish(2, perturbed)
+    greedy = {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True}
+
+    async def go() -> None:
+        async with EngineClient(url, timeout_s=60, retries=0) as c:
+            base = (await c.generate(input_ids=[5, 6, 7], sampling_params=greedy))["output_ids"]
+            r = await c.update_weights_from_disk(v1)
+            assert r["success"] is True, r
+            out = await c.generate(input_ids=[5, 6, 7], sampling_params=greedy)
+            assert out["output_ids"] == base and out["meta_info"]["weight_version"] == "1"
+            r = await c.update_weights_from_disk("2")  # a bare version of the configured store/run
+            assert r["success"] is True, r
+            out = await c.generate(input_ids=[5, 6, 7], sampling_params=greedy)
+            assert out["output_ids"][0] != base[0] and out["meta_info"]["weight_version"] == "2"
+            r = await c.update_weights_from_disk(str(model_dir), version="orig")
+            assert r["success"] is True, r
+            out = await c.generate(input_ids=[5, 6, 7], sampling_params=greedy)
+            assert out["output_ids"] == base and out["meta_info"]["weight_version"] == "orig"
+            assert (await c.model_info())["weight_version"] == "orig"
+
+    asyncio.run(go())
