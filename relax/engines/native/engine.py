@@ -122,6 +122,14 @@ class NativeEngine:
     def generate_sync(self, req: GenerateRequest, timeout: float | None = None) -> list[Completion]:
         return self.submit(req).result(timeout)
 
+    def run_forever(self) -> None:
+        """Run the scheduler on the calling thread until ``stop()`` (for ``background=False``)."""
+        if self.background:
+            raise RuntimeError("this engine runs its own scheduler thread; build it with background=False")
+        self._stop = False
+        while self._step(block=True):
+            pass
+
     def run_until_idle(self) -> None:
         """Drive the scheduler on the calling thread until every submitted request is done.
 

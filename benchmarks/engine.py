@@ -1,0 +1,200 @@
+"""Native engine throughput against Hugging Face ``generate()``, and HTTP latency under load.
+
+Same tiny Qwen2 (built from a config, seed 0), same prompts, same number of new tokens
+(EOS ignored so every sequence runs to the end), sampling at temperature 1, batch sizes
+1, 8, 32, 64, in one run. Tokens/s counts generated tokens over wall time. Then the
+native engine is served over HTTP (``relax.engines.server``, a real uvicorn subprocess)
+and 64 clients send concurrent /generate requests: p50/p95 latency.
+
+    python benchmarks/engine.py [--quick]
+
+Writes benchmarks/results/engine.json and the engine table in docs/benchmarks.md; the
+last line is one JSON object with speedup_vs_hf_b32, tokens_per_s_b32, p95_latency_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from relax.engines.native.engine import NativeEngine
+from relax.engines.types import GenerateRequest, SamplingParams
+
+HERE = Path(__file__).resolve().parent
+CFG = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+           num_key_value_heads=2, max_position_embeddings=512)
+
+
+def build() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(**CFG)).eval()
+
+
+def prompts(batch: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, CFG["vocab_size"], (int(torch.randint(16, 33, (1,), generator=g)),),
+                          generator=g).tolist() for _ in range(batch)]
+
+
+def hf_generate(model, batch: list[list[int]], new: int) -> float:
+    longest = max(len(p) for p in batch)
+    ids = torch.zeros(len(batch), longest, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(batch):  # left padding, as generate() wants for decoder-only models
+        ids[i, longest - len(p):] = torch.tensor(p)
+        mask[i, longest - len(p):] = 1
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+    seconds = time.perf_counter() - t0
+    assert out.shape[1] - longest == new
+    return len(batch) * new / seconds
+
+
+def native_generate(engine: NativeEngine, batch: list[list[int]], new: int) -> float:
+    """The engine driven on this thread (``background=False``), the way a colocated rollout runs it:
+    torch work from two threads contends for the OpenMP pool (see NativeEngine.run_until_idle)."""
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    futures = [engine.submit(GenerateRequest(f"b{i}", p, params)) for i, p in enumerate(batch)]
+    engine.run_until_idle()
+    outs = [f.result() for f in futures]
+    seconds = time.perf_counter() - t0
+    assert all(len(o[0].output_ids) == new for o in outs)
+    return len(batch) * new / seconds
+
+
+def http_latency(requests: int, concurrency: int, new: int) -> dict | None:
+    """p50/p95 of /generate under ``concurrency`` concurrent clients (None if no server module)."""
+    try:
+        import aiohttp  # noqa: F401
+
+        import relax.engines.server  # noqa: F401
+    except ImportError as e:
+        print(f"http latency skipped: {e}", file=sys.stderr)
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        build().save_pretrained(tmp)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "relax.engines.server", "--model-path", tmp, "--port", str(port),
+                                 "--max-batch-size", "64"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(300):
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            return asyncio.run(_fire(url, requests, concurrency, new))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+async def _fire(url: str, requests: int, concurrency: int, new: int) -> dict:
+    import aiohttp
+
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    batch = prompts(requests, seed=1)
+
+    async def one(client, ids):
+        async with sem:
+            t0 = time.perf_counter()
+            async with client.post(url + "/generate", json={"input_ids": ids, "sampling_params": {
+                    "max_new_tokens": new, "temperature": 1.0, "ignore_eos": True}}) as r:
+                r.raise_for_status()
+                await r.json()
+            latencies.append(time.perf_counter() - t0)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(client, ids) for ids in batch))
+        wall = time.perf_counter() - t0
+    latencies.sort()
+    return {"requests": requests, "concurrency": concurrency, "new_tokens": new,
+            "p50_ms": 1000 * latencies[len(latencies) // 2], "p95_ms": 1000 * latencies[int(len(latencies) * 0.95) - 1],
+            "tokens_per_s": requests * new / wall}
+
+
+def write_table(result: dict) -> None:
+    rows = ["| batch | HF generate tokens/s | native tokens/s | native / HF |", "|---|---|---|---|"]
+    for b, r in result["batches"].items():
+        rows.append(f"| {b} | {r['hf']:,.0f} | {r['native']:,.0f} | {r['native'] / r['hf']:.2f}x |")
+    lat = result.get("http")
+    if lat:
+        rows += ["", f"HTTP /generate, {lat['requests']} requests from {lat['concurrency']} concurrent clients, "
+                 f"{lat['new_tokens']} new tokens each: p50 {lat['p50_ms']:.0f} ms, p95 {lat['p95_ms']:.0f} ms, "
+                 f"{lat['tokens_per_s']:,.0f} tokens/s."]
+    doc = HERE.parent / "docs" / "benchmarks.md"
+    text = doc.read_text()
+    begin, end = "<!-- engine:begin -->", "<!-- engine:end -->"
+    block = begin + "\n" + "\n".join(rows) + "\n" + end
+    if begin in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text += (f"\n## Native engine (`benchmarks/engine.py`, results/engine.json)\n\n{result['setup']}\n\n"
+                 f"{block}\n")
+    doc.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=str(HERE / "results" / "engine.json"))
+    args = parser.parse_args()
+    new = 16 if args.quick else 32
+    repeats = 1 if args.quick else 3
+    model = build()
+    engine = NativeEngine(model, None, max_batch_size=64, background=False)
+    batches = {}
+    try:
+        native_generate(engine, prompts(4), 4)  # warm-up
+        hf_generate(model, prompts(4), 4)
+        for b in (1, 8, 32, 64):
+            batch = prompts(b)
+            hf, nat = [], []
+            for _ in range(repeats):  # interleaved
+                hf.append(hf_generate(model, batch, new))
+                nat.append(native_generate(engine, batch, new))
+            batches[b] = {"hf": statistics.median(hf), "native": statistics.median(nat)}
+            print(f"batch {b}: HF {batches[b]['hf']:,.0f} tok/s, native {batches[b]['native']:,.0f} tok/s",
+                  file=sys.stderr)
+    finally:
+        engine.stop()
+    http = http_latency(64 if args.quick else 128, 64, new)
+    params = sum(p.numel() for p in model.parameters())
+    setup = (f"Tiny Qwen2 ({params / 1e6:.1f}M parameters: hidden {CFG['hidden_size']}, {CFG['num_hidden_layers']} "
+             f"layers, vocab {CFG['vocab_size']}), prompts of 16-32 tokens, {new} new tokens, temperature 1, EOS "
+             f"ignored, median of {repeats} interleaved runs, {os.cpu_count()} CPU cores, float32.")
+    result = {"quick": args.quick, "setup": setup, "batches": batches, "http": http}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_table(result)
+    b32 = batches[32]
+    print(json.dumps({"speedup_vs_hf_b32": round(b32["native"] / b32["hf"], 3), "tokens_per_s_b32": round(b32["native"]),
+                      "speedup_vs_hf_b1": round(batches[1]["native"] / batches[1]["hf"], 3),
+                      "speedup_vs_hf_b64": round(batches[64]["native"] / batches[64]["hf"], 3),
+                      "p95_latency_ms": round(http["p95_ms"], 1) if http else None,
+                      "p50_latency_ms": round(http["p50_ms"], 1) if http else None}))
+
+
+if __name__ == "__main__":
+    main()
