@@ -37,6 +37,7 @@ class _Seq:
     out_ids: list[int] = field(default_factory=list)
     out_lps: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
+    rope_delta: int = 0  # text rope position minus cache position (multimodal 3-D rope models)
 
     @property
     def last_pos(self) -> int:  # position of the newest token, the one the next decode step feeds in
@@ -258,13 +259,25 @@ class NativeEngine:
         valid = torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]
         mask = (causal[None] & valid[:, None, :])[:, None]
         mm = (todo[0].req.mm_inputs or {}) if len(todo) == 1 else {}  # media prompts prefill alone
-        # only the last prompt position of each row needs logits: skip the LM head elsewhere
-        keep = sorted(set(n - 1 for n in lengths))
-        logits = self.model(input_ids=ids, position_ids=torch.arange(longest)[None].expand(len(todo), -1),
-                            attention_mask=mask, cache=self.cache.view([p.seqs[0].slot for p in todo],
-                                                                      [0] * len(todo), longest),
-                            use_cache=True, logits_to_keep=torch.tensor(keep), **mm).logits
-        last = logits[torch.arange(len(todo)), torch.tensor([keep.index(n - 1) for n in lengths])]
+        view = self.cache.view([p.seqs[0].slot for p in todo], [0] * len(todo), longest)
+        if mm:
+            # a media prompt prefills alone and lets the model place its media and positions itself
+            # (Qwen2.5-VL's 3-D rope, audio feature merging need a plain 2-D mask); decode then
+            # continues its text positions from the offset the model reports (rope_deltas)
+            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=view, use_cache=True,
+                                logits_to_keep=1, **mm).logits
+            last = logits[:, -1]
+            deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
+            delta = int(deltas.flatten()[0]) if isinstance(deltas, torch.Tensor) else 0
+            for s in todo[0].seqs:
+                s.rope_delta = delta
+        else:
+            # only the last prompt position of each row needs logits: skip the LM head elsewhere
+            keep = sorted(set(n - 1 for n in lengths))
+            logits = self.model(input_ids=ids, position_ids=torch.arange(longest)[None].expand(len(todo), -1),
+                                attention_mask=mask, cache=view, use_cache=True,
+                                logits_to_keep=torch.tensor(keep)).logits
+            last = logits[torch.arange(len(todo)), torch.tensor([keep.index(n - 1) for n in lengths])]
         rows, params, gens, seqs = [], [], [], []
         for i, p in enumerate(todo):
             for s in p.seqs[1:]:
@@ -285,8 +298,9 @@ class NativeEngine:
         pos = [s.last_pos for s in seqs]
         span = max(pos) + 1
         mask = torch.arange(span)[None, :] <= torch.tensor(pos)[:, None]
+        rope = torch.tensor([p + s.rope_delta for p, s in zip(pos, seqs, strict=True)])[:, None]
         logits = self.model(input_ids=torch.tensor([[s.out_ids[-1]] for s in seqs]),
-                            position_ids=torch.tensor(pos)[:, None], attention_mask=mask[:, None, None, :],
+                            position_ids=rope, attention_mask=mask[:, None, None, :],
                             cache=self.cache.view([s.slot for s in seqs], pos, span), use_cache=True).logits[:, -1]
         tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.generator for s in seqs])
         for s, t, lp in zip(seqs, tokens, lps, strict=True):

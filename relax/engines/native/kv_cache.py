@@ -61,6 +61,14 @@ class SlotCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always passed explicitly
 
+    # What HF's mask builder asks when it builds the mask itself (a media prompt's prefill, which
+    # always starts at position 0 of its slot and attends over its own span)
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self._span, 0
+
 
 def cache_for(model: torch.nn.Module, slots: int, max_len: int) -> SlotCache:
     """A cache shaped for ``model``'s decoder (text config of multimodal models included)."""
