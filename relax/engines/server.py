@@ -358,21 +358,13 @@ def create_app(engine: Any, model_path: str, weight_store_root: str | None = Non
 
 
 def build_native_engine(model_path: str, max_batch_size: int = 64, background: bool = True) -> tuple[Any, Any]:
-    """``(NativeEngine, processor)`` for a local HF folder; never downloads."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """``(NativeEngine, processor)`` for a local HF folder (text, VL, audio or omni thinker); never downloads."""
+    from relax.config import ModelConfig
     from relax.engines.native.engine import NativeEngine
+    from relax.models import build_policy, build_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=torch.float32).eval()
-    processor = None
-    try:
-        from relax.models.processors import build_media_processor
-
-        processor = build_media_processor(model.config, tok)
-    except ImportError:
-        pass
+    tok = build_tokenizer(model_path)
+    model, processor = build_policy(ModelConfig(name_or_path=model_path, tokenizer=model_path), tok, seed=0)
     return NativeEngine(model, tok, max_batch_size=max_batch_size, model_path=model_path,
                         background=background), processor
 
