@@ -49,7 +49,20 @@ def prompts(batch: int, seed: int = 0) -> list[list[int]]:
                           generator=g).tolist() for _ in range(batch)]
 
 
-def hf_generate(model, batch: list[list[int]], new: int) -> float:
+def lengths_for(batch: int, new: int, varied: bool, seed: int = 0) -> list[int]:
+    """New tokens per request: all ``new``, or (``varied``) uniform in [new/4, new], as responses
+    that end at different points do (modelled here by each request's max_new_tokens)."""
+    if not varied:
+        return [new] * batch
+    g = torch.Generator().manual_seed(seed)
+    return [int(torch.randint(new // 4, new + 1, (1,), generator=g)) for _ in range(batch)]
+
+
+def hf_generate(model, batch: list[list[int]], new: int | list[int]) -> float:
+    """Useful tokens/s of one static generate() batch: it runs until the longest request is done,
+    and tokens past a request's own length are discarded."""
+    wanted = new if isinstance(new, list) else [new] * len(batch)
+    new = max(wanted)
     longest = max(len(p) for p in batch)
     ids = torch.zeros(len(batch), longest, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -62,20 +75,22 @@ def hf_generate(model, batch: list[list[int]], new: int) -> float:
                              do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
     seconds = time.perf_counter() - t0
     assert out.shape[1] - longest == new
-    return len(batch) * new / seconds
+    return sum(wanted) / seconds
 
 
-def native_generate(engine: NativeEngine, batch: list[list[int]], new: int) -> float:
+def native_generate(engine: NativeEngine, batch: list[list[int]], new: int | list[int]) -> float:
     """The engine driven on this thread (``background=False``), the way a colocated rollout runs it:
     torch work from two threads contends for the OpenMP pool (see NativeEngine.run_until_idle)."""
-    params = SamplingParams(max_new_tokens=new, temperature=1.0, ignore_eos=True)
+    wanted = new if isinstance(new, list) else [new] * len(batch)
     t0 = time.perf_counter()
-    futures = [engine.submit(GenerateRequest(f"b{i}", p, params)) for i, p in enumerate(batch)]
+    futures = [engine.submit(GenerateRequest(f"b{i}", p, SamplingParams(max_new_tokens=n, temperature=1.0,
+                                                                         ignore_eos=True)))
+               for i, (p, n) in enumerate(zip(batch, wanted, strict=True))]
     engine.run_until_idle()
     outs = [f.result() for f in futures]
     seconds = time.perf_counter() - t0
-    assert all(len(o[0].output_ids) == new for o in outs)
-    return len(batch) * new / seconds
+    assert [len(o[0].output_ids) for o in outs] == wanted
+    return sum(wanted) / seconds
 
 
 def http_latency(requests: int, concurrency: int, new: int) -> dict | None:
@@ -135,7 +150,8 @@ async def _fire(url: str, requests: int, concurrency: int, new: int) -> dict:
 
 
 def write_table(result: dict) -> None:
-    rows = ["| batch | HF generate tokens/s | native tokens/s | native / HF |", "|---|---|---|---|"]
+    rows = ["| batch (varied = new tokens uniform in [N/4, N]) | HF generate useful tokens/s | native tokens/s | "
+            "native / HF |", "|---|---|---|---|"]
     for b, r in result["batches"].items():
         rows.append(f"| {b} | {r['hf']:,.0f} | {r['native']:,.0f} | {r['native'] / r['hf']:.2f}x |")
     lat = result.get("http")
@@ -168,15 +184,17 @@ def main() -> None:
     try:
         native_generate(engine, prompts(4), 4)  # warm-up
         hf_generate(model, prompts(4), 4)
-        for b in (1, 8, 32, 64):
-            batch = prompts(b)
-            hf, nat = [], []
-            for _ in range(repeats):  # interleaved
-                hf.append(hf_generate(model, batch, new))
-                nat.append(native_generate(engine, batch, new))
-            batches[b] = {"hf": statistics.median(hf), "native": statistics.median(nat)}
-            print(f"batch {b}: HF {batches[b]['hf']:,.0f} tok/s, native {batches[b]['native']:,.0f} tok/s",
-                  file=sys.stderr)
+        for varied in (False, True):
+            for b in (1, 8, 32, 64):
+                batch, wanted = prompts(b), lengths_for(b, new, varied)
+                hf, nat = [], []
+                for _ in range(repeats):  # interleaved
+                    hf.append(hf_generate(model, batch, wanted))
+                    nat.append(native_generate(engine, batch, wanted))
+                key = f"{b}{'-varied' if varied else ''}"
+                batches[key] = {"hf": statistics.median(hf), "native": statistics.median(nat)}
+                print(f"batch {key}: HF {batches[key]['hf']:,.0f} tok/s, native {batches[key]['native']:,.0f} tok/s",
+                      file=sys.stderr)
     finally:
         engine.stop()
     http = http_latency(64 if args.quick else 128, 64, new)
@@ -188,10 +206,10 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     write_table(result)
-    b32 = batches[32]
-    print(json.dumps({"speedup_vs_hf_b32": round(b32["native"] / b32["hf"], 3), "tokens_per_s_b32": round(b32["native"]),
-                      "speedup_vs_hf_b1": round(batches[1]["native"] / batches[1]["hf"], 3),
-                      "speedup_vs_hf_b64": round(batches[64]["native"] / batches[64]["hf"], 3),
+    ratio = lambda k: round(batches[k]["native"] / batches[k]["hf"], 3)  # noqa: E731
+    print(json.dumps({"speedup_vs_hf_b32": ratio("32"), "tokens_per_s_b32": round(batches["32"]["native"]),
+                      "speedup_vs_hf_b32_varied": ratio("32-varied"), "speedup_vs_hf_b1": ratio("1"),
+                      "speedup_vs_hf_b64": ratio("64"), "speedup_vs_hf_b64_varied": ratio("64-varied"),
                       "p95_latency_ms": round(http["p95_ms"], 1) if http else None,
                       "p50_latency_ms": round(http["p50_ms"], 1) if http else None}))
 
