@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from relax.engines.native.fused_decode import FusedDecoder
 from relax.engines.native.kv_cache import cache_for
 from relax.engines.native.sampling import generator_for, sample
 from relax.engines.types import Completion, EngineError, GenerateRequest
@@ -65,6 +66,7 @@ class NativeEngine:
         self.max_context_length = int(max_seq_len or getattr(text, "max_position_embeddings", 2048))
         self.max_batch_size = max_batch_size
         self.cache = cache_for(model, max_batch_size, self.max_context_length)
+        self.fused = FusedDecoder.maybe(model)  # lean decode step for plain text decoders
         self.weight_version = str(weight_version)
         self.model_path = model_path
         self.seed = seed
@@ -172,6 +174,8 @@ class NativeEngine:
             while self._running:
                 self._cond.wait(0.05)
             self.model.load_state_dict(state_dict)
+            if self.fused is not None:
+                self.fused.refresh()  # the fused weights are copies (concatenations) of the old ones
             self.weight_version = str(version)
             self._paused = False
             self._cond.notify_all()
@@ -298,6 +302,13 @@ class NativeEngine:
         pos = [s.last_pos for s in seqs]
         span = max(pos) + 1
         mask = torch.arange(span)[None, :] <= torch.tensor(pos)[:, None]
+        if self.fused is not None and not any(s.rope_delta for s in seqs):
+            logits = self.fused.step(torch.tensor([s.out_ids[-1] for s in seqs]), torch.tensor(pos), self.cache,
+                                     [s.slot for s in seqs], span)
+            tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.generator for s in seqs])
+            for s, t, lp in zip(seqs, tokens, lps, strict=True):
+                self._append(s, t, lp)
+            return
         rope = torch.tensor([p + s.rope_delta for p, s in zip(pos, seqs, strict=True)])[:, None]
         logits = self.model(input_ids=torch.tensor([[s.out_ids[-1]] for s in seqs]),
                             position_ids=rope, attention_mask=mask[:, None, None, :],

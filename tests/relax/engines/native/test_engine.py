@@ -98,3 +98,28 @@ def test_hot_reload_changes_outputs_to_the_new_weights(engine):
     with pytest.raises(EngineError, match="do not fit this model"):
         engine.update_weights(bad, "2")
     assert engine.weight_version == "1"
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+def test_fused_decode_matches_the_hf_forward(family):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(3)
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128)
+    model = {"qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**common)),
+             "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(head_dim=8, **common)),
+             "llama": lambda: LlamaForCausalLM(LlamaConfig(**common))}[family]().eval()
+    for p in model.parameters():  # unit-scale weights: a wrong rope or norm would show at 1e-4
+        torch.nn.init.normal_(p, std=0.5)
+    engine = NativeEngine(model, None, max_batch_size=4, background=False)
+    assert engine.fused is not None  # the lean path is the one under test
+    futures = [engine.submit(req(f"f{i}", 3 + 2 * i, max_new_tokens=6, n=2)) for i in range(3)]
+    engine.run_until_idle()
+    for f in futures:
+        for c in f.result():
+            prompt = list(range(1, c.prompt_tokens + 1))
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + c.output_ids])).logits[0].float()
+            ref = torch.log_softmax(logits, -1)[c.prompt_tokens - 1:-1].gather(-1, torch.tensor(c.output_ids)[:, None])
+            assert torch.allclose(torch.tensor(c.logprobs), ref.squeeze(-1), atol=1e-4), family
