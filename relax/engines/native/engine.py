@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from relax.engines.native.fused_decode import FusedDecoder
+from relax.engines.native.fused_decode import prefill as fused_prefill
 from relax.engines.native.kv_cache import cache_for
 from relax.engines.native.sampling import generator_for, sample
 from relax.engines.types import Completion, EngineError, GenerateRequest
@@ -275,6 +276,8 @@ class NativeEngine:
             delta = int(deltas.flatten()[0]) if isinstance(deltas, torch.Tensor) else 0
             for s in todo[0].seqs:
                 s.rope_delta = delta
+        elif self.fused is not None:
+            last = fused_prefill(self.fused, ids, lengths, self.cache, [p.seqs[0].slot for p in todo])
         else:
             # only the last prompt position of each row needs logits: skip the LM head elsewhere
             keep = sorted(set(n - 1 for n in lengths))

@@ -1,4 +1,4 @@
-"""A lean decode step for Qwen2 / Qwen3 / Llama decoders, from the Hugging Face model's weights.
+"""A lean prefill and decode step for Qwen2 / Qwen3 / Llama decoders, from the HF model's weights.
 
 Decoding one token per sequence is dominated, on small models and CPUs, by per-call
 overhead: HF runs seven projections and dozens of module calls per layer. This path runs
@@ -112,6 +112,42 @@ class FusedDecoder:
             gate, up = F.linear(self._rms(h, L.ln2), L.wgu).split(self.ffn, dim=-1)
             h = h + F.linear(F.silu(gate) * up, L.wdown)
         return F.linear(self._rms(h, self.norm), self.lm_head)
+
+
+@torch.no_grad()
+def prefill(dec: FusedDecoder, tokens: torch.Tensor, lengths: list[int], cache: SlotCache,
+            slots: list[int]) -> torch.Tensor:
+    """Prompts (b, L) right-padded to the longest -> logits (b, V) at each prompt's last token.
+
+    Writes every row's K/V into its slot from position 0; pad positions hold junk that the
+    key mask hides and decode overwrites.
+    """
+    b, length = tokens.shape
+    nh, nkv, d = dec.heads, dec.kv_heads, dec.head_dim
+    slot_idx = torch.tensor(slots)
+    freqs = torch.arange(length).float()[:, None] * dec.inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = (emb.cos() * dec.rope_scale)[None, None], (emb.sin() * dec.rope_scale)[None, None]  # (1,1,L,d)
+    valid = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
+    mask = (torch.ones(length, length, dtype=torch.bool).tril_()[None] & valid[:, None, :])[:, None]
+    h = dec.embed[tokens]
+    for i, L in enumerate(dec.layers):
+        qkv = F.linear(dec._rms(h, L.ln1), L.wqkv, L.bqkv)
+        q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
+        q, k, v = q.view(b, length, nh, d), k.view(b, length, nkv, d), v.view(b, length, nkv, d)
+        if L.qn is not None:
+            q, k = dec._rms(q, L.qn), dec._rms(k, L.kn)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        cache.k[i, slot_idx, :, :length] = k
+        cache.v[i, slot_idx, :, :length] = v
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=d ** -0.5)
+        h = h + F.linear(attn.transpose(1, 2).reshape(b, length, nh * d), L.wo)
+        gate, up = F.linear(dec._rms(h, L.ln2), L.wgu).split(dec.ffn, dim=-1)
+        h = h + F.linear(F.silu(gate) * up, L.wdown)
+    last = h[torch.arange(b), torch.tensor(lengths) - 1]
+    return F.linear(dec._rms(last, dec.norm), dec.lm_head)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
