@@ -7,10 +7,12 @@ two-sample group with different rewards.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
+from hand_values import assert_close_to
 
 from relax.algorithms.advantages import (
     broadcast_to_tokens,
@@ -24,23 +26,22 @@ from relax.algorithms.advantages import (
     rloo_advantages,
 )
 
-
-def close(actual: torch.Tensor, expected, atol: float = 1e-5) -> None:
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+# float32 estimators: hand values to 6 decimals are within 1e-5
+assert_close_within_1e5 = functools.partial(assert_close_to, atol=1e-5)
 
 
 def test_grpo_three_rewards_population_std():
     # rewards [1, 0, 1]: mean 2/3, deviations [1/3, -2/3, 1/3]
     # population var = (1/9 + 4/9 + 1/9) / 3 = 2/9, std = sqrt(2/9) = 0.471405
     # -> [0.3333/0.4714, -0.6667/0.4714, 0.3333/0.4714] = [0.707107, -1.414214, 0.707107]
-    close(grpo_advantages(torch.tensor([1.0, 0.0, 1.0]), group_size=3), [0.707107, -1.414214, 0.707107])
+    assert_close_within_1e5(grpo_advantages(torch.tensor([1.0, 0.0, 1.0]), group_size=3), [0.707107, -1.414214, 0.707107])
 
 
 def test_grpo_sample_std_option():
     # same rewards, sample var = (6/9) / (3 - 1) = 1/3, std = 0.577350
     # -> [0.3333/0.5774, -0.6667/0.5774, ...] = [0.577350, -1.154701, 0.577350]
     adv = grpo_advantages(torch.tensor([1.0, 0.0, 1.0]), group_size=3, unbiased=True)
-    close(adv, [0.577350, -1.154701, 0.577350])
+    assert_close_within_1e5(adv, [0.577350, -1.154701, 0.577350])
 
 
 def test_grpo_groups_are_contiguous_and_all_equal_group_is_zero():
@@ -48,7 +49,7 @@ def test_grpo_groups_are_contiguous_and_all_equal_group_is_zero():
     # though float mean(0.1, 0.1, 0.1) need not equal 0.1 bit for bit.
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.1, 0.1, 0.1])
     adv = grpo_advantages(rewards, group_size=3)
-    close(adv[:3], [0.707107, -1.414214, 0.707107])
+    assert_close_within_1e5(adv[:3], [0.707107, -1.414214, 0.707107])
     assert torch.equal(adv[3:], torch.zeros(3))
 
 
@@ -68,26 +69,26 @@ def test_grpo_eps_matters_for_tiny_spread():
     # rewards [1e-6, 0]: mean 5e-7, population std 5e-7, deviations +-5e-7
     # eps = 1e-6: 5e-7 / (5e-7 + 1e-6) = 1/3 (eps damps near-ties); eps = 0: exactly +-1
     rewards = torch.tensor([1e-6, 0.0], dtype=torch.float64)
-    close(grpo_advantages(rewards, 2, eps=1e-6), [1 / 3, -1 / 3], atol=1e-9)
-    close(grpo_advantages(rewards, 2, eps=0.0), [1.0, -1.0], atol=1e-9)
+    assert_close_within_1e5(grpo_advantages(rewards, 2, eps=1e-6), [1 / 3, -1 / 3], atol=1e-9)
+    assert_close_within_1e5(grpo_advantages(rewards, 2, eps=0.0), [1.0, -1.0], atol=1e-9)
 
 
 def test_drgrpo_three_rewards():
     # rewards [1, 0, 1], mean 2/3, no std division -> [1/3, -2/3, 1/3]
-    close(drgrpo_advantages(torch.tensor([1.0, 0.0, 1.0]), 3), [1 / 3, -2 / 3, 1 / 3])
+    assert_close_within_1e5(drgrpo_advantages(torch.tensor([1.0, 0.0, 1.0]), 3), [1 / 3, -2 / 3, 1 / 3])
 
 
 def test_rloo_three_rewards():
     # i=0: 1 - (0 + 1)/2 = 0.5; i=1: 0 - (1 + 1)/2 = -1; i=2: 1 - (1 + 0)/2 = 0.5
     # (= G/(G-1) * drgrpo = 1.5 * [1/3, -2/3, 1/3])
-    close(rloo_advantages(torch.tensor([1.0, 0.0, 1.0]), 3), [0.5, -1.0, 0.5])
+    assert_close_within_1e5(rloo_advantages(torch.tensor([1.0, 0.0, 1.0]), 3), [0.5, -1.0, 0.5])
 
 
 def test_integer_and_bool_rewards_are_promoted():
     # verifier rewards as ints [1, 0, 1] -> the same float advantages as above
-    close(grpo_advantages(torch.tensor([1, 0, 1]), 3), [0.707107, -1.414214, 0.707107])
+    assert_close_within_1e5(grpo_advantages(torch.tensor([1, 0, 1]), 3), [0.707107, -1.414214, 0.707107])
     adv, _ = compute_advantages("reinforce_pp", torch.tensor([True, False, True]), torch.ones(3, 1))
-    close(adv, [[0.707107], [-1.414214], [0.707107]])
+    assert_close_within_1e5(adv, [[0.707107], [-1.414214], [0.707107]])
 
 
 def test_group_layout_errors():
@@ -102,9 +103,9 @@ def test_group_layout_errors():
 def test_broadcast_and_outcome_placement():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
     # A_it = A_i * m_it
-    close(broadcast_to_tokens(torch.tensor([2.0, -1.0, 5.0]), mask), [[2, 2, 0], [-1, 0, -1], [0, 0, 0]])
+    assert_close_within_1e5(broadcast_to_tokens(torch.tensor([2.0, -1.0, 5.0]), mask), [[2, 2, 0], [-1, 0, -1], [0, 0, 0]])
     # reward on the last response token: row 0 -> t=1, row 1 (hole at t=1) -> t=2, row 2 empty -> none
-    close(outcome_to_token_rewards(torch.tensor([1.0, 2.0, 3.0]), mask), [[0, 1, 0], [0, 0, 2], [0, 0, 0]])
+    assert_close_within_1e5(outcome_to_token_rewards(torch.tensor([1.0, 2.0, 3.0]), mask), [[0, 1, 0], [0, 0, 2], [0, 0, 0]])
 
 
 def test_reinforce_pp_batch_whitening():
@@ -112,7 +113,7 @@ def test_reinforce_pp_batch_whitening():
     # valid tokens [1, 1, 0]: mean 2/3, population var 2/9 -> (x - 2/3) / 0.4714
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     adv = reinforce_pp_advantages(torch.tensor([1.0, 0.0, 1.0]), mask)
-    close(adv, [[0.707107, 0.707107, 0.0], [-1.414214, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert_close_within_1e5(adv, [[0.707107, 0.707107, 0.0], [-1.414214, 0.0, 0.0], [0.0, 0.0, 0.0]])
 
 
 def test_reinforce_pp_kl_folded_into_token_rewards():
@@ -124,7 +125,7 @@ def test_reinforce_pp_kl_folded_into_token_rewards():
         torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 3, dtype=torch.float64),
         token_kl=torch.tensor([[0.1, 0.2, 0.3]], dtype=torch.float64), kl_coef=1.0,
     )
-    close(adv, [[-4 / math.sqrt(14), -1 / math.sqrt(14), 5 / math.sqrt(14)]], atol=1e-9)
+    assert_close_within_1e5(adv, [[-4 / math.sqrt(14), -1 / math.sqrt(14), 5 / math.sqrt(14)]], atol=1e-9)
 
 
 def test_reinforce_pp_discount():
@@ -132,7 +133,7 @@ def test_reinforce_pp_discount():
     # -> the same shape as above: [-4, -1, 5] / sqrt(14)
     adv = reinforce_pp_advantages(torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 3, dtype=torch.float64),
                                   gamma=0.5)
-    close(adv, [[-4 / math.sqrt(14), -1 / math.sqrt(14), 5 / math.sqrt(14)]], atol=1e-9)
+    assert_close_within_1e5(adv, [[-4 / math.sqrt(14), -1 / math.sqrt(14), 5 / math.sqrt(14)]], atol=1e-9)
 
 
 def test_reinforce_pp_baseline_group_mean_then_batch_std():
@@ -142,7 +143,7 @@ def test_reinforce_pp_baseline_group_mean_then_batch_std():
     # std 0.4 -> [0.5, 0.5 | -2 | 0.5, 0.5]
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
     adv = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 1.0]), mask, group_size=3)
-    close(adv, [[0.5, 0.5], [-2.0, 0.0], [0.5, 0.5]])
+    assert_close_within_1e5(adv, [[0.5, 0.5], [-2.0, 0.0], [0.5, 0.5]])
 
 
 def test_reinforce_pp_empty_batch_no_nan():
@@ -158,8 +159,8 @@ def test_gae_hand_computed():
     # returns = A + V = [0.725, 0.85, 1.0]
     adv, ret = gae_advantages(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]),
                               torch.ones(1, 3), gamma=1.0, lam=0.5)
-    close(adv, [[0.225, 0.25, 0.3]])
-    close(ret, [[0.725, 0.85, 1.0]])
+    assert_close_within_1e5(adv, [[0.225, 0.25, 0.3]])
+    assert_close_within_1e5(ret, [[0.725, 0.85, 1.0]])
 
 
 def test_gae_lambda_one_is_monte_carlo_return():
@@ -168,8 +169,8 @@ def test_gae_lambda_one_is_monte_carlo_return():
     # returns = [0.81, 0.9, 1.0] = [0.9^2, 0.9, 1] (the discounted outcome)
     adv, ret = gae_advantages(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]),
                               torch.ones(1, 3), gamma=0.9, lam=1.0)
-    close(adv, [[0.31, 0.3, 0.3]])
-    close(ret, [[0.81, 0.9, 1.0]])
+    assert_close_within_1e5(adv, [[0.31, 0.3, 0.3]])
+    assert_close_within_1e5(ret, [[0.81, 0.9, 1.0]])
 
 
 def test_gae_skips_masked_tokens():
@@ -178,8 +179,8 @@ def test_gae_skips_masked_tokens():
     # delta = 0 + 0.7 - 0.5 = 0.2, A_0 = 0.2 + 1 * 0.5 * 0.3 = 0.35; returns [0.85, 0, 1.0]
     adv, ret = gae_advantages(torch.tensor([[0.0, 5.0, 1.0]]), torch.tensor([[0.5, 9.9, 0.7]]),
                               torch.tensor([[1.0, 0.0, 1.0]]), gamma=1.0, lam=0.5)
-    close(adv, [[0.35, 0.0, 0.3]])
-    close(ret, [[0.85, 0.0, 1.0]])
+    assert_close_within_1e5(adv, [[0.35, 0.0, 0.3]])
+    assert_close_within_1e5(ret, [[0.85, 0.0, 1.0]])
 
 
 def test_compute_advantages_kl_in_reward_for_group_estimator():
@@ -190,7 +191,7 @@ def test_compute_advantages_kl_in_reward_for_group_estimator():
     kl = torch.tensor([[0.1, 0.1], [0.0, 0.0], [0.3, 0.3]])
     adv, ret = compute_advantages("grpo", torch.tensor([1.0, 0.0, 1.0]), mask, group_size=3,
                                   token_kl=kl, kl_coef=1.0)
-    close(adv, [[1.224745] * 2, [-1.224745] * 2, [0.0, 0.0]])
+    assert_close_within_1e5(adv, [[1.224745] * 2, [-1.224745] * 2, [0.0, 0.0]])
     assert ret is None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hand_values import assert_close_to
 
 from relax.algorithms.aggregation import (
     LOSS_AGG,
@@ -20,38 +21,36 @@ LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 7.0, 9.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
 
 
-def close(actual: torch.Tensor, expected: float, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(actual, torch.tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
 
 
 def test_token_mean():
     # response tokens 1, 2, 3 | 4 (7 and 9 are padding): (1 + 2 + 3 + 4) / 4 = 2.5
-    close(token_mean(LOSS, MASK), 2.5)
+    assert_close_to(token_mean(LOSS, MASK), 2.5)
 
 
 def test_seq_mean_token_mean():
     # row means: (1 + 2 + 3)/3 = 2 and 4/1 = 4 -> (2 + 4)/2 = 3
-    close(seq_mean_token_mean(LOSS, MASK), 3.0)
+    assert_close_to(seq_mean_token_mean(LOSS, MASK), 3.0)
 
 
 def test_seq_mean_token_sum_norm():
     # row sums 6 and 4; default norm_len = T = 3: (6/3 + 4/3)/2 = 10/6 = 1.666667
-    close(seq_mean_token_sum_norm(LOSS, MASK), 10 / 6)
+    assert_close_to(seq_mean_token_sum_norm(LOSS, MASK), 10 / 6)
     # norm_len = 5 (max response length): (6/5 + 4/5)/2 = 1.0
-    close(seq_mean_token_sum_norm(LOSS, MASK, norm_len=5), 1.0)
+    assert_close_to(seq_mean_token_sum_norm(LOSS, MASK, norm_len=5), 1.0)
 
 
 def test_bool_mask_same_as_float():
     for fn in LOSS_AGG.values():
-        close(fn(LOSS, MASK.bool()), fn(LOSS, MASK).item())
+        assert_close_to(fn(LOSS, MASK.bool()), fn(LOSS, MASK).item())
 
 
 def test_all_zero_row_never_nan():
     # row 2 has no response tokens (e.g. filtered by DAPO)
     mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
-    close(token_mean(LOSS, mask), 2.0)  # (1 + 2 + 3)/3
-    close(seq_mean_token_mean(LOSS, mask), 2.0)  # the empty row is not counted: 2/1
-    close(seq_mean_token_sum_norm(LOSS, mask), 1.0)  # constant normaliser: (6/3 + 0)/2
+    assert_close_to(token_mean(LOSS, mask), 2.0)  # (1 + 2 + 3)/3
+    assert_close_to(seq_mean_token_mean(LOSS, mask), 2.0)  # the empty row is not counted: 2/1
+    assert_close_to(seq_mean_token_sum_norm(LOSS, mask), 1.0)  # constant normaliser: (6/3 + 0)/2
 
 
 @pytest.mark.parametrize("mode", sorted(LOSS_AGG))
@@ -69,7 +68,7 @@ def test_nan_on_padding_does_not_leak(mode):
     loss[1, 1:] = float("nan")
     loss.requires_grad_(True)
     out = aggregate_loss(loss, MASK, mode)
-    close(out, aggregate_loss(LOSS, MASK, mode).item())
+    assert_close_to(out, aggregate_loss(LOSS, MASK, mode).item())
     out.backward()
     assert torch.isfinite(loss.grad).all()
 
@@ -77,9 +76,9 @@ def test_nan_on_padding_does_not_leak(mode):
 def test_denominator_override_for_micro_batches():
     # two micro-batches of one row each with the global token count 4 sum to the full loss 2.5
     parts = [token_mean(LOSS[i : i + 1], MASK[i : i + 1], denom=4) for i in range(2)]
-    close(parts[0] + parts[1], 2.5)  # 6/4 + 4/4
+    assert_close_to(parts[0] + parts[1], 2.5)  # 6/4 + 4/4
     parts = [seq_mean_token_mean(LOSS[i : i + 1], MASK[i : i + 1], denom=2) for i in range(2)]
-    close(parts[0] + parts[1], 3.0)  # 2/2 + 4/2
+    assert_close_to(parts[0] + parts[1], 3.0)  # 2/2 + 4/2
 
 
 def test_masked_reductions():

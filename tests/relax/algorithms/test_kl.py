@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from hand_values import assert_close_to
 
 from relax.algorithms.kl import (
     entropy_bonus,
@@ -25,24 +26,22 @@ LOGP = torch.tensor([[-1.0, -1.0, -1.0]], dtype=F64)
 REF = torch.tensor([[-1.0, -1.0 + LN2, -1.0 - LN2]], dtype=F64)
 
 
-def close(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(actual.detach(), torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
 
 
 def test_k1():
     # k1 = -log rho = [0, -ln 2, ln 2] = [0, -0.693147, 0.693147] (negative per token is allowed)
-    close(kl_k1(LOGP, REF), [[0.0, -0.693147, 0.693147]])
+    assert_close_to(kl_k1(LOGP, REF), [[0.0, -0.693147, 0.693147]])
 
 
 def test_k2():
     # k2 = (log rho)^2 / 2 = [0, 0.480453/2, 0.480453/2] = [0, 0.240227, 0.240227]
-    close(kl_k2(LOGP, REF), [[0.0, 0.240227, 0.240227]])
+    assert_close_to(kl_k2(LOGP, REF), [[0.0, 0.240227, 0.240227]])
 
 
 def test_k3():
     # k3 = (rho - 1) - log rho, rho = [1, 2, 0.5]:
     # [0, 1 - 0.693147, -0.5 + 0.693147] = [0, 0.306853, 0.193147] (always >= 0)
-    close(kl_k3(LOGP, REF), [[0.0, 0.306853, 0.193147]])
+    assert_close_to(kl_k3(LOGP, REF), [[0.0, 0.306853, 0.193147]])
 
 
 def test_k1_and_k3_are_unbiased_exactly():
@@ -53,19 +52,19 @@ def test_k1_and_k3_are_unbiased_exactly():
     p = torch.tensor([[0.2, 0.3, 0.5]], dtype=F64)
     for name in ("k1", "k3"):
         expectation = (q * kl_estimate(q.log(), p.log(), name)).sum()
-        close(expectation, 0.274887)
+        assert_close_to(expectation, 0.274887)
     # k2 is biased: E_q[(log rho)^2 / 2] = 0.5 (0.5 * 0.839589 + 0.2 * 0.839589) = 0.293856
-    close((q * kl_estimate(q.log(), p.log(), "k2")).sum(), 0.293856)
+    assert_close_to((q * kl_estimate(q.log(), p.log(), "k2")).sum(), 0.293856)
 
 
 def test_kl_loss_masks_and_differentiates_policy_only():
     logp = LOGP.clone().requires_grad_(True)
     ref = REF.clone().requires_grad_(True)
     loss = kl_loss(logp, ref, torch.tensor([[1.0, 1.0, 0.0]]), "k3")
-    close(loss, [[0.0, 0.306853, 0.0]])
+    assert_close_to(loss, [[0.0, 0.306853, 0.0]])
     loss.sum().backward()
     # d k3 / d logp = d/dlogp [exp(ref - logp) - 1 - (ref - logp)] = 1 - rho = [0, -1, (masked)]
-    close(logp.grad, [[0.0, -1.0, 0.0]])
+    assert_close_to(logp.grad, [[0.0, -1.0, 0.0]])
     assert ref.grad is None
 
 
@@ -73,10 +72,10 @@ def test_kl_reward_penalty_sign_and_no_grad():
     # -beta * k1 with beta = 0.1: -0.1 * [0, -0.693147, 0.693147] = [0, 0.069315, -0.069315]
     logp = LOGP.clone().requires_grad_(True)
     pen = kl_reward_penalty(logp, REF, torch.ones(1, 3), kl_coef=0.1, estimator="k1")
-    close(pen, [[0.0, 0.069315, -0.069315]])
+    assert_close_to(pen, [[0.0, 0.069315, -0.069315]])
     assert not pen.requires_grad
     # k3 penalty is never positive: -0.1 * [0, 0.306853, 0.193147]
-    close(kl_reward_penalty(LOGP, REF, torch.ones(1, 3), 0.1, "k3"), [[0.0, -0.030685, -0.019315]])
+    assert_close_to(kl_reward_penalty(LOGP, REF, torch.ones(1, 3), 0.1, "k3"), [[0.0, -0.030685, -0.019315]])
 
 
 def test_kl_extreme_ratio_finite():
@@ -95,14 +94,14 @@ def test_entropy_hand_values():
     # = 0.693147 + 0.346574 = 1.039721
     # huge logits [1000, 1000, -1000]: two-way uniform, ln 2 = 0.693147 (no overflow)
     logits = torch.tensor([[[0.0, 0.0, 0.0], [0.0, LN2, 0.0], [1000.0, 1000.0, -1000.0]]], dtype=F64)
-    close(entropy_from_logits(logits), [[1.098612, 1.039721, 0.693147]])
+    assert_close_to(entropy_from_logits(logits), [[1.098612, 1.039721, 0.693147]])
 
 
 def test_entropy_masked_vocab_no_nan_in_grad():
     # a -inf logit has p = 0: H([0, -inf, 0]) = ln 2, and the gradient stays finite
     logits = torch.tensor([[[0.0, float("-inf"), 0.0]]], dtype=F64, requires_grad=True)
     h = entropy_from_logits(logits)
-    close(h, [[LN2]])
+    assert_close_to(h, [[LN2]])
     h.sum().backward()
     assert torch.isfinite(logits.grad).all()
 
@@ -111,11 +110,11 @@ def test_entropy_matches_naive_and_keeps_dtype():
     torch.manual_seed(0)
     logits = torch.randn(2, 3, 5, dtype=F64)
     p = torch.softmax(logits, -1)
-    close(entropy_from_logits(logits), -(p * p.log()).sum(-1), atol=1e-12)
+    assert_close_to(entropy_from_logits(logits), -(p * p.log()).sum(-1), atol=1e-12)
     assert entropy_from_logits(logits.to(torch.bfloat16)).dtype == torch.bfloat16
 
 
 def test_entropy_bonus_is_negative_term():
     # H = ln 3 on every token, coef 0.01 -> loss term -0.01 * ln 3 = -0.010986
     h = torch.full((2, 3), math.log(3.0))
-    close(entropy_bonus(h, torch.ones(2, 3), coef=0.01), -0.010986)
+    assert_close_to(entropy_bonus(h, torch.ones(2, 3), coef=0.01), -0.010986)

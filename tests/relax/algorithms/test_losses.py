@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from hand_values import assert_close_to
 
 from relax.algorithms.aggregation import seq_mean_token_mean
 from relax.algorithms.losses import (
@@ -29,8 +30,6 @@ def t(values) -> torch.Tensor:
     return torch.tensor(values, dtype=F64)
 
 
-def close(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(actual.detach(), torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
 
 
 def logprobs_with_ratios(ratios, old=-1.0):
@@ -47,16 +46,16 @@ def test_ppo_asymmetric_clip():
     # t2: rA = -2.2, clip(r)A = -2.2 -> loss 2.2, grad d(-rA)/dlogp = -rA = 2.2
     lp, old = logprobs_with_ratios([1.5, 0.5, 1.1])
     loss, m = ppo_loss(lp, old, t([[1.0, -1.0, -2.0]]), torch.ones(1, 3), clip_low=0.2, clip_high=0.28)
-    close(loss, [[-1.28, 0.8, 2.2]])
+    assert_close_to(loss, [[-1.28, 0.8, 2.2]])
     loss.sum().backward()
-    close(lp.grad, [[0.0, 0.0, 2.2]])
-    close(m["clip_frac"], 2 / 3)
-    close(m["clip_frac_low"], 1 / 3)
-    close(m["clip_frac_high"], 1 / 3)
+    assert_close_to(lp.grad, [[0.0, 0.0, 2.2]])
+    assert_close_to(m["clip_frac"], 2 / 3)
+    assert_close_to(m["clip_frac_low"], 1 / 3)
+    assert_close_to(m["clip_frac_high"], 1 / 3)
     # k3(old -> new) = r - 1 - log r: [0.5 - 0.405465, -0.5 + 0.693147, 0.1 - 0.095310]
     # = [0.094535, 0.193147, 0.004690], mean 0.097457
-    close(m["approx_kl"], 0.097457)
-    close(m["ratio_mean"], (1.5 + 0.5 + 1.1) / 3)
+    assert_close_to(m["approx_kl"], 0.097457)
+    assert_close_to(m["ratio_mean"], (1.5 + 0.5 + 1.1) / 3)
 
 
 def test_ppo_pessimistic_side_is_not_clipped():
@@ -65,10 +64,10 @@ def test_ppo_pessimistic_side_is_not_clipped():
     # r = 2.0 with A = -1: rA = -2 < -1.28 -> loss 2, grad 2;  r = 1 with A = 0: loss 0
     lp, old = logprobs_with_ratios([0.5, 2.0, 1.0])
     loss, m = ppo_loss(lp, old, t([[1.0, -1.0, 0.0]]), torch.ones(1, 3))
-    close(loss, [[-0.5, 2.0, 0.0]])
+    assert_close_to(loss, [[-0.5, 2.0, 0.0]])
     loss.sum().backward()
-    close(lp.grad, [[-0.5, 2.0, 0.0]])
-    close(m["clip_frac"], 0.0)
+    assert_close_to(lp.grad, [[-0.5, 2.0, 0.0]])
+    assert_close_to(m["clip_frac"], 0.0)
 
 
 def test_ppo_is_weights_and_mask():
@@ -77,9 +76,9 @@ def test_ppo_is_weights_and_mask():
     # and it is masked -> grad all 0
     lp, old = logprobs_with_ratios([1.5, 0.5, 1.1])
     loss, _ = ppo_loss(lp, old, t([[1.0, -1.0, -2.0]]), t([[1.0, 1.0, 0.0]]), is_weights=t([[2.0, 0.5, 3.0]]))
-    close(loss, [[-2.56, 0.4, 0.0]])
+    assert_close_to(loss, [[-2.56, 0.4, 0.0]])
     loss.sum().backward()
-    close(lp.grad, [[0.0, 0.0, 0.0]])
+    assert_close_to(lp.grad, [[0.0, 0.0, 0.0]])
 
 
 def test_masked_nan_does_not_leak():
@@ -104,11 +103,11 @@ def test_dual_clip_bounds_negative_advantage():
     # t2: r = 5, A = +1: A >= 0, plain PPO: -min(5, 1.28) = -1.28, grad 0
     lp, old = logprobs_with_ratios([5.0, 2.0, 5.0])
     loss, m = dual_clip_loss(lp, old, t([[-1.0, -1.0, 1.0]]), torch.ones(1, 3), dual_clip_c=3.0)
-    close(loss, [[3.0, 2.0, -1.28]])
+    assert_close_to(loss, [[3.0, 2.0, -1.28]])
     loss.sum().backward()
-    close(lp.grad, [[0.0, 2.0, 0.0]])
-    close(m["dual_clip_frac"], 1 / 3)
-    close(m["clip_frac"], 2 / 3)  # t0 (dual) and t2 (high)
+    assert_close_to(lp.grad, [[0.0, 2.0, 0.0]])
+    assert_close_to(m["dual_clip_frac"], 1 / 3)
+    assert_close_to(m["clip_frac"], 2 / 3)  # t0 (dual) and t2 (high)
 
 
 def test_dual_clip_rejects_c_not_above_one():
@@ -126,10 +125,10 @@ def test_gspo_sequence_ratio():
     mask = torch.ones(1, 3)
     loss, m = gspo_loss(lp, old, t([[1.0, 1.0, 1.0]]), mask)
     s = math.exp(0.1)
-    close(loss, [[-s, -s, -s]])
+    assert_close_to(loss, [[-s, -s, -s]])
     seq_mean_token_mean(loss, mask).backward()
-    close(lp.grad, [[-s / 3] * 3])
-    close(m["clip_frac"], 0.0)
+    assert_close_to(lp.grad, [[-s / 3] * 3])
+    assert_close_to(m["clip_frac"], 0.0)
 
 
 def test_gspo_clipped_sequence_and_masked_token():
@@ -138,10 +137,10 @@ def test_gspo_clipped_sequence_and_masked_token():
     old = torch.full((1, 3), -1.0, dtype=F64)
     lp = (old + t([[0.5, 0.5, 9.0]])).requires_grad_(True)
     loss, m = gspo_loss(lp, old, t([[1.0, 1.0, 1.0]]), t([[1.0, 1.0, 0.0]]))
-    close(loss, [[-1.28, -1.28, 0.0]])
+    assert_close_to(loss, [[-1.28, -1.28, 0.0]])
     loss.sum().backward()
-    close(lp.grad, [[0.0, 0.0, 0.0]])
-    close(m["clip_frac"], 1.0)
+    assert_close_to(lp.grad, [[0.0, 0.0, 0.0]])
+    assert_close_to(m["clip_frac"], 1.0)
 
 
 def test_gspo_token_per_token_advantages():
@@ -152,9 +151,9 @@ def test_gspo_token_per_token_advantages():
     lp = (old + t([[0.3, -0.1, 0.1]])).requires_grad_(True)
     loss, _ = gspo_token_loss(lp, old, t([[1.0, -1.0, 2.0]]), torch.ones(1, 3))
     s = math.exp(0.1)
-    close(loss, [[-s, s, -2 * s]])
+    assert_close_to(loss, [[-s, s, -2 * s]])
     loss.sum().backward()
-    close(lp.grad, [[-s, s, -2 * s]])
+    assert_close_to(lp.grad, [[-s, s, -2 * s]])
 
 
 def test_gspo_token_matches_gspo_gradient_for_sequence_advantages():
@@ -166,7 +165,7 @@ def test_gspo_token_matches_gspo_gradient_for_sequence_advantages():
         loss, _ = fn(lp, old, t([[0.7, 0.7, 0.7]]), torch.ones(1, 3))
         seq_mean_token_mean(loss, torch.ones(1, 3)).backward()
         grads.append(lp.grad)
-    close(grads[0], grads[1])
+    assert_close_to(grads[0], grads[1])
 
 
 def test_cispo_clipped_weight_keeps_gradient():
@@ -177,10 +176,10 @@ def test_cispo_clipped_weight_keeps_gradient():
     lp = t([[-0.5, -2.0, -1.0]]).requires_grad_(True)
     old = lp.detach() - torch.log(t([[1.5, 0.5, 1.1]]))
     loss, m = cispo_loss(lp, old, t([[1.0, -1.0, 2.0]]), torch.ones(1, 3))
-    close(loss, [[0.64, -1.6, 2.2]])
+    assert_close_to(loss, [[0.64, -1.6, 2.2]])
     loss.sum().backward()
-    close(lp.grad, [[-1.28, 0.8, -2.2]])
-    close(m["clip_frac"], 2 / 3)
+    assert_close_to(lp.grad, [[-1.28, 0.8, -2.2]])
+    assert_close_to(m["clip_frac"], 2 / 3)
 
 
 def test_clip_arguments_validated():
@@ -192,7 +191,7 @@ def test_clip_arguments_validated():
     # clip_low = 1 (no lower bound, as CISPO uses it) is accepted: r = 0.5 -> weight 0.5, not 0.8
     lp2 = t([[-1.0]]).requires_grad_(True)
     loss, _ = cispo_loss(lp2, lp2.detach() - math.log(0.5), t([[1.0]]), torch.ones(1, 1), clip_low=1.0)
-    close(loss, [[-0.5 * 1.0 * -1.0]])  # -w A logp = -(0.5)(1)(-1) = 0.5
+    assert_close_to(loss, [[-0.5 * 1.0 * -1.0]])  # -w A logp = -(0.5)(1)(-1) = 0.5
 
 
 def test_compute_policy_loss_dispatch():
@@ -200,7 +199,7 @@ def test_compute_policy_loss_dispatch():
     adv = t([[-1.0, -1.0, 1.0]])
     direct, _ = dual_clip_loss(lp, old, adv, torch.ones(1, 3), dual_clip_c=4.0)
     via, _ = compute_policy_loss("dual_clip", lp, old, adv, torch.ones(1, 3), dual_clip_c=4.0)
-    close(via, direct)  # t0: min(5, 4) = 4 -> the knob reached the loss
-    close(via[0, 0], 4.0)
+    assert_close_to(via, direct)  # t0: min(5, 4) = 4 -> the knob reached the loss
+    assert_close_to(via[0, 0], 4.0)
     with pytest.raises(ValueError, match="unknown policy_loss 'pg'; valid: cispo, dual_clip, gspo, gspo_token, ppo"):
         compute_policy_loss("pg", lp, old, adv, torch.ones(1, 3))
