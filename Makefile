@@ -27,7 +27,7 @@ test-gpu: setup
 	$(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
 
 bench: setup
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)  # BENCH_ARGS=--quick for the short variants
 
 lint: setup
 	$(BIN)/ruff check .

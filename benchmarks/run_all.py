@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-BENCHMARKS = [("bench_data.py", []), ("transfer_queue.py", ["--quick"])]
+BENCHMARKS = [("bench_data.py", []), ("transfer_queue.py", ["--quick"]), ("trainer.py", ["--quick"]),
+              ("engine.py", ["--quick"])]
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv[1:]
