@@ -24,6 +24,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from relax.engines.streaming import stream_response
 from relax.engines.types import Completion, EngineError, GenerateRequest, SamplingParams
 
 _VERSION_URL = re.compile(r"^(?P<root>.*)/runs/(?P<run>[^/]+)/weights/(?P<version>\d+)/?$")
@@ -141,8 +142,6 @@ class Frontend:
     async def generate(self, body: dict[str, Any]) -> Any:
         """SGLang ``/generate``: a dict for one prompt with n=1, a list for a batch or n>1."""
         t0 = time.perf_counter()
-        if body.get("stream"):
-            raise EngineError("stream=true is not supported by this server")
         text, ids = body.get("text"), body.get("input_ids")
         if (text is None) == (ids is None):
             raise EngineError("send exactly one of 'text' or 'input_ids'")
@@ -177,6 +176,10 @@ class Frontend:
                 pid, mm = list(p), None
             self.check_length(len(pid))
             reqs.append(GenerateRequest(rid=str(rids[i]), input_ids=pid, params=params, mm_inputs=mm))
+        if body.get("stream"):
+            if len(reqs) != 1:
+                raise EngineError("stream=true takes one prompt (n may be > 1); send a batch without stream")
+            return stream_response(self, reqs[0], t0, body)
         results = await asyncio.gather(*(self.run(r) for r in reqs))
         out = [self.to_native(c, r.params.n, t0, body) for r, cs in zip(reqs, results, strict=True) for c in cs]
         return out if batched or len(out) > 1 else out[0]

@@ -50,6 +50,7 @@ class _Seq:
 class _Pending:
     req: GenerateRequest
     future: concurrent.futures.Future
+    listener: Any = None  # called (index, token, logprob) on the engine thread as tokens arrive
     version: str = ""
     seqs: list[_Seq] = field(default_factory=list)
     aborted: bool = False
@@ -99,8 +100,9 @@ class NativeEngine:
             self._thread.join(timeout=30)
             self._thread = None
 
-    def submit(self, req: GenerateRequest) -> concurrent.futures.Future:
-        """Queue a request; the future resolves to its ``n`` completions."""
+    def submit(self, req: GenerateRequest, listener: Any = None) -> concurrent.futures.Future:
+        """Queue a request; the future resolves to its ``n`` completions. ``listener(index, token,
+        logprob)``, if given, sees every token as it is sampled (on the engine thread: keep it cheap)."""
         req.params.validate()
         if not req.input_ids:
             raise EngineError("input_ids is empty")
@@ -111,7 +113,7 @@ class NativeEngine:
             raise EngineError(f"n={req.params.n} exceeds the engine's max_batch_size {self.max_batch_size}")
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
-            self._waiting.append(_Pending(req, future))
+            self._waiting.append(_Pending(req, future, listener))
             self._cond.notify_all()
         if self._thread is None and self.background:
             self.start()
@@ -323,6 +325,8 @@ class NativeEngine:
     def _append(self, s: _Seq, token: int, logprob: float) -> None:
         s.out_ids.append(token)
         s.out_lps.append(logprob)
+        if s.pending.listener is not None:
+            s.pending.listener(s.index, token, logprob)
         params = s.pending.req.params
         if token in params.stop_token_ids:
             s.finish = {"type": "stop", "matched": token}
