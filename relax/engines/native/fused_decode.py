@@ -88,7 +88,6 @@ class FusedDecoder:
         """tokens, positions (b,) -> logits (b, V); writes each sequence's K/V at its position."""
         b, nh, nkv, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         cache.view(slots, positions.tolist(), span)
-        rows = cache._range if cache._range is not None else cache._slots
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         cos = (emb.cos() * self.rope_scale)[:, None, :]  # (b, 1, d)
@@ -103,9 +102,7 @@ class FusedDecoder:
                 q, k = self._rms(q, L.qn), self._rms(k, L.kn)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            cache.k[i, cache._slots, :, cache._start] = k
-            cache.v[i, cache._slots, :, cache._start] = v
-            keys, values = cache.k[i, rows, :, :span], cache.v[i, rows, :, :span]
+            keys, values = cache.update(k[:, :, None], v[:, :, None], i)  # write at each row's position, read span
             attn = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=mask, enable_gqa=True,
                                                   scale=d ** -0.5)
             h = h + F.linear(attn.reshape(b, nh * d), L.wo)
@@ -124,7 +121,7 @@ def prefill(dec: FusedDecoder, tokens: torch.Tensor, lengths: list[int], cache: 
     """
     b, length = tokens.shape
     nh, nkv, d = dec.heads, dec.kv_heads, dec.head_dim
-    slot_idx = torch.tensor(slots)
+    cache.view(slots, [0] * b, length)
     freqs = torch.arange(length).float()[:, None] * dec.inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = (emb.cos() * dec.rope_scale)[None, None], (emb.sin() * dec.rope_scale)[None, None]  # (1,1,L,d)
@@ -140,8 +137,7 @@ def prefill(dec: FusedDecoder, tokens: torch.Tensor, lengths: list[int], cache: 
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        cache.k[i, slot_idx, :, :length] = k
-        cache.v[i, slot_idx, :, :length] = v
+        cache.update(k, v, i)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=d ** -0.5)
         h = h + F.linear(attn.transpose(1, 2).reshape(b, length, nh * d), L.wo)
         gate, up = F.linear(dec._rms(h, L.ln2), L.wgu).split(dec.ffn, dim=-1)

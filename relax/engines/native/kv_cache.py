@@ -45,6 +45,10 @@ class SlotCache:
         if q == 1:  # decode: one scattered write for the whole batch
             self.k[layer_idx, self._slots, :, self._start] = key_states[:, :, 0]
             self.v[layer_idx, self._slots, :, self._start] = value_states[:, :, 0]
+        elif bool((self._start == self._start[0]).all()):  # prefill: every row from the same position
+            p = int(self._start[0])
+            self.k[layer_idx, self._slots, :, p:p + q] = key_states
+            self.v[layer_idx, self._slots, :, p:p + q] = value_states
         else:
             for i in range(key_states.shape[0]):
                 s, p = int(self._slots[i]), int(self._start[i])

@@ -13,6 +13,7 @@ from torch import nn
 
 from relax.trainers.torch.actor import pad
 from relax.trainers.torch.batch import RolloutBatch
+from relax.trainers.torch.forward import model_inputs
 from relax.trainers.torch.packing import MicroBatch, micro_batches
 from relax.trainers.torch.trainer import StepResult, TorchTrainer
 
@@ -42,10 +43,7 @@ class ValueModel(nn.Module):
 
 def span_values(model: nn.Module, mb: MicroBatch) -> list[torch.Tensor]:
     """Per-sample (L_i,) values in ``mb.spans`` order."""
-    from relax.trainers.torch.attention import NAME
-
-    segment_kernel = getattr(model.config, "_attn_implementation", None) == NAME
-    values = model(**mb.model_inputs(segment_kernel))
+    values = model(**model_inputs(model, mb))
     return [values[s.row, s.start:s.start + s.length].float() for s in mb.spans]
 
 

@@ -14,12 +14,17 @@ from relax.trainers.torch.attention import NAME as PACKED
 from relax.trainers.torch.packing import MicroBatch
 
 
-def logits_of(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-    """(R, T, V) logits for a micro-batch. Packed rows use per-sample attention when the model
-    was switched to it (``attention.enable_packed_attention``), else a dense block mask."""
+def model_inputs(model: torch.nn.Module, mb: MicroBatch) -> dict[str, object]:
+    """Forward kwargs for ``mb``: packed rows pass their segments when the model (unwrapped from
+    DDP) was switched to per-sample attention (``attention.enable_packed_attention``), else a
+    dense block mask."""
     inner = getattr(model, "module", model)
-    segment_kernel = getattr(getattr(inner, "config", None), "_attn_implementation", None) == PACKED
-    return model(**mb.model_inputs(segment_kernel), use_cache=False).logits
+    return mb.model_inputs(getattr(getattr(inner, "config", None), "_attn_implementation", None) == PACKED)
+
+
+def logits_of(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """(R, T, V) logits for a micro-batch."""
+    return model(**model_inputs(model, mb), use_cache=False).logits
 
 
 def span_logprobs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0,
