@@ -152,6 +152,7 @@ class TrainerConfig:
                            choices=("constant", "cosine"))
     nan_policy: str = opt("skip", "A non-finite loss or gradient: 'skip' the step (logged with the sample ids) "
                           "or 'fail' the run.", choices=("skip", "fail"))
+    sft_lr: float = opt(3e-3, "Learning rate of the format warm-start (sft_steps).", range=(0.0, 1.0))
     sft_steps: int = opt(0, "Supervised warm-start steps teaching the answer format; 0 skips it.", range=(0, 10_000_000))
     checkpoint_every: int = opt(20, "Save a checkpoint every k steps.", range=(1, 100_000_000))
     data_parallel: int = opt(1, "Data-parallel processes (gloo on CPU, NCCL on GPU).", range=(1, 100_000))

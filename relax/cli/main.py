@@ -10,20 +10,22 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd
+from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd, train_cmd
 from relax.config_loader import ConfigError
 from relax.data.errors import DataError
 from relax.transfer.errors import TransferError
+from relax.services.context import RunConfigMismatch
 from relax.transfer.lineage import LineageError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous omni-modal RL post-training.")
-    sub = parser.add_subparsers(dest="area", required=True, metavar="{config,data,lineage,replay}")
+    sub = parser.add_subparsers(dest="area", required=True, metavar="{config,data,lineage,replay,train,role,status}")
     config_cmd.register(sub)
     data_cmd.register(sub)
     lineage_cmd.register(sub)
     replay_cmd.register(sub)
+    train_cmd.register(sub)
     return parser
 
 
@@ -31,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except (ConfigError, DataError, LineageError, TransferError) as e:
+    except (ConfigError, DataError, LineageError, TransferError, RunConfigMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

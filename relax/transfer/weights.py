@@ -47,8 +47,12 @@ class WeightStore:
                                 f"versions are immutable, publish {self.latest() + 1} instead")
         groups: list[dict[str, Any]] = [{}]
         size = 0
+        seen: set[int] = set()
         for name in sorted(state_dict):
             t = state_dict[name].detach().cpu().contiguous()
+            if t.data_ptr() in seen:  # tied weights (embedding = LM head): safetensors wants separate copies
+                t = t.clone()
+            seen.add(t.data_ptr())
             nbytes = t.numel() * t.element_size()
             if groups[-1] and size + nbytes > self.max_shard_bytes:
                 groups.append({})
@@ -66,6 +70,12 @@ class WeightStore:
         objstore.write_bytes(objstore.join(self.version_url(version), "manifest.json"),
                              json.dumps(manifest, indent=1).encode(), fsync=self.fsync)
         return self.version_url(version)
+
+    def close(self) -> None:
+        """Release the publisher lease, so the next incarnation of the actor may publish at once."""
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def versions(self) -> list[int]:
         out = []

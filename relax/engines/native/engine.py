@@ -149,6 +149,11 @@ class NativeEngine:
         while self._step(block=False):
             pass
 
+    def step(self) -> bool:
+        """One scheduler iteration on the calling thread (``background=False``); False when idle.
+        Lets a caller interleave its own checks (new weights to load) with decoding."""
+        return self._step(block=False)
+
     def abort(self, rid: str) -> bool:
         """Finish request ``rid`` now (finish_reason abort); False if it is unknown or done."""
         with self._cond:

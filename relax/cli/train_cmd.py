@@ -1,0 +1,126 @@
+"""``relax train``, ``relax role`` and ``relax status``: run, serve one role, inspect a run.
+
+``relax train [preset|file] [key=value ...]`` runs a whole run in ``topology``; running the
+same command again resumes it (same run id, same config). ``--fork`` accepts a changed
+config for an existing run id. ``relax role NAME CONFIG`` is one role's loop (what the
+disaggregated topology starts per process). ``relax status ROOT [RUN]`` shows roles,
+versions, queue depth and staleness from the store alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from relax import objstore
+from relax.config_loader import load_config
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="run (or resume) an RL run", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("args", nargs="*", help="[preset or config file] then key=value overrides")
+    p.add_argument("--fork", action="store_true", help="accept a config that differs from the run's record")
+    p.add_argument("--resume", action="store_true", help="require that the run exists (fail instead of starting)")
+    p.add_argument("--engine-url", action="append", default=[], help="serve rollout from these engine URLs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_train)
+
+    r = sub.add_parser("role", help="run one role of a run in this process (disaggregated topology)")
+    r.add_argument("name", choices=("rollout", "advantage", "actor"))
+    r.add_argument("args", nargs="*", help="[preset or config file] then key=value overrides")
+    r.set_defaults(func=_role)
+
+    s = sub.add_parser("status", help="roles, versions, queue depth and staleness of runs")
+    s.add_argument("root", help="the run root (any fsspec URL)")
+    s.add_argument("run", nargs="?", default=None, help="run id (default: every run under the root)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_status)
+
+
+def _config(tokens: list[str]):
+    from relax.cli.main import split_overrides
+
+    positional, overrides = split_overrides(tokens)
+    if len(positional) > 1:
+        raise SystemExit(f"error: give at most one preset or config file, got {positional}")
+    return load_config(positional[0] if positional else None, overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from relax.services.context import RunContext
+    from relax.services.controller import train
+
+    cfg = _config(args.args)
+    if args.resume and not objstore.exists(objstore.join(RunContext(cfg).run_url, "run.json")):
+        raise SystemExit(f"error: --resume: no run {cfg.run_id!r} under {cfg.root}")
+    result = train(cfg, fork=args.fork, progress=not args.no_progress, engine_urls=args.engine_url or None)
+    last = result.rollout[-1] if result.rollout else {}
+    print(f"run {cfg.run_id}: {result.steps} steps, policy version {result.final_version}, "
+          f"last rollout reward {last.get('reward', float('nan')):.3f}")
+    for kind, url in result.report.items():
+        print(f"  {kind}: {url}")
+    return 0
+
+
+def _role(args: argparse.Namespace) -> int:
+    from relax.services.controller import run_role
+
+    run_role(args.name, _config(args.args))
+    return 0
+
+
+def run_status(root: str, run_id: str) -> dict:
+    """What ``relax status`` shows for one run, read from the store only."""
+    from relax.config_loader import config_from_dict
+    from relax.services.actor import list_checkpoints
+    from relax.services.context import ACTOR_GROUP, ADVANTAGE_GROUP, RunContext
+    from relax.services.metrics import ROLES, read_metrics
+    from relax.transfer.consumer import load_group_state
+
+    run_url = objstore.join(objstore.absolute_url(root), "runs", run_id)
+    record = json.loads(objstore.read_bytes(objstore.join(run_url, "run.json")))
+    cfg = config_from_dict({**record["config"], "root": root})
+    ctx = RunContext(cfg)
+    queue = ctx.queue()
+    queue.refresh()
+    out: dict = {"run_id": run_id, "topology": cfg.topology, "dataset_snapshot": record.get("dataset_snapshot"),
+                 "weight_versions": ctx.weights().versions()[-3:], "checkpoints": list_checkpoints(ctx)[-3:],
+                 "committed_samples": len(queue.state.samples), "roles": {}}
+    for group in (ADVANTAGE_GROUP, ACTOR_GROUP):
+        st = load_group_state(queue, group)
+        out[f"{group}_steps"] = st.last_step + 1
+        out[f"{group}_pending"] = len(queue.state.samples) - len(st.consumed.keys() | st.dropped.keys())
+        out[f"{group}_dropped"] = len(st.dropped)
+    now = time.time()
+    for role in ROLES:
+        ms = read_metrics(run_url, role)
+        if ms:
+            last = ms[-1]
+            out["roles"][role] = {"records": len(ms), "last_seen_s": round(now - last["time"], 1),
+                                  **{k: last[k] for k in ("step", "batch", "version", "weight_version", "reward",
+                                                          "loss", "staleness_max", "samples_per_s") if k in last}}
+    return out
+
+
+def _status(args: argparse.Namespace) -> int:
+    from relax.transfer.lineage import list_runs
+
+    runs = [args.run] if args.run else list_runs(args.root)
+    if not runs:
+        base = objstore.join(objstore.absolute_url(args.root), "runs")
+        runs = [r for r in objstore.list_dir(base) if objstore.exists(objstore.join(base, r, "run.json"))]
+    for run in runs:
+        st = run_status(args.root, run)
+        if args.json:
+            print(json.dumps(st, sort_keys=True))
+            continue
+        print(f"run {run} ({st['topology']}), dataset {st['dataset_snapshot']}")
+        print(f"  weights: versions {st['weight_versions']}   checkpoints: steps {st['checkpoints']}")
+        print(f"  queue: {st['committed_samples']} samples; advantage pending {st['advantage_pending']}, "
+              f"actor pending {st['actor_train_pending']}, dropped {st['actor_train_dropped']}")
+        for role, info in st["roles"].items():
+            fields = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
+            print(f"  {role:9s} {fields}")
+    return 0

@@ -1,0 +1,161 @@
+"""The engines a rollout drives, behind one small interface.
+
+* :class:`LocalEngines` — a native engine in the rollout's own process, driven on the
+  rollout's thread (no HTTP, no second compute thread: the fastest path on a CPU).
+* :class:`RemoteEngines` — any number of SGLang-compatible URLs (native servers, real SGLang)
+  behind :class:`relax.engines.router.Router`: least-loaded routing, fail-over when an engine
+  dies, engines added and removed at runtime by the elastic REST API.
+
+Both return, per prompt, its ``n`` :class:`~relax.engines.types.Completion` objects, each
+carrying the weight version that produced it, and load WeightStore versions in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from relax.engines.native.engine import NativeEngine
+from relax.engines.types import Completion, GenerateRequest, SamplingParams
+from relax.rollout.prompts import EncodedPrompt
+from relax.transfer.weights import WeightStore
+
+
+class EnginePool(Protocol):
+    """What the rollout needs from its engines."""
+
+    weight_version: int
+
+    def generate(self, prompts: list[EncodedPrompt], params: list[SamplingParams], rids: list[str],
+                 should_abort: Callable[[], bool] | None = None) -> list[list[Completion]]:
+        """Completions per prompt; ``should_abort()`` polled during generation stops it early
+        (finish_reason ``abort``, partial tokens kept) so new weights can be loaded."""
+        ...
+
+    def load_weights(self, store: WeightStore, version: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalEngines:
+    """A :class:`NativeEngine` on the calling thread."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int, max_seq_len: int, seed: int):
+        self.engine = NativeEngine(model, tokenizer, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                                   seed=seed, background=False, weight_version="-1")
+        self.weight_version = -1
+
+    def generate(self, prompts: list[EncodedPrompt], params: list[SamplingParams], rids: list[str],
+                 should_abort: Callable[[], bool] | None = None) -> list[list[Completion]]:
+        futures = [self.engine.submit(GenerateRequest(rid, p.input_ids, sp, p.mm_inputs))
+                   for p, sp, rid in zip(prompts, params, rids, strict=True)]
+        steps = 0
+        while self.engine.step():
+            steps += 1
+            if should_abort is not None and steps % 4 == 0 and should_abort():
+                for rid in rids:
+                    self.engine.abort(rid)
+                while self.engine.step():
+                    pass
+                break
+        return [f.result() for f in futures]
+
+    def load_weights(self, store: WeightStore, version: int) -> None:
+        state, _ = store.load(version)
+        self.engine.update_weights(state, str(version))
+        self.weight_version = version
+
+    def close(self) -> None:
+        self.engine.stop()
+
+
+class RemoteEngines:
+    """SGLang-compatible engines by URL; a private event loop thread runs the async router."""
+
+    def __init__(self, urls: list[str], timeout_s: float = 120.0):
+        from relax.engines.router import Router
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="relax-rollout-http", daemon=True)
+        self._thread.start()
+        self.router: Router = self.run(self._make_router(urls, timeout_s))
+        self.weight_version = -1
+
+    @staticmethod
+    async def _make_router(urls: list[str], timeout_s: float):
+        from relax.engines.router import Router
+
+        return Router(urls, timeout_s=timeout_s)
+
+    def run(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run a coroutine on the pool's loop from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _one(self, p: EncodedPrompt, sp: SamplingParams, rid: str) -> list[Completion]:
+        params = {"max_new_tokens": sp.max_new_tokens, "temperature": sp.temperature, "top_p": sp.top_p,
+                  "top_k": sp.top_k, "n": sp.n, "stop": sp.stop, "stop_token_ids": sp.stop_token_ids,
+                  "sampling_seed": sp.sampling_seed}
+        if p.images or p.audios:
+            raise NotImplementedError("remote engines take text prompts here; send media through the "
+                                      "OpenAI chat route or use local engines for media tasks")
+        out = await self.router.generate(input_ids=p.input_ids, sampling_params=params, return_logprob=True, rid=rid)
+        items = out if isinstance(out, list) else [out]
+        return [_completion(rid, i, item, len(p.input_ids)) for i, item in enumerate(items)]
+
+    def generate(self, prompts: list[EncodedPrompt], params: list[SamplingParams], rids: list[str],
+                 should_abort: Callable[[], bool] | None = None) -> list[list[Completion]]:
+        async def all_of():
+            return await asyncio.gather(*(self._one(p, sp, rid) for p, sp, rid in zip(prompts, params, rids,
+                                                                                        strict=True)))
+        return self.run(all_of())
+
+    def load_weights(self, store: WeightStore, version: int) -> None:
+        results = self.run(self.router.broadcast("update_weights_from_disk", store.version_url(version), str(version)))
+        failed = {u: r for u, r in results.items() if isinstance(r, Exception) or not r.get("success")}
+        if failed:
+            raise RuntimeError(f"engines failed to load weight version {version}: {failed}")
+        self.weight_version = version
+
+    def add_engine(self, url: str, store: WeightStore | None = None) -> None:
+        """Load the current weights into ``url`` first, then route to it (never serve stale weights)."""
+        from relax.engines.client import EngineClient
+
+        async def add():
+            if store is not None and self.weight_version >= 0:
+                client = EngineClient(url, retries=1)
+                try:
+                    r = await client.update_weights_from_disk(store.version_url(self.weight_version),
+                                                              str(self.weight_version))
+                finally:
+                    await client.close()
+                if not r.get("success"):
+                    raise RuntimeError(f"engine {url} could not load weight version {self.weight_version}: {r}")
+            await self.router.add_engine(url)
+        self.run(add())
+
+    def remove_engine(self, url: str, drain: bool = True, timeout_s: float | None = 300.0) -> None:
+        self.run(self.router.remove_engine(url, drain=drain, timeout_s=timeout_s))
+
+    def engines(self) -> list[dict[str, Any]]:
+        return self.router.engines()
+
+    def close(self) -> None:
+        try:
+            self.run(self.router.close(), timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _completion(rid: str, index: int, item: dict[str, Any], prompt_tokens: int) -> Completion:
+    meta = item.get("meta_info", {})
+    lps = [float(x[0]) for x in meta.get("output_token_logprobs") or []]
+    ids = [int(t) for t in item.get("output_ids", [])]
+    if len(lps) != len(ids):
+        raise ValueError(f"engine answered {len(ids)} tokens with {len(lps)} logprobs for request {rid}")
+    return Completion(rid, index, ids, lps, meta.get("finish_reason") or {}, prompt_tokens,
+                      str(meta.get("weight_version", "-1")))
+

@@ -1,0 +1,231 @@
+"""Episodes: from prompts to scored token sequences, single-turn or through an ``Env``.
+
+A :class:`Trajectory` is one sample of one prompt: its tokens (prompt, responses, and in
+agent episodes the observations between them), which of those are trained (``mask``: the
+policy's own tokens only), the behaviour logprobs of the trained tokens, the reward, and
+the oldest weight version that produced any of its tokens (a partial rollout resumed under
+new weights keeps the old version: staleness is counted from it).
+
+Generation is batched across every trajectory of a step: each turn submits all live
+trajectories at once, so the engine's continuous batching sees the whole step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from relax.data.schema import Sample
+from relax.data.tasks import TASKS, Env
+from relax.engines.types import Completion, SamplingParams
+from relax.rollout.engines import EnginePool
+from relax.rollout.prompts import EncodedPrompt, encode_prompt
+from relax.rollout.rewards import RewardDispatcher
+from relax.transfer.weights import WeightStore
+
+IM_END = "<|im_end|>"
+
+
+@dataclass
+class Trajectory:
+    sample: Sample
+    position: int  # the prompt's position in the prompt stream (its group)
+    index: int  # which of the prompt's n samples
+    tokens: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    prompt_len: int
+    mm_inputs: dict[str, torch.Tensor] | None = None
+    response: str = ""
+    reward: float = 0.0
+    error: str = ""
+    versions: list[int] = field(default_factory=list)
+    turns: int = 0
+    finish: str = ""
+    done: bool = False
+
+    @property
+    def policy_version(self) -> int:
+        return min(self.versions) if self.versions else 0
+
+    def extend(self, c: Completion, trained: bool = True) -> None:
+        self.tokens += c.output_ids
+        self.mask += [1 if trained else 0] * len(c.output_ids)
+        self.logprobs += list(c.logprobs) if trained else [0.0] * len(c.output_ids)
+        self.versions.append(int(c.weight_version))
+
+    def observe(self, ids: list[int]) -> None:
+        self.tokens += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+
+# (reload new weights if any) -> called between generation rounds; returns True if it reloaded
+Reloader = Callable[[], bool]
+
+
+class EpisodeRunner:
+    """Runs a step's prompts to scored trajectories on an engine pool."""
+
+    def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher,
+                 params: SamplingParams, *, max_turns: int = 4, max_seq_len: int = 256,
+                 partial_rollout: str = "wait", media: Callable[[Any], bytes] | None = None,
+                 store: WeightStore | None = None, new_weights: Callable[[], bool] | None = None,
+                 reload: Reloader | None = None):
+        self.pool, self.tokenizer, self.processor = pool, tokenizer, processor
+        self.rewards, self.params = rewards, params
+        self.max_turns, self.max_seq_len = max_turns, max_seq_len
+        self.partial_rollout = partial_rollout
+        self.media = media
+        self.new_weights = new_weights
+        self.reload = reload
+        self.aborted = 0  # partial rollouts aborted and resumed under new weights
+
+    # -- building blocks -----------------------------------------------------------------
+    def encode(self, sample: Sample) -> EncodedPrompt:
+        load = self.media or (lambda ref: ref.data)
+        return encode_prompt(sample, [load(r) for r in sample.images], [load(r) for r in sample.audios],
+                             self.tokenizer, self.processor)
+
+    def _generate(self, trajs: list[Trajectory], max_new: list[int]) -> None:
+        """One generation round for ``trajs`` (n=1 each), resuming aborted partials under new weights."""
+        todo = list(range(len(trajs)))
+        left = list(max_new)
+        while todo:
+            prompts = [EncodedPrompt(trajs[i].tokens, trajs[i].mm_inputs, [], []) for i in todo]
+            params = [SamplingParams(max_new_tokens=left[i], temperature=self.params.temperature,
+                                     top_p=self.params.top_p, top_k=self.params.top_k, stop=self.params.stop,
+                                     stop_token_ids=self.params.stop_token_ids,
+                                     sampling_seed=_seed(trajs[i], len(trajs[i].tokens))) for i in todo]
+            rids = [f"{trajs[i].sample.id}@{trajs[i].position}:{trajs[i].index}:{len(trajs[i].tokens)}" for i in todo]
+            abort = self.new_weights if self.partial_rollout == "abort" else None
+            results = self.pool.generate(prompts, params, rids, should_abort=abort)
+            again = []
+            for i, cs in zip(todo, results, strict=True):
+                c = cs[0]
+                trajs[i].extend(c)
+                left[i] -= len(c.output_ids)
+                if c.finish_reason.get("type") == "abort" and left[i] > 0:
+                    again.append(i)
+                else:
+                    trajs[i].finish = str(c.finish_reason.get("type", ""))
+            if again:
+                self.aborted += len(again)
+                if self.reload is not None:
+                    self.reload()
+            todo = again
+
+    # -- single turn ---------------------------------------------------------------------
+    def single_turn(self, prompts: list[tuple[int, Sample]], n: int) -> list[Trajectory]:
+        trajs = []
+        for pos, sample in prompts:
+            enc = self.encode(sample)
+            for i in range(n):
+                trajs.append(Trajectory(sample, pos, i, list(enc.input_ids), [0] * len(enc.input_ids),
+                                        [0.0] * len(enc.input_ids), len(enc.input_ids), enc.mm_inputs))
+        budget = [min(self.params.max_new_tokens, self.max_seq_len - len(t.tokens)) for t in trajs]
+        self._generate(trajs, budget)
+        for t in trajs:
+            t.response = self.tokenizer.decode(t.tokens[t.prompt_len:], skip_special_tokens=True)
+            scored = self.rewards.score(t.response, t.sample)
+            t.reward, t.error, t.turns, t.done = scored.reward, scored.error, 1, True
+        return trajs
+
+    # -- multi-turn agent loop -----------------------------------------------------------
+    def agent(self, prompts: list[tuple[int, Sample]], n: int, make_env: Callable[[Sample], Env]) -> list[Trajectory]:
+        """Episodes through an Env: the policy's turns are trained, observations are masked out.
+
+        Ends on env done, ``max_turns`` policy turns, or the token budget (``max_seq_len``)."""
+        trajs, envs = [], []
+        for pos, sample in prompts:
+            enc = self.encode(sample)
+            for i in range(n):
+                env = make_env(sample)
+                env.reset(sample)
+                envs.append(env)
+                trajs.append(Trajectory(sample, pos, i, list(enc.input_ids), [0] * len(enc.input_ids),
+                                        [0.0] * len(enc.input_ids), len(enc.input_ids), enc.mm_inputs))
+        live = list(range(len(trajs)))
+        for _turn in range(self.max_turns):
+            if not live:
+                break
+            budget = {i: min(self.params.max_new_tokens, self.max_seq_len - len(trajs[i].tokens)) for i in live}
+            live = [i for i in live if budget[i] > 0]
+            start = {i: len(trajs[i].tokens) for i in live}
+            self._generate([trajs[i] for i in live], [budget[i] for i in live])
+            nxt = []
+            for i in live:
+                t = trajs[i]
+                text = self.tokenizer.decode(t.tokens[start[i]:], skip_special_tokens=True)
+                t.response += text
+                t.turns += 1
+                try:
+                    obs, reward, done, _info = envs[i].step(text)
+                except Exception as e:  # a faulty env scores this episode 0 with the error recorded
+                    t.error, t.done = f"env step failed on sample {t.sample.id}: {type(e).__name__}: {e}", True
+                    continue
+                t.reward = float(reward)
+                if done:
+                    t.done = True
+                    continue
+                ids, mm = self.observation(t, obs)
+                if len(t.tokens) + len(ids) >= self.max_seq_len:
+                    t.finish = "token_budget"
+                    continue
+                t.observe(ids)
+                t.response += f"\n[tool] {obs}\n"
+                if mm:
+                    t.mm_inputs = _merge_mm(t.mm_inputs, mm)
+                nxt.append(i)
+            live = nxt
+        return trajs
+
+    def observation(self, t: Trajectory, obs: Any) -> tuple[list[int], dict[str, torch.Tensor] | None]:
+        """Tokens of a tool turn (``obs`` is text, or ``{"content": text-with-placeholders,
+        "images": [bytes], "audios": [bytes]}``), closing the policy's turn if it did not."""
+        if isinstance(obs, dict):
+            content, images, audios = obs.get("content", ""), obs.get("images", []), obs.get("audios", [])
+        else:
+            content, images, audios = str(obs), [], []
+        closed = t.tokens and t.tokens[-1] == self.tokenizer.convert_tokens_to_ids(IM_END)
+        turn = self.tokenizer.apply_chat_template([{"role": "tool", "content": content}], tokenize=False,
+                                                  add_generation_prompt=True)
+        text = ("" if closed else IM_END) + "\n" + turn
+        enc = encode_prompt(text, images, audios, self.tokenizer, self.processor)
+        return enc.input_ids, enc.mm_inputs
+
+
+def default_env_factory(max_turns: int) -> Callable[[Sample], Env] | None:
+    """Env constructor by the sample's task (tasks without one are single-turn)."""
+    def make(sample: Sample) -> Env:
+        task = TASKS[sample.task]
+        try:
+            return task.make_env(max_turns=max_turns)
+        except TypeError:
+            return task.make_env()
+    return make
+
+
+def needs_env(sample: Sample) -> bool:
+    task = TASKS.get(sample.task)
+    return task is not None and task.make_env is not None
+
+
+def _seed(t: Trajectory, length: int) -> int:
+    # the sampling stream of a turn depends on the prompt, the sample index and how far it got:
+    # the same run replays the same tokens, and a resumed partial does not repeat its first draws
+    from relax.data.tasks.base import derive_seed
+
+    return derive_seed(t.sample.id, t.position, t.index, length) >> 1
+
+
+def _merge_mm(old: dict[str, torch.Tensor] | None, new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if not old:
+        return dict(new)
+    out = dict(old)
+    for k, v in new.items():
+        out[k] = torch.cat([old[k], v], dim=0) if k in old else v
+    return out

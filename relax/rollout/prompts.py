@@ -1,0 +1,73 @@
+"""Which prompt comes next, and how a prompt becomes token ids.
+
+The order is a pure function of (seed, position): epoch e visits the training split in a
+permutation drawn from ``derive_seed(seed, "prompts", e)``. A rollout that restarts at
+position p (stored in the meta of its last committed batch) continues with exactly the
+prompts it would have used, so a resumed run sees the same data as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relax.data.schema import Sample
+from relax.data.tasks.base import derive_seed
+from relax.models.processors import MediaProcessor, prepare_inputs
+
+
+class PromptStream:
+    """An endless, seeded, resumable walk over ``samples`` (epoch by epoch)."""
+
+    def __init__(self, samples: Sequence[Sample], seed: int, position: int = 0):
+        if not samples:
+            raise ValueError("the training split is empty: there are no prompts to roll out")
+        self.samples = list(samples)
+        self.seed = seed
+        self.position = position
+        self._epoch = -1
+        self._order: list[int] = []
+
+    def _order_of(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            self._order = list(range(len(self.samples)))
+            random.Random(derive_seed(self.seed, "prompts", epoch)).shuffle(self._order)
+            self._epoch = epoch
+        return self._order
+
+    def take(self, n: int) -> list[tuple[int, Sample]]:
+        """The next ``n`` prompts with their global positions; advances the stream."""
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.position, len(self.samples))
+            out.append((self.position, self.samples[self._order_of(epoch)[i]]))
+            self.position += 1
+        return out
+
+    @property
+    def epoch(self) -> float:
+        return self.position / len(self.samples)
+
+
+@dataclass
+class EncodedPrompt:
+    """A prompt ready for an engine: expanded token ids, media tensors for the prefill, and the
+    raw media bytes (an HTTP engine gets the bytes, an in-process one the tensors)."""
+
+    input_ids: list[int]
+    mm_inputs: dict[str, torch.Tensor] | None
+    images: list[bytes]
+    audios: list[bytes]
+
+
+def encode_prompt(prompt: Any, images: list[bytes], audios: list[bytes], tokenizer: Any,
+                  processor: MediaProcessor | None) -> EncodedPrompt:
+    """Chat-template ``prompt`` (a Sample or a message list) and expand its media placeholders."""
+    inputs = prepare_inputs(prompt, images, audios, tokenizer, processor)
+    ids = inputs.pop("input_ids")[0].tolist()
+    inputs.pop("attention_mask", None)
+    return EncodedPrompt(ids, inputs or None, list(images), list(audios))

@@ -1,0 +1,135 @@
+"""The actor role: staleness-bounded batches in, policy updates out, weights published.
+
+Step s takes batch s from the consumer group ``actor_train`` at current version s (the
+policy version equals the number of updates applied), trains on it, and publishes version
+s+1 to the WeightStore. Every ``checkpoint_every`` steps (and at the last step) it saves the
+trainer state with the manifest version it consumed up to, and writes a lineage record.
+
+Restart after a crash: the newest complete checkpoint is loaded (step c), and steps c+1..
+are taken again. The consumer group hands back exactly the samples it recorded for them,
+so nothing is consumed twice and nothing skipped; versions that were already published are
+kept (the store is the truth, and on CPU retraining reproduces them bit for bit).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from relax import objstore
+from relax.config_loader import config_hash
+from relax.services.context import ACTOR_GROUP, RunContext
+from relax.trainers.torch.actor import Actor
+from relax.trainers.torch.batch import RolloutBatch
+from relax.trainers.torch.checkpoint import read_meta
+from relax.trainers.torch.sft import format_warmup
+from relax.transfer.consumer import Batch, ConsumerGroup, trained_policy_versions
+from relax.transfer.lineage import LineageRecord, ParentRef, code_version, write_record
+
+ACTOR_FIELDS = ["tokens", "loss_mask", "logprobs", "advantages"]
+
+
+def to_rollout_batch(batch: Batch) -> RolloutBatch:
+    f = batch.fields  # shard arrays are read-only views: torch gets its own copies
+    return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
+                        loss_mask=[torch.tensor(m, dtype=torch.float32) for m in f["loss_mask"]],
+                        old_logprobs=[torch.tensor(x, dtype=torch.float32) for x in f["logprobs"]],
+                        advantages=[torch.tensor(x, dtype=torch.float32) for x in f["advantages"]],
+                        policy_versions=list(batch.policy_versions))
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def list_checkpoints(ctx: RunContext) -> list[int]:
+    """Steps with a complete checkpoint (its meta.json exists), oldest first."""
+    url = objstore.join(ctx.run_url, "checkpoints")
+    steps = []
+    for name in objstore.list_dir(url):
+        if name.startswith("step-") and objstore.exists(objstore.join(url, name, "meta.json")):
+            steps.append(int(name[5:]))
+    return sorted(steps)
+
+
+class ActorRole:
+    def __init__(self, ctx: RunContext):
+        cfg = ctx.cfg
+        self.ctx, self.cfg = ctx, cfg
+        model, _ = ctx.build_model()
+        self.actor = Actor(model, cfg, pad_id=ctx.tokenizer.pad_token_id or 0)
+        self.store = ctx.weights()
+        self.queue = ctx.queue()
+        self.consumer = ConsumerGroup(self.queue, ACTOR_GROUP, ACTOR_FIELDS,
+                                      batch_groups=cfg.rollout.prompts_per_step, max_staleness=cfg.queue.max_staleness)
+        self.step_index, self.resumed_from = 0, None
+        done = list_checkpoints(ctx)
+        if done:
+            url = self.checkpoint_url(done[-1])
+            meta = self.actor.trainer.load(url)
+            self.step_index, self.resumed_from = int(meta["step"]) + 1, done[-1]
+        self.parent_step = self.resumed_from
+        if 0 not in self.store.versions():
+            meta: dict[str, Any] = {"step": -1}
+            if cfg.trainer.sft_steps and self.resumed_from is None:
+                results = format_warmup(self.actor.model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps,
+                                        lr=cfg.trainer.sft_lr, seed=cfg.seed, difficulty=cfg.data.difficulty)
+                meta["format_warmup"] = {"steps": len(results), "final_loss": results[-1].loss}
+            self.store.publish(0, self.actor.model.state_dict(), meta)
+        elif self.resumed_from is None:  # warm start done before a crash that preceded any checkpoint
+            state, _ = self.store.load(0)
+            self.actor.model.load_state_dict(state)
+
+    @property
+    def version(self) -> int:
+        return self.step_index
+
+    @property
+    def done(self) -> bool:
+        return self.step_index >= self.cfg.trainer.total_steps
+
+    def checkpoint_url(self, step: int) -> str:
+        return objstore.join(self.ctx.run_url, "checkpoints", checkpoint_name(step))
+
+    def step(self, timeout: float | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        s = self.step_index
+        batch = self.consumer.take(s, current_version=self.version, timeout=timeout)
+        t_data = time.perf_counter()
+        result = self.actor.train_step(to_rollout_batch(batch))
+        t_train = time.perf_counter()
+        self.step_index += 1
+        if self.version not in self.store.versions():
+            self.store.publish(self.version, self.actor.model.state_dict(), {"step": s})
+        if self.step_index % self.cfg.trainer.checkpoint_every == 0 or self.done:
+            self.checkpoint(s)
+        staleness = [self.version - 1 - v for v in batch.policy_versions]
+        return {"role": "actor", "step": s, "version": self.version, "loss": result.loss,
+                "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
+                "samples": len(batch), "tokens": result.tokens, "replayed": batch.replayed,
+                "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
+                "wait_s": t_data - t0, "train_s": t_train - t_data, "time_s": time.perf_counter() - t0,
+                **{k: float(v) for k, v in result.metrics.items()}}
+
+    def checkpoint(self, step: int) -> str:
+        cfg = self.cfg
+        manifest = self.queue.compact(writer_id="actor-compactor")
+        url = self.actor.trainer.save(self.checkpoint_url(step), {"step": step, "version": self.version,
+                                                                   "manifest_version": manifest})
+        parent = None if self.parent_step is None else ParentRef(cfg.run_id, checkpoint_name(self.parent_step))
+        counts = trained_policy_versions(self.queue, ACTOR_GROUP, up_to_step=step,
+                                         after_step=-1 if self.parent_step is None else self.parent_step)
+        write_record(self.ctx.root, LineageRecord(
+            cfg.run_id, checkpoint_name(step), step, parent, self.ctx.snapshot_info.id, config_hash(cfg),
+            code_version(), {"rollouts": manifest}, counts, time.time(),
+            {"weight_version": self.version, "checkpoint_url": url}))
+        self.parent_step = step
+        kept = list_checkpoints(self.ctx)[-cfg.queue.keep_checkpoints:]
+        self.store.retain([read_meta(self.checkpoint_url(k))["version"] for k in kept] + [0])
+        return url
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.store.close()

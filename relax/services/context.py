@@ -1,0 +1,134 @@
+"""What every role of a run shares: the run record, the dataset snapshot, tokenizer, queues.
+
+``<root>/runs/<run_id>/run.json`` is written once, by the first process of a run. A later
+start with the same run id must carry the same config (apart from ``trainer.total_steps``,
+which may grow to extend a run); a different config is refused unless the caller forks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from relax import objstore
+from relax.config import RelaxConfig
+from relax.config_loader import config_to_dict
+from relax.data.snapshot import Snapshot
+from relax.data.sources import snapshot_from_config
+from relax.transfer.lineage import code_version
+from relax.transfer.queue import TransferQueue
+from relax.transfer.schema import Field
+from relax.transfer.weights import WeightStore
+
+ROLLOUT_TOPIC = "rollouts"
+ADVANTAGE_GROUP = "advantage"
+ACTOR_GROUP = "actor_train"
+# what the rollout writes per sample; the advantage role adds ADVANTAGE_FIELDS
+ROLLOUT_FIELDS = (
+    Field("tokens", "int64", (None,)),
+    Field("loss_mask", "int8", (None,)),
+    Field("logprobs", "float32", (None,)),
+    Field("reward", "float32"),
+    Field("prompt_len", "int32"),
+    Field("task", kind="str"),
+    Field("response", kind="str"),
+    Field("error", kind="str"),
+)
+ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
+# fields that may differ between the starts of one run
+RESUMABLE_FIELDS = {"trainer.total_steps"}
+
+
+class RunConfigMismatch(ValueError):
+    pass
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_fingerprint(cfg: RelaxConfig) -> dict[str, Any]:
+    return {k: v for k, v in _flat(config_to_dict(cfg)).items() if k not in RESUMABLE_FIELDS}
+
+
+@dataclass
+class RunContext:
+    cfg: RelaxConfig
+
+    @property
+    def root(self) -> str:
+        return objstore.absolute_url(self.cfg.root)
+
+    @property
+    def run_url(self) -> str:
+        return objstore.join(self.root, "runs", self.cfg.run_id)
+
+    # -- run record ------------------------------------------------------------------------
+    def ensure_run(self, fork: bool = False) -> dict[str, Any]:
+        """Create ``run.json`` or check this config against it; returns the record."""
+        url = objstore.join(self.run_url, "run.json")
+        if objstore.exists(url):
+            record = json.loads(objstore.read_bytes(url))
+            saved = _flat(record["config"])
+            mine = config_fingerprint(self.cfg)
+            diff = sorted(k for k in set(saved) | set(mine)
+                          if k not in RESUMABLE_FIELDS and saved.get(k) != mine.get(k))
+            if diff and not fork:
+                shown = ", ".join(f"{k}: {saved.get(k)!r} -> {mine.get(k)!r}" for k in diff[:5])
+                raise RunConfigMismatch(
+                    f"run {self.cfg.run_id!r} at {self.run_url} was started with a different config ({shown}); "
+                    f"use a new run_id, restore those values, or fork it (relax train --fork) to start a new "
+                    f"run from its latest checkpoint")
+            return record
+        record = {"run_id": self.cfg.run_id, "config": config_to_dict(self.cfg), "code_version": code_version(),
+                  "dataset_snapshot": self.snapshot_info.id, "created_at": time.time()}
+        objstore.write_bytes(url, json.dumps(record, indent=1, sort_keys=True).encode())
+        return record
+
+    # -- data and model ---------------------------------------------------------------------
+    @cached_property
+    def snapshot_info(self):
+        return snapshot_from_config(self.cfg.data, self.root)
+
+    @cached_property
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.snapshot_info.url)
+
+    def split(self, name: str) -> list:
+        return list(self.snapshot.samples(name))
+
+    @cached_property
+    def tokenizer(self):
+        from relax.models import build_tokenizer
+
+        return build_tokenizer(self.cfg.model.tokenizer)
+
+    def build_model(self):
+        """``(model, processor)``: the initial policy (seeded), identical in every process."""
+        from relax.models import build_policy
+
+        return build_policy(self.cfg.model, self.tokenizer, seed=self.cfg.seed)
+
+    # -- transfer ---------------------------------------------------------------------------
+    def queue(self, **kwargs: Any) -> TransferQueue:
+        return TransferQueue.from_config(self.cfg, ROLLOUT_TOPIC, **kwargs)
+
+    def weights(self) -> WeightStore:
+        return WeightStore(self.cfg.root, self.cfg.run_id, fsync=self.cfg.queue.fsync)
+
+    @property
+    def batch_size(self) -> int:
+        return self.cfg.rollout.prompts_per_step * self.cfg.rollout.n_samples_per_prompt
+
+    def replace(self, **changes: Any) -> RunContext:
+        return RunContext(dataclasses.replace(self.cfg, **changes))

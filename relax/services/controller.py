@@ -1,0 +1,193 @@
+"""``train(cfg)``: one run in the configured topology, resumable by running it again.
+
+* ``colocated`` — the three roles in this process, time-sharing its CPUs/GPU: whichever role
+  can make progress does (actor, then advantage, then rollout), so a resumed run first
+  finishes the work already in the queue.
+* ``async`` — each role is a Ray Serve deployment running its own loop (relax.services.deployments);
+  generation overlaps training, bounded by ``queue.max_staleness``.
+* ``disaggregated`` — each role is its own OS process (``relax role <name>``) that shares
+  nothing with the others but the run root (a folder or a bucket); on a cluster each is a
+  Flyte Ray task.
+
+The controller moves no data: it starts roles, follows the actor's metrics, and exports the
+report (JSONL, TensorBoard events, PNG curves) at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from relax.config import RelaxConfig
+from relax.config_loader import config_to_dict
+from relax.services.context import RunContext
+from relax.services.metrics import MetricsLog, export_report, read_metrics
+from relax.transfer.errors import QueueTimeout
+
+
+@dataclass
+class TrainResult:
+    run_url: str
+    steps: int
+    final_version: int
+    report: dict[str, str] = field(default_factory=dict)
+    rollout: list[dict[str, Any]] = field(default_factory=list)
+    actor: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Progress:
+    """A tqdm bar over actor steps: reward, staleness, samples/s."""
+
+    def __init__(self, total: int, start: int, enabled: bool):
+        self.bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=not enabled,
+                        dynamic_ncols=True)
+        self.reward = float("nan")
+        self.t0, self.samples = time.perf_counter(), 0
+
+    def rollout(self, m: dict[str, Any]) -> None:
+        self.reward = m.get("reward", self.reward)
+
+    def actor(self, m: dict[str, Any]) -> None:
+        self.samples += m.get("samples", 0)
+        self.bar.set_postfix(reward=f"{self.reward:.3f}", stale=m.get("staleness_max", 0),
+                             sps=f"{self.samples / max(time.perf_counter() - self.t0, 1e-9):.0f}", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine_urls: list[str] | None = None,
+          max_steps: int | None = None) -> TrainResult:
+    """Run (or resume) ``cfg``'s run to ``trainer.total_steps``; ``max_steps`` stops early (tests)."""
+    ctx = RunContext(cfg)
+    ctx.ensure_run(fork)
+    if cfg.topology == "colocated":
+        run_colocated(ctx, progress, engine_urls, max_steps)
+    elif cfg.topology == "disaggregated":
+        run_disaggregated(ctx, progress)
+    else:
+        from relax.services.deployments import run_async
+
+        run_async(ctx, progress, engine_urls)
+    actor = read_metrics(ctx.run_url, "actor")
+    report = export_report(ctx.run_url)
+    last = max((m["step"] for m in actor), default=-1)
+    return TrainResult(ctx.run_url, last + 1, last + 1, report, read_metrics(ctx.run_url, "rollout"), actor)
+
+
+def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str] | None = None,
+                  max_steps: int | None = None) -> None:
+    from relax.services.actor import ActorRole
+    from relax.services.advantage import AdvantageRole
+    from relax.services.rollout import RolloutRole
+
+    actor, adv, rollout = ActorRole(ctx), AdvantageRole(ctx), RolloutRole(ctx, engine_urls)
+    logs = {name: MetricsLog(ctx.run_url, name) for name in ("actor", "advantage", "rollout")}
+    bar = Progress(ctx.cfg.trainer.total_steps, actor.step_index, progress)
+    stop_at = ctx.cfg.trainer.total_steps if max_steps is None else min(ctx.cfg.trainer.total_steps, max_steps)
+    try:
+        while actor.step_index < stop_at:
+            # whichever role can move without waiting does, downstream first
+            for name, role in (("actor", actor), ("advantage", adv)):
+                try:
+                    m = role.step(timeout=0)
+                except QueueTimeout:
+                    continue
+                logs[name].append(m)
+                if name == "actor":
+                    bar.actor(m)
+                break
+            else:
+                m = rollout.step(timeout=60)
+                logs["rollout"].append(m)
+                bar.rollout(m)
+    finally:
+        bar.close()
+        for role in (rollout, adv, actor):
+            role.close()
+
+
+# -- disaggregated: one OS process per role ---------------------------------------------------
+def role_command(role: str, cfg_path: str) -> list[str]:
+    return [sys.executable, "-m", "relax.cli.main", "role", role, cfg_path]
+
+
+def run_disaggregated(ctx: RunContext, progress: bool = True) -> None:
+    """Start rollout, advantage and actor as separate processes and wait for all three."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(config_to_dict(ctx.cfg), f)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = {role: subprocess.Popen(role_command(role, f.name), env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+             for role in ("actor", "advantage", "rollout")}
+    bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
+    seen = 0
+    try:
+        while any(p.poll() is None for p in procs.values()):
+            failed = {r: p for r, p in procs.items() if p.poll() not in (None, 0)}
+            if failed:
+                role, p = next(iter(failed.items()))
+                raise RuntimeError(f"role {role} exited with {p.returncode}: {p.stderr.read()[-2000:]}")
+            actor = read_metrics(ctx.run_url, "actor")
+            for m in actor[seen:]:
+                bar.actor(m)
+            seen = len(actor)
+            time.sleep(0.5)
+        failed = {r: p for r, p in procs.items() if p.returncode != 0}
+        if failed:
+            role, p = next(iter(failed.items()))
+            raise RuntimeError(f"role {role} exited with {p.returncode}: {p.stderr.read()[-2000:]}")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        bar.close()
+        os.unlink(f.name)
+
+
+def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls: list[str] | None = None,
+             on_step: Any = None) -> int:
+    """The loop of one role in this process until the run's last step; returns steps done."""
+    import torch
+
+    from relax.services.actor import ActorRole
+    from relax.services.advantage import AdvantageRole
+    from relax.services.rollout import RolloutRole
+
+    # rollout and actor each get half the CPUs, so they overlap instead of contending
+    torch.set_num_threads(1 if role == "advantage" else max(1, cfg.resources.num_cpus // 2))
+    ctx = RunContext(cfg)
+    total = cfg.trainer.total_steps
+    if role == "rollout":
+        obj: Any = RolloutRole(ctx, engine_urls)
+    else:
+        obj = {"actor": ActorRole, "advantage": AdvantageRole}[role](ctx)
+    log = MetricsLog(ctx.run_url, role)
+    done = 0
+    try:
+        while not _role_done(role, obj, total):
+            m = obj.step(timeout=timeout_s)
+            log.append(m)
+            if on_step is not None:
+                on_step(m)
+            done += 1
+    finally:
+        obj.close()
+    return done
+
+
+def _role_done(role: str, obj: Any, total: int) -> bool:
+    if role == "actor":
+        return obj.step_index >= total
+    if role == "advantage":
+        return obj.consumer.next_step >= total
+    return obj.batch >= total

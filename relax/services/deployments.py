@@ -1,0 +1,95 @@
+"""The ``async`` topology: each role is a Ray Serve deployment running its own loop.
+
+A replica starts its role loop in a thread when it is constructed and answers ``status()``
+(steps done, finished, error). Roles talk only through the run root (TransferQueue and
+WeightStore), so the rollout keeps generating while the actor trains, at most
+``queue.max_staleness`` versions ahead. The controller polls the statuses, mirrors the
+actor's metrics into the progress bar, and deletes the application when the actor is done.
+
+Each role process gets half the CPUs for torch threads, so rollout and actor overlap on
+separate cores instead of fighting over the same ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from typing import Any
+
+from relax.config_loader import config_from_dict, config_to_dict
+from relax.services.context import RunContext
+
+APP_PREFIX = "relax"
+ROLE_ORDER = ("actor", "advantage", "rollout")
+
+
+class RoleRunner:
+    """One role's loop on a thread, with a status a controller can poll (the deployment body)."""
+
+    def __init__(self, role: str, cfg: dict[str, Any], engine_urls: list[str] | None = None):
+        self.role, self.cfg = role, config_from_dict(cfg)
+        self.steps, self.done, self.error = 0, False, None
+        self.started = time.time()
+        self._thread = threading.Thread(target=self._run, args=(engine_urls,), name=f"relax-{role}", daemon=True)
+        self._thread.start()
+
+    def _run(self, engine_urls: list[str] | None) -> None:
+        from relax.services.controller import run_role
+
+        try:
+            self.steps = run_role(self.role, self.cfg, engine_urls=engine_urls, on_step=self._count)
+            self.done = True
+        except Exception:
+            self.error = traceback.format_exc()
+
+    def _count(self, _metrics: dict[str, Any]) -> None:
+        self.steps += 1
+
+    def status(self) -> dict[str, Any]:
+        return {"role": self.role, "steps": self.steps, "done": self.done, "error": self.error,
+                "uptime_s": time.time() - self.started}
+
+
+def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | None = None,
+              poll_s: float = 0.5) -> None:
+    import ray
+    from ray import serve
+
+    from relax.services.controller import Progress
+    from relax.services.metrics import read_metrics
+
+    cfg = ctx.cfg
+    if not ray.is_initialized():
+        ray.init(num_cpus=cfg.resources.num_cpus, include_dashboard=False, log_to_driver=False,
+                 ignore_reinit_error=True)
+    deployment = serve.deployment(RoleRunner, ray_actor_options={"num_cpus": 0.01}, max_ongoing_requests=8)
+    body = config_to_dict(cfg)
+    handles = {}
+    names = {role: f"{APP_PREFIX}-{cfg.run_id}-{role}" for role in ROLE_ORDER}
+    try:
+        for role in ROLE_ORDER:  # the actor first: it publishes version 0 that the rollout waits for
+            app = deployment.options(name=role).bind(role, body, engine_urls if role == "rollout" else None)
+            handles[role] = serve.run(app, name=names[role], route_prefix=None)
+        bar = Progress(cfg.trainer.total_steps, 0, progress)
+        seen = 0
+        while True:
+            states = {role: h.status.remote().result() for role, h in handles.items()}
+            failed = {r: s for r, s in states.items() if s["error"]}
+            if failed:
+                role, s = next(iter(failed.items()))
+                raise RuntimeError(f"role {role} failed:\n{s['error']}")
+            actor = read_metrics(ctx.run_url, "actor")
+            for m in actor[seen:]:
+                bar.actor(m)
+            seen = len(actor)
+            if all(s["done"] for s in states.values()):
+                break
+            time.sleep(poll_s)
+        bar.close()
+    finally:
+        for name in names.values():
+            try:
+                serve.delete(name)
+            except Exception:  # best effort: an app that never started has nothing to delete
+                pass

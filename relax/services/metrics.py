@@ -1,0 +1,117 @@
+"""What a user sees of a run: per-role metric records, JSONL, TensorBoard events, PNG curves.
+
+Each role appends its step metrics as records of its own log under
+``<run>/metrics/<role>/<incarnation>/`` (one writer each, like every log in Relax, so it
+works on S3 and across processes). :func:`read_metrics` folds them; :func:`export_report`
+writes ``<run>/report/{metrics.jsonl, events.out.tfevents.relax, curves.png}``.
+
+The TensorBoard file is written by hand (TFRecord framing + the two protobuf messages it
+needs: Event and Summary.Value) so the CPU install stays free of tensorflow/tensorboard.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import time
+from typing import Any
+
+import google_crc32c
+
+from relax import objstore
+from relax.transfer.writers import RecordLog, new_incarnation, read_records
+
+ROLES = ("rollout", "advantage", "actor")
+
+
+class MetricsLog:
+    def __init__(self, run_url: str, role: str):
+        self.log = RecordLog(objstore.join(run_url, "metrics", role, new_incarnation()))
+
+    def append(self, metrics: dict[str, Any]) -> None:
+        self.log.append({"time": time.time(), **metrics})
+
+
+def read_metrics(run_url: str, role: str) -> list[dict[str, Any]]:
+    """Every record of ``role`` across its incarnations, in time order."""
+    base = objstore.join(run_url, "metrics", role)
+    out: list[dict[str, Any]] = []
+    for inc in objstore.list_dir(base):
+        out += [r for _, r in read_records(objstore.join(base, inc))]
+    return sorted(out, key=lambda r: r["time"])
+
+
+# -- TensorBoard event file -------------------------------------------------------------------
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, wire: int, payload: bytes) -> bytes:
+    return _varint((number << 3) | wire) + payload
+
+
+def _bytes_field(number: int, data: bytes) -> bytes:
+    return _field(number, 2, _varint(len(data)) + data)
+
+
+def _event(wall_time: float, step: int, scalars: dict[str, float] | None = None, version: str | None = None) -> bytes:
+    msg = _field(1, 1, struct.pack("<d", wall_time)) + _field(2, 0, _varint(step))
+    if version is not None:
+        msg += _bytes_field(3, version.encode())
+    if scalars:  # Event.summary (5) -> Summary.value (1) -> {tag (1), simple_value (2, float)}
+        values = b"".join(_bytes_field(1, _bytes_field(1, tag.encode()) + _field(2, 5, struct.pack("<f", v)))
+                          for tag, v in scalars.items())
+        msg += _bytes_field(5, values)
+    return msg
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _record(data: bytes) -> bytes:
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data))
+
+
+def tfevents_bytes(rows: list[tuple[float, int, dict[str, float]]]) -> bytes:
+    """A TensorBoard event file: ``rows`` of (wall time, step, {tag: value})."""
+    buf = io.BytesIO()
+    buf.write(_record(_event(rows[0][0] if rows else time.time(), 0, version="brain.Event:2")))
+    for wall, step, scalars in rows:
+        buf.write(_record(_event(wall, step, scalars)))
+    return buf.getvalue()
+
+
+# -- report ------------------------------------------------------------------------------------
+def scalar_rows(records: list[dict[str, Any]], step_key: str, prefix: str) -> list[tuple[float, int, dict[str, float]]]:
+    rows = []
+    for r in records:
+        scalars = {f"{prefix}/{k}": float(v) for k, v in r.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("time", step_key)}
+        rows.append((r["time"], int(r.get(step_key, 0)), scalars))
+    return rows
+
+
+def export_report(run_url: str) -> dict[str, str]:
+    """Write the run's metrics as JSONL, a TensorBoard event file and PNG curves; returns their URLs."""
+    from relax.services.curves import render_curves
+
+    by_role = {role: read_metrics(run_url, role) for role in ROLES}
+    report = objstore.join(run_url, "report")
+    lines = sorted((r for rs in by_role.values() for r in rs), key=lambda r: r["time"])
+    urls = {"jsonl": objstore.join(report, "metrics.jsonl"), "tfevents": objstore.join(report, "events.out.tfevents.relax"),
+            "png": objstore.join(report, "curves.png")}
+    objstore.write_bytes(urls["jsonl"], "".join(json.dumps(r, sort_keys=True) + "\n" for r in lines).encode())
+    rows = scalar_rows(by_role["actor"], "step", "actor") + scalar_rows(by_role["rollout"], "batch", "rollout")
+    objstore.write_bytes(urls["tfevents"], tfevents_bytes(sorted(rows, key=lambda r: r[0])))
+    objstore.write_bytes(urls["png"], render_curves(by_role))
+    return urls

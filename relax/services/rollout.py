@@ -1,0 +1,136 @@
+"""The rollout role: prompts -> engines -> rewards -> the ``rollouts`` topic.
+
+One ``step()`` commits one batch (``prompts_per_step`` complete prompt groups). Before it
+generates batch k it waits until
+
+* the queue has room: committed-but-untrained samples + this batch <= (max_staleness+1) * batch
+  (``wait_for_capacity`` against the actor's consumer group), and
+* the WeightStore holds a policy version >= k - max_staleness, which it loads first.
+
+So batch k is trained at actor version k by samples at most ``max_staleness`` versions old;
+``max_staleness = 0`` is synchronous on-policy training. Where to continue (prompt position,
+batch index) is stored in the meta of each commit, so a restarted rollout resumes exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from relax.engines.types import SamplingParams
+from relax.rollout.engines import EnginePool, LocalEngines, RemoteEngines
+from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
+from relax.rollout.prompts import PromptStream
+from relax.rollout.rewards import RewardDispatcher
+from relax.services.context import ACTOR_GROUP, ROLLOUT_FIELDS, RunContext
+from relax.transfer.consumer import wait_for_capacity
+
+
+def trajectory_row(t: Trajectory, group_size: int) -> dict[str, Any]:
+    """A queue row; a sample whose reward failed keeps its tokens but trains with zero weight."""
+    mask = np.asarray(t.mask, dtype=np.int8)
+    if t.error:
+        mask[:] = 0
+    return {"id": f"{t.sample.id}@{t.position}.{t.index}", "group": f"p{t.position}", "group_size": group_size,
+            "policy_version": t.policy_version, "tokens": np.asarray(t.tokens, dtype=np.int64), "loss_mask": mask,
+            "logprobs": np.asarray(t.logprobs, dtype=np.float32), "reward": np.float32(t.reward),
+            "prompt_len": np.int32(t.prompt_len), "task": t.sample.task, "response": t.response, "error": t.error}
+
+
+class RolloutRole:
+    """Owns the engines (in-process, or URLs behind the router) and the rollout producer."""
+
+    def __init__(self, ctx: RunContext, engine_urls: list[str] | None = None, writer_id: str = "rollout"):
+        cfg, r = ctx.cfg, ctx.cfg.rollout
+        self.ctx, self.cfg = ctx, cfg
+        self.queue = ctx.queue()
+        self.producer = self.queue.producer(writer_id, ROLLOUT_FIELDS, tokens_field="tokens")
+        self.store = ctx.weights()
+        meta = self.producer.last_meta() or {}
+        self.batch = int(meta.get("batch", -1)) + 1  # the next batch index
+        self.stream = PromptStream(ctx.split("train"), seed=cfg.seed, position=int(meta.get("next_prompt", 0)))
+        tok = ctx.tokenizer
+        if engine_urls:
+            self.pool: EnginePool = RemoteEngines(engine_urls)
+            processor = None
+        else:
+            model, processor = ctx.build_model()
+            slots = max(r.n_samples_per_prompt * r.prompts_per_step, 8)
+            self.pool = LocalEngines(model, tok, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
+                                     seed=cfg.seed)
+        self.rewards = RewardDispatcher(cfg.data.reward_fn)
+        params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                top_k=r.top_k)
+        self.runner = EpisodeRunner(self.pool, tok, processor, self.rewards, params, max_turns=r.max_turns,
+                                    max_seq_len=cfg.model.max_seq_len, partial_rollout=r.partial_rollout,
+                                    media=ctx.snapshot.load_media, new_weights=self._newer_weights,
+                                    reload=self.sync_weights)
+        self.make_env = default_env_factory(r.max_turns)
+
+    # -- weights ------------------------------------------------------------------------------
+    def _newer_weights(self) -> bool:
+        latest = self.store.latest()
+        return latest is not None and latest > self.pool.weight_version
+
+    def sync_weights(self) -> bool:
+        """Load the newest published version if the engines lag it; True if they loaded one."""
+        latest = self.store.latest()
+        if latest is None or latest <= self.pool.weight_version:
+            return False
+        self.pool.load_weights(self.store, latest)
+        return True
+
+    # -- one batch ------------------------------------------------------------------------------
+    def step(self, timeout: float | None = None) -> dict[str, Any]:
+        cfg, r = self.cfg, self.cfg.rollout
+        t0 = time.perf_counter()
+        wait_for_capacity(self.queue, ACTOR_GROUP, self.ctx.batch_size, cfg.queue.max_staleness,
+                          incoming=self.ctx.batch_size, timeout=timeout)
+        self.store.wait_for(max(0, self.batch - cfg.queue.max_staleness), timeout)
+        t_wait = time.perf_counter()
+        self.sync_weights()
+        kept: list[list[Trajectory]] = []
+        filtered = generated = 0
+        while len(kept) < r.prompts_per_step:
+            prompts = self.stream.take(r.prompts_per_step - len(kept))
+            for group in self._run(prompts):
+                generated += 1
+                rewards = [t.reward for t in group]
+                if r.dynamic_sampling and max(rewards) == min(rewards):
+                    filtered += 1  # DAPO: a group with equal rewards has zero advantage everywhere
+                    continue
+                kept.append(group)
+            if generated >= 8 * r.prompts_per_step and len(kept) < r.prompts_per_step:
+                break  # dynamic sampling found too few informative groups; ship what there is
+        rows = [trajectory_row(t, r.n_samples_per_prompt) for g in kept for t in g]
+        self.producer.put(rows, meta={"next_prompt": self.stream.position, "batch": self.batch})
+        self.batch += 1
+        trajs = [t for g in kept for t in g]
+        elapsed = time.perf_counter() - t0
+        metrics = {"role": "rollout", "batch": self.batch - 1, "weight_version": self.pool.weight_version,
+                   "reward": float(np.mean([t.reward for t in trajs])) if trajs else 0.0,
+                   "response_tokens": float(np.mean([sum(t.mask) for t in trajs])) if trajs else 0.0,
+                   "samples": len(rows), "filtered_groups": filtered, "reward_errors": sum(bool(t.error) for t in trajs),
+                   "aborted_partials": self.runner.aborted, "wait_s": t_wait - t0, "time_s": elapsed,
+                   "samples_per_s": len(rows) / max(elapsed, 1e-9), "epoch": self.stream.epoch}
+        for task in sorted({t.sample.task for t in trajs}):
+            metrics[f"reward/{task}"] = float(np.mean([t.reward for t in trajs if t.sample.task == task]))
+        return metrics
+
+    def _run(self, prompts: list) -> list[list[Trajectory]]:
+        n = self.cfg.rollout.n_samples_per_prompt
+        single = [p for p in prompts if not needs_env(p[1])]
+        multi = [p for p in prompts if needs_env(p[1])]
+        trajs = self.runner.single_turn(single, n) if single else []
+        if multi:
+            trajs += self.runner.agent(multi, n, self.make_env)
+        groups: dict[int, list[Trajectory]] = {}
+        for t in trajs:
+            groups.setdefault(t.position, []).append(t)
+        return [groups[pos] for pos, _ in prompts]
+
+    def close(self) -> None:
+        self.producer.close()
+        self.pool.close()

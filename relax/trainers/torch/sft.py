@@ -1,0 +1,65 @@
+"""Format warm-start: supervised steps that teach the answer *format*, never the answers.
+
+Each demonstration is a training prompt followed by the task's oracle response written for
+a *random* answer drawn from the task's answer space (``TaskSpec.answer_space``), e.g.
+``<answer>13</answer>`` for "What is 3 + 4?". The targets are independent of the correct
+answer, so the warm-started policy emits well-formed answers at chance accuracy, and any
+accuracy above chance after RL was learned by RL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from relax.data.schema import Sample
+from relax.data.tasks import TASKS
+from relax.data.tasks.base import derive_seed
+from relax.models.processors import prepare_inputs
+from relax.trainers.torch.batch import RolloutBatch
+from relax.trainers.torch.trainer import StepResult, TorchTrainer, sft_loss
+
+IM_END = "<|im_end|>"
+
+
+def format_demonstration(sample: Sample, rng: random.Random, difficulty: int) -> str:
+    """The oracle response of ``sample`` with its answer replaced by a random one."""
+    task = TASKS[sample.task]
+    fake = dataclasses.replace(sample, answer=rng.choice(task.answer_space(difficulty)))
+    return task.oracle_response(fake)
+
+
+def demonstration_tokens(sample: Sample, response: str, tokenizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids (L,), loss_mask (L,)): the chat prompt, then ``response`` + end-of-turn, trained."""
+    prompt = prepare_inputs(sample, [], [], tokenizer, None)["input_ids"][0]
+    reply = torch.tensor(tokenizer(response + IM_END, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    ids = torch.cat([prompt, reply])
+    mask = torch.cat([torch.zeros(len(prompt)), torch.ones(len(reply))])
+    return ids, mask
+
+
+def format_warmup(model: torch.nn.Module, tokenizer: Any, samples: Sequence[Sample], steps: int, *, lr: float,
+                  batch_size: int = 64, seed: int = 0, difficulty: int = 1,
+                  micro_batch_tokens: int = 4096) -> list[StepResult]:
+    """``steps`` SFT steps on format-only demonstrations of the text ``samples``; returns step results."""
+    text = [s for s in samples if not s.images and not s.audios and s.task in TASKS]
+    if not text:
+        raise ValueError("format warm-start needs text samples of built-in tasks; set trainer.sft_steps=0 "
+                         "for custom data or media-only tasks")
+    trainer = TorchTrainer(model, lr=lr, warmup_steps=0, total_steps=max(steps, 1),
+                           micro_batch_tokens=micro_batch_tokens, layout="pack",
+                           pad_id=tokenizer.pad_token_id or 0)
+    rng = random.Random(derive_seed(seed, "format-warmup"))
+    results = []
+    for step in range(steps):
+        picked = [text[rng.randrange(len(text))] for _ in range(batch_size)]
+        pairs = [demonstration_tokens(s, format_demonstration(s, rng, difficulty), tokenizer) for s in picked]
+        batch = RolloutBatch(ids=[f"sft-{step}-{i}" for i in range(len(pairs))], input_ids=[p[0] for p in pairs],
+                             loss_mask=[p[1] for p in pairs])
+        results.append(trainer.step(batch, sft_loss))
+    model.eval()
+    return results

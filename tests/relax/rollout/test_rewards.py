@@ -1,0 +1,35 @@
+"""Reward dispatch: task verifiers by default; a raising or out-of-range function becomes a recorded error."""
+
+from __future__ import annotations
+
+from relax.data.schema import Message, Sample
+from relax.rollout.rewards import RewardDispatcher
+from tests.relax.services.runtime_helpers import FAULTY_PATH
+
+
+def _sample(sid: str, task: str = "arithmetic", answer: str = "7") -> Sample:
+    return Sample(id=sid, messages=(Message("user", "What is 3 + 4?"),), answer=answer, task=task)
+
+
+def test_task_verifier_is_the_default():
+    d = RewardDispatcher()
+    assert d.score("<answer>7</answer>", _sample("a")).reward == 1.0
+    assert d.score("<answer>8</answer>", _sample("a")).reward == 0.0
+
+
+def test_raising_reward_is_recorded_not_raised():
+    d = RewardDispatcher(FAULTY_PATH)
+    ids = ["x0", "x1", "x2", "x3", "x4", "x5"]
+    scored = [d.score("anything", _sample(i)) for i in ids]
+    bad = [s for s, i in zip(scored, ids, strict=True) if sum(map(ord, i)) % 3 == 0]
+    assert bad and all(s.reward == 0.0 and "judge unavailable" in s.error and "faulty_reward" in s.error for s in bad)
+    assert all(s.reward == 1.0 and not s.error for s in scored if s not in bad)
+    assert d.errors == len(bad)
+
+
+def test_out_of_range_reward_is_an_error(tmp_path, monkeypatch):
+    mod = tmp_path / "my_rewards.py"
+    mod.write_text("def big(response, sample):\n    return 3.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    s = RewardDispatcher("my_rewards:big").score("r", _sample("a"))
+    assert s.reward == 0.0 and "finite float in [0, 1]" in s.error

@@ -1,0 +1,22 @@
+"""Small configs for runtime tests: tiny model, arithmetic, a handful of steps."""
+
+from __future__ import annotations
+
+from relax.config_loader import load_config
+
+# a reward function for the "raising reward" contract test (dotted path below)
+FAULTY_PATH = "tests.relax.services.runtime_helpers:faulty_reward"
+
+
+def faulty_reward(response: str, sample) -> float:
+    """Raises on every third sample (by id), scores 1.0 otherwise."""
+    if sum(map(ord, sample.id)) % 3 == 0:
+        raise RuntimeError("judge unavailable")
+    return 1.0
+
+
+def tiny_config(root: str, run_id: str = "t", *overrides: str):
+    return load_config("tiny-cpu", [f"root={root}", f"run_id={run_id}", "data.tasks=[arithmetic]",
+                                    "data.train_per_task=64", "data.eval_per_task=8", "rollout.prompts_per_step=4",
+                                    "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8",
+                                    "trainer.total_steps=4", "trainer.checkpoint_every=2", *overrides])

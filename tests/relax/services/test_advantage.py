@@ -1,0 +1,41 @@
+"""Per-group advantages, derived by hand on three-element groups."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from relax.services.advantage import group_advantages
+
+
+def test_grpo_group_by_hand():
+    # rewards (1, 0, 0): mean 1/3, population std sqrt(((2/3)^2 + 2 (1/3)^2) / 3) = sqrt(2)/3
+    # A = (r - 1/3) / (sqrt(2)/3) = (2/3, -1/3, -1/3) * 3/sqrt(2) = (sqrt 2, -1/sqrt 2, -1/sqrt 2)
+    masks = [np.array([0, 1, 1], np.int8), np.array([0, 0, 1, 1], np.int8), np.array([0, 1], np.int8)]
+    adv = group_advantages("grpo", [1.0, 0.0, 0.0], masks)
+    assert [a.shape for a in adv] == [(3,), (4,), (2,)]
+    np.testing.assert_allclose(adv[0], [0, math.sqrt(2), math.sqrt(2)], rtol=1e-5)
+    np.testing.assert_allclose(adv[1], [0, 0, -1 / math.sqrt(2), -1 / math.sqrt(2)], rtol=1e-5)
+    np.testing.assert_allclose(adv[2], [0, -1 / math.sqrt(2)], rtol=1e-5)
+
+
+def test_rloo_and_masked_out_error_sample():
+    # RLOO: A_i = r_i - mean of the others: (1 - 0.5, 0 - 1, 1 - 0.5) = (0.5, -1, 0.5);
+    # the middle sample's reward failed: its mask is all zero, so its advantage is zero everywhere
+    masks = [np.array([1, 1], np.int8), np.array([0, 0], np.int8), np.array([1], np.int8)]
+    adv = group_advantages("rloo", [1.0, 0.0, 1.0], masks)
+    np.testing.assert_allclose(adv[0], [0.5, 0.5])
+    np.testing.assert_allclose(adv[1], [0.0, 0.0])
+    np.testing.assert_allclose(adv[2], [0.5])
+
+
+def test_critic_estimator_is_refused(tmp_path):
+    from relax.services.advantage import AdvantageRole
+    from relax.services.context import RunContext
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    with pytest.raises(ValueError, match="needs values from a critic"):
+        AdvantageRole(RunContext(tiny_config(f"file://{tmp_path}", "t", "algorithm.advantage=gae",
+                                             "model.value_head=true")))
