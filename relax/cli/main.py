@@ -10,22 +10,23 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd, train_cmd
+from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd, scale_cmd, train_cmd
 from relax.config_loader import ConfigError
 from relax.data.errors import DataError
-from relax.transfer.errors import TransferError
 from relax.services.context import RunConfigMismatch
+from relax.transfer.errors import TransferError
 from relax.transfer.lineage import LineageError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous omni-modal RL post-training.")
-    sub = parser.add_subparsers(dest="area", required=True, metavar="{config,data,lineage,replay,train,role,status}")
+    sub = parser.add_subparsers(dest="area", required=True, metavar="{config,data,lineage,replay,train,role,status,scale}")
     config_cmd.register(sub)
     data_cmd.register(sub)
     lineage_cmd.register(sub)
     replay_cmd.register(sub)
     train_cmd.register(sub)
+    scale_cmd.register(sub)
     return parser
 
 
