@@ -95,3 +95,16 @@ def _clean_flyte_tmp():
     yield
     for path in set(glob.glob(pattern)) - before:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray cluster for the whole test session (Serve apps are deleted by their tests)."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
