@@ -13,6 +13,7 @@ carrying the weight version that produced it, and load WeightStore versions in p
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,6 +24,8 @@ from relax.engines.native.engine import NativeEngine
 from relax.engines.types import Completion, GenerateRequest, SamplingParams
 from relax.rollout.prompts import EncodedPrompt
 from relax.transfer.weights import WeightStore
+
+log = logging.getLogger(__name__)
 
 
 class EnginePool(Protocol):
@@ -84,6 +87,7 @@ class RemoteEngines:
         self._thread.start()
         self.router: Router = self.run(self._make_router(urls, timeout_s))
         self.weight_version = -1
+        self.removed: list[str] = []  # engines dropped after failing (dead, or refused new weights)
 
     @staticmethod
     async def _make_router(urls: list[str], timeout_s: float):
@@ -116,8 +120,13 @@ class RemoteEngines:
     def load_weights(self, store: WeightStore, version: int) -> None:
         results = self.run(self.router.broadcast("update_weights_from_disk", store.version_url(version), str(version)))
         failed = {u: r for u, r in results.items() if isinstance(r, Exception) or not r.get("success")}
-        if failed:
-            raise RuntimeError(f"engines failed to load weight version {version}: {failed}")
+        if len(failed) == len(results):
+            raise RuntimeError(f"no engine could load weight version {version}: {failed}")
+        for url, why in failed.items():
+            # an engine that cannot take the new weights would serve stale ones: take it out of rotation
+            log.warning("engine %s failed to load weight version %s (%s); removing it", url, version, why)
+            self.run(self.router.remove_engine(url, drain=False))
+        self.removed += list(failed)
         self.weight_version = version
 
     def add_engine(self, url: str, store: WeightStore | None = None) -> None:

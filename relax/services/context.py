@@ -16,7 +16,7 @@ from typing import Any
 
 from relax import objstore
 from relax.config import RelaxConfig
-from relax.config_loader import config_to_dict
+from relax.config_loader import ConfigError, config_to_dict
 from relax.data.snapshot import Snapshot
 from relax.data.sources import snapshot_from_config
 from relax.transfer.lineage import code_version
@@ -118,6 +118,13 @@ class RunContext:
         from relax.models import build_policy
 
         return build_policy(self.cfg.model, self.tokenizer, seed=self.cfg.seed)
+
+    def check_trainable(self) -> None:
+        """Fail before any role starts when the data holds media the trainer cannot train on yet."""
+        media = sorted({s.task for s in self.split("train") if s.images or s.audios})
+        if media:
+            raise ConfigError(f"tasks {media} carry images/audio, and the torch trainer trains on token ids only "
+                             f"so far; train text tasks (e.g. data.tasks=[arithmetic,tool_lookup]) for now")
 
     # -- transfer ---------------------------------------------------------------------------
     def queue(self, **kwargs: Any) -> TransferQueue:
