@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
@@ -99,15 +100,7 @@ def write_table(result: dict) -> None:
     for p in result["pipeline"]:
         rows.append(f"| {p['gen_s']}, {p['train_s']}, {p['max_staleness']} | {p['steps_per_s']:.2f} | "
                     f"{p['bound_steps_per_s']:.2f} | {p['efficiency']:.3f} |")
-    doc = HERE.parent / "docs" / "benchmarks.md"
-    text = doc.read_text()
-    begin, end = "<!-- async:begin -->", "<!-- async:end -->"
-    block = begin + "\n" + "\n".join(rows) + "\n" + end
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text += f"\n## Async vs sync (`benchmarks/async_vs_sync.py`, results/async_vs_sync.json)\n\n{result['setup']}\n\n{block}\n"
-    doc.write_text(text)
+    update_table('async', rows, f"## Async vs sync (`benchmarks/async_vs_sync.py`, results/async_vs_sync.json)\n\n{result['setup']}")
 
 
 def main() -> None:

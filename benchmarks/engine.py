@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
+from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from relax.engines.native.engine import NativeEngine
@@ -159,16 +160,7 @@ def write_table(result: dict) -> None:
         rows += ["", f"HTTP /generate, {lat['requests']} requests from {lat['concurrency']} concurrent clients, "
                  f"{lat['new_tokens']} new tokens each: p50 {lat['p50_ms']:.0f} ms, p95 {lat['p95_ms']:.0f} ms, "
                  f"{lat['tokens_per_s']:,.0f} tokens/s."]
-    doc = HERE.parent / "docs" / "benchmarks.md"
-    text = doc.read_text()
-    begin, end = "<!-- engine:begin -->", "<!-- engine:end -->"
-    block = begin + "\n" + "\n".join(rows) + "\n" + end
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text += (f"\n## Native engine (`benchmarks/engine.py`, results/engine.json)\n\n{result['setup']}\n\n"
-                 f"{block}\n")
-    doc.write_text(text)
+    update_table('engine', rows, f"## Native engine (`benchmarks/engine.py`, results/engine.json)\n\n{result['setup']}")
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from relax.trainers.torch.batch import RolloutBatch
@@ -64,16 +65,7 @@ def write_table(result: dict) -> None:
         for name, r in layouts.items():
             rows.append(f"| {dist} | {name} | {r['tokens_per_s']:,.0f} | {r['waste']:.1%} | {r['micro_batches']} | "
                         f"{r['tokens_per_s'] / pad:.2f}x |")
-    doc = HERE.parent / "docs" / "benchmarks.md"
-    text = doc.read_text()
-    begin, end = "<!-- trainer:begin -->", "<!-- trainer:end -->"
-    block = begin + "\n" + "\n".join(rows) + "\n" + end
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text += (f"\n## Trainer packing (`benchmarks/trainer.py`, results/trainer.json)\n\n"
-                 f"{result['setup']}\n\n{block}\n")
-    doc.write_text(text)
+    update_table('trainer', rows, f"## Trainer packing (`benchmarks/trainer.py`, results/trainer.json)\n\n{result['setup']}")
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import fsspec
 import numpy as np
+from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -206,15 +207,7 @@ def write_table(result: dict) -> None:
     rows += ["", f"Put-to-visible latency (file://): another process, polling at the default 50 ms: "
              f"p50 {lat['cross_process_p50_ms']:.1f} ms, p95 {lat['cross_process_p95_ms']:.1f} ms; same process "
              f"(wake-up fast path): p50 {lat['in_process_p50_ms']:.2f} ms, p95 {lat['in_process_p95_ms']:.2f} ms."]
-    doc = REPO / "docs" / "benchmarks.md"
-    text = doc.read_text()
-    begin, end = "<!-- transfer_queue:begin -->", "<!-- transfer_queue:end -->"
-    block = f"{begin}\n" + "\n".join(rows) + f"\n{end}"
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text += f"\n## TransferQueue (`benchmarks/transfer_queue.py`, results/transfer_queue.json)\n\n{block}\n"
-    doc.write_text(text)
+    update_table('transfer_queue', rows, "## TransferQueue (`benchmarks/transfer_queue.py`, results/transfer_queue.json)")
 
 
 def main() -> None:

@@ -105,12 +105,9 @@ def run_status(root: str, run_id: str) -> dict:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from relax.transfer.lineage import list_runs
-
-    runs = [args.run] if args.run else list_runs(args.root)
-    if not runs:
-        base = objstore.join(objstore.absolute_url(args.root), "runs")
-        runs = [r for r in objstore.list_dir(base) if objstore.exists(objstore.join(base, r, "run.json"))]
+    base = objstore.join(objstore.absolute_url(args.root), "runs")
+    runs = [args.run] if args.run else [r for r in objstore.list_dir(base)
+                                        if objstore.exists(objstore.join(base, r, "run.json"))]
     for run in runs:
         st = run_status(args.root, run)
         if args.json:

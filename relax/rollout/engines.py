@@ -13,6 +13,7 @@ carrying the weight version that produced it, and load WeightStore versions in p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -20,7 +21,9 @@ from typing import Any, Protocol
 
 import torch
 
+from relax.engines.client import EngineClient
 from relax.engines.native.engine import NativeEngine
+from relax.engines.router import Router
 from relax.engines.types import Completion, GenerateRequest, SamplingParams
 from relax.rollout.prompts import EncodedPrompt
 from relax.transfer.weights import WeightStore
@@ -80,8 +83,6 @@ class RemoteEngines:
     """SGLang-compatible engines by URL; a private event loop thread runs the async router."""
 
     def __init__(self, urls: list[str], timeout_s: float = 120.0):
-        from relax.engines.router import Router
-
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="relax-rollout-http", daemon=True)
         self._thread.start()
@@ -90,19 +91,15 @@ class RemoteEngines:
         self.removed: list[str] = []  # engines dropped after failing (dead, or refused new weights)
 
     @staticmethod
-    async def _make_router(urls: list[str], timeout_s: float):
-        from relax.engines.router import Router
-
-        return Router(urls, timeout_s=timeout_s)
+    async def _make_router(urls: list[str], timeout_s: float) -> Router:
+        return Router(urls, timeout_s=timeout_s)  # built on the loop that will use its clients
 
     def run(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the pool's loop from any thread."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     async def _one(self, p: EncodedPrompt, sp: SamplingParams, rid: str) -> list[Completion]:
-        params = {"max_new_tokens": sp.max_new_tokens, "temperature": sp.temperature, "top_p": sp.top_p,
-                  "top_k": sp.top_k, "n": sp.n, "stop": sp.stop, "stop_token_ids": sp.stop_token_ids,
-                  "sampling_seed": sp.sampling_seed}
+        params = dataclasses.asdict(sp)  # the same names as SGLang's sampling_params
         if p.images or p.audios:
             raise NotImplementedError("remote engines take text prompts here; send media through the "
                                       "OpenAI chat route or use local engines for media tasks")
@@ -125,32 +122,53 @@ class RemoteEngines:
         for url, why in failed.items():
             # an engine that cannot take the new weights would serve stale ones: take it out of rotation
             log.warning("engine %s failed to load weight version %s (%s); removing it", url, version, why)
-            self.run(self.router.remove_engine(url, drain=False))
+        self.remove_engines(list(failed), drain=False)
         self.removed += list(failed)
         self.weight_version = version
 
     def add_engine(self, url: str, store: WeightStore | None = None) -> None:
-        """Load the current weights into ``url`` first, then route to it (never serve stale weights)."""
-        from relax.engines.client import EngineClient
+        """Load the current weights into ``url`` first, then route to it (never serve stale weights).
 
-        async def add():
-            if store is not None and self.weight_version >= 0:
-                client = EngineClient(url, retries=1)
-                try:
-                    r = await client.update_weights_from_disk(store.version_url(self.weight_version),
-                                                              str(self.weight_version))
-                finally:
-                    await client.close()
-                if not r.get("success"):
-                    raise RuntimeError(f"engine {url} could not load weight version {self.weight_version}: {r}")
+        If the pool moved to a newer version while this engine loaded (a broadcast it was not part
+        of yet), the newer one is loaded into it too, until it matches."""
+        async def load(version: int) -> None:
+            client = EngineClient(url, retries=1)
+            try:
+                r = await client.update_weights_from_disk(store.version_url(version), str(version))
+            finally:
+                await client.close()
+            if not r.get("success"):
+                raise RuntimeError(f"engine {url} could not load weight version {version}: {r}")
+
+        async def add() -> None:
+            loaded = self.weight_version
+            if store is not None and loaded >= 0:
+                await load(loaded)
             await self.router.add_engine(url)
+            while store is not None and self.weight_version != loaded:
+                loaded = self.weight_version
+                await load(loaded)
         self.run(add())
 
+    def remove_engines(self, urls: list[str], drain: bool = True,
+                       timeout_s: float | None = 300.0) -> dict[str, BaseException | None]:
+        """Stop routing to ``urls`` at once (so draining one does not push its share onto another
+        about to drain), wait for their outstanding requests; per url None or the error."""
+        async def all_of():
+            return await asyncio.gather(*(self.router.remove_engine(u, drain=drain, timeout_s=timeout_s)
+                                          for u in urls), return_exceptions=True)
+        return dict(zip(urls, self.run(all_of()), strict=True))
+
     def remove_engine(self, url: str, drain: bool = True, timeout_s: float | None = 300.0) -> None:
-        self.run(self.router.remove_engine(url, drain=drain, timeout_s=timeout_s))
+        error = self.remove_engines([url], drain, timeout_s)[url]
+        if error is not None:
+            raise error
 
     def engines(self) -> list[dict[str, Any]]:
-        return self.router.engines()
+        """The router's table, read on its own loop (which is where it changes)."""
+        async def table() -> list[dict[str, Any]]:
+            return self.router.engines()
+        return self.run(table(), timeout=30)
 
     def close(self) -> None:
         try:

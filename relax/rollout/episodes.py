@@ -20,11 +20,11 @@ import torch
 
 from relax.data.schema import Sample
 from relax.data.tasks import TASKS, Env
+from relax.data.tasks.base import derive_seed
 from relax.engines.types import Completion, SamplingParams
 from relax.rollout.engines import EnginePool
 from relax.rollout.prompts import EncodedPrompt, encode_prompt
 from relax.rollout.rewards import RewardDispatcher
-from relax.transfer.weights import WeightStore
 
 IM_END = "<|im_end|>"
 
@@ -43,9 +43,8 @@ class Trajectory:
     reward: float = 0.0
     error: str = ""
     versions: list[int] = field(default_factory=list)
-    turns: int = 0
+    turns: int = 0  # policy turns taken
     finish: str = ""
-    done: bool = False
 
     @property
     def policy_version(self) -> int:
@@ -73,8 +72,7 @@ class EpisodeRunner:
     def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher,
                  params: SamplingParams, *, max_turns: int = 4, max_seq_len: int = 256,
                  partial_rollout: str = "wait", media: Callable[[Any], bytes] | None = None,
-                 store: WeightStore | None = None, new_weights: Callable[[], bool] | None = None,
-                 reload: Reloader | None = None):
+                 new_weights: Callable[[], bool] | None = None, reload: Reloader | None = None):
         self.pool, self.tokenizer, self.processor = pool, tokenizer, processor
         self.rewards, self.params = rewards, params
         self.max_turns, self.max_seq_len = max_turns, max_seq_len
@@ -131,7 +129,7 @@ class EpisodeRunner:
         for t in trajs:
             t.response = self.tokenizer.decode(t.tokens[t.prompt_len:], skip_special_tokens=True)
             scored = self.rewards.score(t.response, t.sample)
-            t.reward, t.error, t.turns, t.done = scored.reward, scored.error, 1, True
+            t.reward, t.error, t.turns = scored.reward, scored.error, 1
         return trajs
 
     # -- multi-turn agent loop -----------------------------------------------------------
@@ -165,11 +163,10 @@ class EpisodeRunner:
                 try:
                     obs, reward, done, _info = envs[i].step(text)
                 except Exception as e:  # a faulty env scores this episode 0 with the error recorded
-                    t.error, t.done = f"env step failed on sample {t.sample.id}: {type(e).__name__}: {e}", True
+                    t.error = f"env step failed on sample {t.sample.id}: {type(e).__name__}: {e}"
                     continue
                 t.reward = float(reward)
                 if done:
-                    t.done = True
                     continue
                 ids, mm = self.observation(t, obs)
                 if len(t.tokens) + len(ids) >= self.max_seq_len:
@@ -217,8 +214,6 @@ def needs_env(sample: Sample) -> bool:
 def _seed(t: Trajectory, length: int) -> int:
     # the sampling stream of a turn depends on the prompt, the sample index and how far it got:
     # the same run replays the same tokens, and a resumed partial does not repeat its first draws
-    from relax.data.tasks.base import derive_seed
-
     return derive_seed(t.sample.id, t.position, t.index, length) >> 1
 
 

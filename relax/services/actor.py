@@ -101,7 +101,9 @@ class ActorRole:
         result = self.actor.train_step(to_rollout_batch(batch))
         t_train = time.perf_counter()
         self.step_index += 1
-        if self.version not in self.store.versions():
+        # a step's record is written before it trains, so only a replayed step can find its
+        # version already published (by the incarnation that died): that one is kept
+        if not (batch.replayed and self.version in self.store.versions()):
             self.store.publish(self.version, self.actor.model.state_dict(), {"step": s})
         if self.step_index % self.cfg.trainer.checkpoint_every == 0 or self.done:
             self.checkpoint(s)

@@ -138,13 +138,8 @@ class ElasticRollout:
         return op
 
     def engines(self) -> list[dict[str, Any]]:
-        # Read the router on its own loop: it mutates its engine table there.
-        async def snapshot() -> list[dict[str, Any]]:
-            return self.pool.engines()
-
         version = self.pool.weight_version
-        return [{**e, "weight_version": version, "launched": e["url"] in self._launched}
-                for e in self.pool.run(snapshot(), timeout=30)]
+        return [{**e, "weight_version": version, "launched": e["url"] in self._launched} for e in self.pool.engines()]
 
     def close(self) -> None:
         """Stop every engine this API launched (the pool itself belongs to the caller)."""
@@ -171,14 +166,8 @@ class ElasticRollout:
                 if url in present:
                     op.engines_skipped.append(url)
                     continue
-                version = self.pool.weight_version
-                self.pool.add_engine(url, self.store)
+                self.pool.add_engine(url, self.store)  # loads the current version, and a newer one if it moves
                 op.engines_added.append(url)
-                if self.store is not None and self.pool.weight_version != version:
-                    # Weights moved on while this engine loaded the old version and the broadcast
-                    # did not include it yet; load the new one now. (A completion still names its
-                    # weight version, so the rare request served in between is visible as stale.)
-                    self.pool.load_weights(self.store, self.pool.weight_version)
             self._launched.update({e.url.rstrip("/"): e for e in launched})
         except BaseException:
             self._undo_scale_out(op, launched)
@@ -213,15 +202,8 @@ class ElasticRollout:
                                   f"with none; scale out first or remove fewer")
         timeout = op.request.get("drain_timeout_s") or self.drain_timeout_s
 
-        async def drain_all() -> list[Any]:
-            # Concurrently: every engine stops taking requests at once, so draining one does
-            # not push its share of new traffic onto another that is about to drain.
-            return await asyncio.gather(*(self.pool.router.remove_engine(u, drain=True, timeout_s=timeout)
-                                          for u in urls), return_exceptions=True)
-
-        results = self.pool.run(drain_all())
         failed = {}
-        for url, r in zip(urls, results, strict=True):
+        for url, r in self.pool.remove_engines(urls, drain=True, timeout_s=timeout).items():
             if isinstance(r, BaseException):
                 failed[url] = f"did not drain within {timeout} s" if isinstance(r, asyncio.TimeoutError) else repr(r)
                 continue

@@ -7,10 +7,9 @@ which may grow to extend a run); a different config is refused unless the caller
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -57,13 +56,10 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_fingerprint(cfg: RelaxConfig) -> dict[str, Any]:
-    return {k: v for k, v in _flat(config_to_dict(cfg)).items() if k not in RESUMABLE_FIELDS}
-
-
 @dataclass
 class RunContext:
     cfg: RelaxConfig
+    _splits: dict[str, list] = field(default_factory=dict, repr=False)
 
     @property
     def root(self) -> str:
@@ -80,7 +76,7 @@ class RunContext:
         if objstore.exists(url):
             record = json.loads(objstore.read_bytes(url))
             saved = _flat(record["config"])
-            mine = config_fingerprint(self.cfg)
+            mine = _flat(config_to_dict(self.cfg))
             diff = sorted(k for k in set(saved) | set(mine)
                           if k not in RESUMABLE_FIELDS and saved.get(k) != mine.get(k))
             if diff and not fork:
@@ -105,7 +101,10 @@ class RunContext:
         return Snapshot(self.snapshot_info.url)
 
     def split(self, name: str) -> list:
-        return list(self.snapshot.samples(name))
+        """A snapshot split, read and checksummed once per context (the roles of a colocated run share it)."""
+        if name not in self._splits:
+            self._splits[name] = list(self.snapshot.samples(name))
+        return self._splits[name]
 
     @cached_property
     def tokenizer(self):
@@ -136,6 +135,3 @@ class RunContext:
     @property
     def batch_size(self) -> int:
         return self.cfg.rollout.prompts_per_step * self.cfg.rollout.n_samples_per_prompt
-
-    def replace(self, **changes: Any) -> RunContext:
-        return RunContext(dataclasses.replace(self.cfg, **changes))

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from relax.config import RelaxConfig
 from relax.config_loader import config_to_dict
 from relax.services.context import RunContext
-from relax.services.metrics import MetricsLog, export_report, read_metrics
+from relax.services.metrics import MetricsLog, MetricsReader, export_report, read_all_metrics
 from relax.transfer.errors import QueueTimeout
 
 
@@ -79,10 +79,10 @@ def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine
         from relax.services.deployments import run_async
 
         run_async(ctx, progress, engine_urls)
-    actor = read_metrics(ctx.run_url, "actor")
-    report = export_report(ctx.run_url)
-    last = max((m["step"] for m in actor), default=-1)
-    return TrainResult(ctx.run_url, last + 1, last + 1, report, read_metrics(ctx.run_url, "rollout"), actor)
+    metrics = read_all_metrics(ctx.run_url)
+    report = export_report(ctx.run_url, metrics)
+    last = max((m["step"] for m in metrics["actor"]), default=-1)
+    return TrainResult(ctx.run_url, last + 1, last + 1, report, metrics["rollout"], metrics["actor"])
 
 
 def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str] | None = None,
@@ -124,35 +124,36 @@ def role_command(role: str, cfg_path: str) -> list[str]:
 
 def run_disaggregated(ctx: RunContext, progress: bool = True) -> None:
     """Start rollout, advantage and actor as separate processes and wait for all three."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(config_to_dict(ctx.cfg), f)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = {role: subprocess.Popen(role_command(role, f.name), env=env, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, text=True)
-             for role in ("actor", "advantage", "rollout")}
-    bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
-    seen = 0
-    try:
-        while any(p.poll() is None for p in procs.values()):
-            failed = {r: p for r, p in procs.items() if p.poll() not in (None, 0)}
-            if failed:
-                role, p = next(iter(failed.items()))
-                raise RuntimeError(f"role {role} exited with {p.returncode}: {p.stderr.read()[-2000:]}")
-            actor = read_metrics(ctx.run_url, "actor")
-            for m in actor[seen:]:
-                bar.actor(m)
-            seen = len(actor)
-            time.sleep(0.5)
-        failed = {r: p for r, p in procs.items() if p.returncode != 0}
-        if failed:
-            role, p = next(iter(failed.items()))
-            raise RuntimeError(f"role {role} exited with {p.returncode}: {p.stderr.read()[-2000:]}")
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-        bar.close()
-        os.unlink(f.name)
+    with tempfile.TemporaryDirectory(prefix="relax-roles-") as tmp:
+        cfg_path = os.path.join(tmp, "config.json")
+        with open(cfg_path, "w") as f:
+            json.dump(config_to_dict(ctx.cfg), f)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # stderr to files, not pipes: a long run's warnings would fill a pipe nobody reads and block the role
+        logs = {role: os.path.join(tmp, f"{role}.log") for role in ("actor", "advantage", "rollout")}
+        procs = {role: subprocess.Popen(role_command(role, cfg_path), env=env, stdout=subprocess.DEVNULL,
+                                        stderr=open(logs[role], "wb")) for role in logs}
+        bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
+        actor = MetricsReader(ctx.run_url, "actor")
+        try:
+            while True:
+                running = [p for p in procs.values() if p.poll() is None]
+                failed = [r for r, p in procs.items() if p.returncode not in (None, 0)]
+                if failed:
+                    with open(logs[failed[0]], errors="replace") as f:
+                        tail = f.read()[-2000:]
+                    raise RuntimeError(f"role {failed[0]} exited with {procs[failed[0]].returncode}: {tail}")
+                for m in actor.new():
+                    bar.actor(m)
+                if not running:
+                    break
+                time.sleep(0.5)
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            bar.close()
 
 
 def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls: list[str] | None = None,

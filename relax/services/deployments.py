@@ -38,7 +38,7 @@ class RoleRunner:
         from relax.services.controller import run_role
 
         try:
-            self.steps = run_role(self.role, self.cfg, engine_urls=engine_urls, on_step=self._count)
+            run_role(self.role, self.cfg, engine_urls=engine_urls, on_step=self._count)
             self.done = True
         except Exception:
             self.error = traceback.format_exc()
@@ -57,7 +57,7 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
     from ray import serve
 
     from relax.services.controller import Progress
-    from relax.services.metrics import read_metrics
+    from relax.services.metrics import MetricsReader
 
     cfg = ctx.cfg
     if not ray.is_initialized():
@@ -72,17 +72,15 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
             app = deployment.options(name=role).bind(role, body, engine_urls if role == "rollout" else None)
             handles[role] = serve.run(app, name=names[role], route_prefix=None)
         bar = Progress(cfg.trainer.total_steps, 0, progress)
-        seen = 0
+        actor = MetricsReader(ctx.run_url, "actor")
         while True:
             states = {role: h.status.remote().result() for role, h in handles.items()}
             failed = {r: s for r, s in states.items() if s["error"]}
             if failed:
                 role, s = next(iter(failed.items()))
                 raise RuntimeError(f"role {role} failed:\n{s['error']}")
-            actor = read_metrics(ctx.run_url, "actor")
-            for m in actor[seen:]:
+            for m in actor.new():
                 bar.actor(m)
-            seen = len(actor)
             if all(s["done"] for s in states.values()):
                 break
             time.sleep(poll_s)

@@ -33,13 +33,30 @@ class MetricsLog:
         self.log.append({"time": time.time(), **metrics})
 
 
+class MetricsReader:
+    """Follows one role's records; each ``new()`` reads only what was appended since the last
+    call (a controller polling a long run must not re-read every record each time)."""
+
+    def __init__(self, run_url: str, role: str):
+        self.base = objstore.join(run_url, "metrics", role)
+        self._next: dict[str, int] = {}
+
+    def new(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for inc in objstore.list_dir(self.base):
+            for seq, record in read_records(objstore.join(self.base, inc), self._next.get(inc, 0)):
+                out.append(record)
+                self._next[inc] = seq + 1
+        return sorted(out, key=lambda r: r["time"])
+
+
 def read_metrics(run_url: str, role: str) -> list[dict[str, Any]]:
     """Every record of ``role`` across its incarnations, in time order."""
-    base = objstore.join(run_url, "metrics", role)
-    out: list[dict[str, Any]] = []
-    for inc in objstore.list_dir(base):
-        out += [r for _, r in read_records(objstore.join(base, inc))]
-    return sorted(out, key=lambda r: r["time"])
+    return MetricsReader(run_url, role).new()
+
+
+def read_all_metrics(run_url: str) -> dict[str, list[dict[str, Any]]]:
+    return {role: read_metrics(run_url, role) for role in ROLES}
 
 
 # -- TensorBoard event file -------------------------------------------------------------------
@@ -101,11 +118,11 @@ def scalar_rows(records: list[dict[str, Any]], step_key: str, prefix: str) -> li
     return rows
 
 
-def export_report(run_url: str) -> dict[str, str]:
-    """Write the run's metrics as JSONL, a TensorBoard event file and PNG curves; returns their URLs."""
+def export_report(run_url: str, by_role: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """Write ``by_role`` (:func:`read_all_metrics`) as JSONL, a TensorBoard event file and PNG
+    curves under ``<run>/report/``; returns their URLs."""
     from relax.services.curves import render_curves
 
-    by_role = {role: read_metrics(run_url, role) for role in ROLES}
     report = objstore.join(run_url, "report")
     lines = sorted((r for rs in by_role.values() for r in rs), key=lambda r: r["time"])
     urls = {"jsonl": objstore.join(report, "metrics.jsonl"), "tfevents": objstore.join(report, "events.out.tfevents.relax"),

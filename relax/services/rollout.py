@@ -25,7 +25,7 @@ from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factor
 from relax.rollout.prompts import PromptStream
 from relax.rollout.rewards import RewardDispatcher
 from relax.services.context import ACTOR_GROUP, ROLLOUT_FIELDS, RunContext
-from relax.transfer.consumer import wait_for_capacity
+from relax.transfer.consumer import GroupView, wait_for_capacity
 
 
 def trajectory_row(t: Trajectory, group_size: int) -> dict[str, Any]:
@@ -48,6 +48,7 @@ class RolloutRole:
         self.queue = ctx.queue()
         self.producer = self.queue.producer(writer_id, ROLLOUT_FIELDS, tokens_field="tokens")
         self.store = ctx.weights()
+        self.actor_view = GroupView(self.queue, ACTOR_GROUP)  # incremental: read new cursor records only
         meta = self.producer.last_meta() or {}
         self.batch = int(meta.get("batch", -1)) + 1  # the next batch index
         self.stream = PromptStream(ctx.split("train"), seed=cfg.seed, position=int(meta.get("next_prompt", 0)))
@@ -74,9 +75,10 @@ class RolloutRole:
         latest = self.store.latest()
         return latest is not None and latest > self.pool.weight_version
 
-    def sync_weights(self) -> bool:
-        """Load the newest published version if the engines lag it; True if they loaded one."""
-        latest = self.store.latest()
+    def sync_weights(self, latest: int | None = None) -> bool:
+        """Load the newest published version (``latest`` if the caller just looked it up) if the
+        engines lag it; True if they loaded one."""
+        latest = self.store.latest() if latest is None else latest
         if latest is None or latest <= self.pool.weight_version:
             return False
         self.pool.load_weights(self.store, latest)
@@ -87,10 +89,10 @@ class RolloutRole:
         cfg, r = self.cfg, self.cfg.rollout
         t0 = time.perf_counter()
         wait_for_capacity(self.queue, ACTOR_GROUP, self.ctx.batch_size, cfg.queue.max_staleness,
-                          incoming=self.ctx.batch_size, timeout=timeout)
-        self.store.wait_for(max(0, self.batch - cfg.queue.max_staleness), timeout)
+                          incoming=self.ctx.batch_size, timeout=timeout, view=self.actor_view)
+        latest = self.store.wait_for(max(0, self.batch - cfg.queue.max_staleness), timeout)
         t_wait = time.perf_counter()
-        self.sync_weights()
+        self.sync_weights(latest)
         kept: list[list[Trajectory]] = []
         filtered = generated = 0
         while len(kept) < r.prompts_per_step:
@@ -112,6 +114,7 @@ class RolloutRole:
         metrics = {"role": "rollout", "batch": self.batch - 1, "weight_version": self.pool.weight_version,
                    "reward": float(np.mean([t.reward for t in trajs])) if trajs else 0.0,
                    "response_tokens": float(np.mean([sum(t.mask) for t in trajs])) if trajs else 0.0,
+                   "turns": float(np.mean([t.turns for t in trajs])) if trajs else 0.0,
                    "samples": len(rows), "filtered_groups": filtered, "reward_errors": sum(bool(t.error) for t in trajs),
                    "aborted_partials": self.runner.aborted, "wait_s": t_wait - t0, "time_s": elapsed,
                    "samples_per_s": len(rows) / max(elapsed, 1e-9), "epoch": self.stream.epoch}

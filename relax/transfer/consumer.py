@@ -240,17 +240,19 @@ class ConsumerGroup:
 
 
 def wait_for_capacity(queue: TransferQueue, group: str, batch_size: int, max_staleness: int, incoming: int,
-                      in_flight: int = 0, timeout: float | None = None) -> int:
+                      in_flight: int = 0, timeout: float | None = None, view: GroupView | None = None) -> int:
     """Producer admission: block until ``unconsumed + in_flight + incoming <= (max_staleness+1) * batch_size``.
 
     ``unconsumed`` counts committed samples ``group`` has neither consumed nor dropped.
-    Returns the number of samples that may still be admitted after ``incoming``.
+    Returns the number of samples that may still be admitted after ``incoming``. A producer
+    that asks every batch passes its own ``view`` of the group, so each call reads only the
+    cursor records written since the last one instead of all of them.
     """
     limit = (max_staleness + 1) * batch_size
     if incoming > limit:
         raise ValueError(f"{incoming} samples can never be admitted: the bound is (max_staleness + 1) * batch = {limit}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    view = GroupView(queue, group)
+    view = view or GroupView(queue, group)
     while True:
         queue.refresh()
         st = view.refresh()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relax.services.context import ACTOR_GROUP, RunContext
+from relax.services.context import RunContext
 from relax.services.controller import train
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import FAULTY_PATH, tiny_config
@@ -43,4 +43,3 @@ def test_faulty_reward_function_is_recorded_and_run_continues(tmp_path):
     assert all(not np.any(rows["loss_mask"][i]) and rows["reward"][i] == 0 for i in errored)
     clean = [i for i, e in enumerate(rows["error"]) if not e]
     assert clean and all(rows["reward"][i] == 1.0 for i in clean)
-    assert ACTOR_GROUP

@@ -1,0 +1,19 @@
+"""Each benchmark owns one block of docs/benchmarks.md between ``<!-- name:begin/end -->`` markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+
+
+def update_table(name: str, rows: list[str], heading: str) -> None:
+    """Replace the ``name`` block with ``rows``; append it under ``heading`` (markdown) the first time."""
+    text = DOC.read_text()
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = begin + "\n" + "\n".join(rows) + "\n" + end
+    if begin in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text += f"\n{heading}\n\n{block}\n"
+    DOC.write_text(text)
