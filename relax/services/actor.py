@@ -21,6 +21,7 @@ import torch
 from relax import objstore
 from relax.config_loader import config_hash
 from relax.services.context import ACTOR_GROUP, RunContext
+from relax.services.media import MediaInputs
 from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import read_meta
@@ -28,15 +29,19 @@ from relax.trainers.torch.sft import format_warmup
 from relax.transfer.consumer import Batch, ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, write_record
 
-ACTOR_FIELDS = ["tokens", "loss_mask", "logprobs", "advantages"]
+ACTOR_FIELDS = ["tokens", "loss_mask", "logprobs", "advantages", "prompt_len"]
 
 
-def to_rollout_batch(batch: Batch) -> RolloutBatch:
+def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutBatch:
     f = batch.fields  # shard arrays are read-only views: torch gets its own copies
+    rows = None
+    if media is not None and media.any:
+        rows = [media(rid, t, int(n)) for rid, t, n in zip(batch.ids, f["tokens"], f["prompt_len"], strict=True)]
     return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
                         loss_mask=[torch.tensor(m, dtype=torch.float32) for m in f["loss_mask"]],
                         old_logprobs=[torch.tensor(x, dtype=torch.float32) for x in f["logprobs"]],
                         advantages=[torch.tensor(x, dtype=torch.float32) for x in f["advantages"]],
+                        media=rows if rows is not None and any(r is not None for r in rows) else None,
                         policy_versions=list(batch.policy_versions))
 
 
@@ -58,8 +63,9 @@ class ActorRole:
     def __init__(self, ctx: RunContext):
         cfg = ctx.cfg
         self.ctx, self.cfg = ctx, cfg
-        model, _ = ctx.build_model()
+        model, processor = ctx.build_model()
         self.actor = Actor(model, cfg, pad_id=ctx.tokenizer.pad_token_id or 0)
+        self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.store = ctx.weights()
         self.queue = ctx.queue()
         self.consumer = ConsumerGroup(self.queue, ACTOR_GROUP, ACTOR_FIELDS,
@@ -98,7 +104,7 @@ class ActorRole:
         s = self.step_index
         batch = self.consumer.take(s, current_version=self.version, timeout=timeout)
         t_data = time.perf_counter()
-        result = self.actor.train_step(to_rollout_batch(batch))
+        result = self.actor.train_step(to_rollout_batch(batch, self.media))
         t_train = time.perf_counter()
         self.step_index += 1
         # a step's record is written before it trains, so only a replayed step can find its

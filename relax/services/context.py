@@ -118,12 +118,15 @@ class RunContext:
 
         return build_policy(self.cfg.model, self.tokenizer, seed=self.cfg.seed)
 
-    def check_trainable(self) -> None:
-        """Fail before any role starts when the data holds media the trainer cannot train on yet."""
+    def check_trainable(self, engine_urls: list[str] | None = None) -> None:
+        """Fail before any role starts on data the configured engines cannot serve."""
         media = sorted({s.task for s in self.split("train") if s.images or s.audios})
-        if media:
-            raise ConfigError(f"tasks {media} carry images/audio, and the torch trainer trains on token ids only "
-                             f"so far; train text tasks (e.g. data.tasks=[arithmetic,tool_lookup]) for now")
+        if media and engine_urls:
+            raise ConfigError(f"tasks {media} carry images/audio, which the rollout sends only to in-process "
+                              f"engines so far; drop --engine-url or train text tasks with remote engines")
+        if media and self.cfg.trainer.backend != "torch":
+            raise ConfigError(f"tasks {media} carry images/audio; trainer.backend={self.cfg.trainer.backend!r} "
+                              f"trains text only, use trainer.backend=torch")
 
     # -- transfer ---------------------------------------------------------------------------
     def queue(self, **kwargs: Any) -> TransferQueue:

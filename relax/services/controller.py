@@ -69,7 +69,7 @@ def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine
           max_steps: int | None = None) -> TrainResult:
     """Run (or resume) ``cfg``'s run to ``trainer.total_steps``; ``max_steps`` stops early (tests)."""
     ctx = RunContext(cfg)
-    ctx.check_trainable()
+    ctx.check_trainable(engine_urls)
     ctx.ensure_run(fork)
     if cfg.topology == "colocated":
         run_colocated(ctx, progress, engine_urls, max_steps)

@@ -31,12 +31,17 @@ class RolloutBatch:
     values: list[torch.Tensor] | None = None
     returns: list[torch.Tensor] | None = None
     rewards: torch.Tensor | None = None  # (B,)
+    # per sample: the model's media inputs (pixel_values/image_grid_thw, input_features/
+    # feature_attention_mask) for its image and audio tokens, None for a text-only sample
+    media: list[dict[str, torch.Tensor] | None] | None = None
     policy_versions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         if len(self.ids) != n:
             raise ValueError(f"batch has {len(self.ids)} ids but {n} input_ids")
+        if self.media is not None and len(self.media) != n:
+            raise ValueError(f"field 'media' has {len(self.media)} entries for {n} samples")
         for name in TOKEN_FIELDS:
             values = getattr(self, name)
             if values is None:

@@ -35,6 +35,8 @@ class MicroBatch:
     attention_mask: torch.Tensor | None  # (R, T) padding mask; None for a packed row
     spans: list[Span]
     cu_seqlens: torch.Tensor | None = None  # packed row: sample boundaries (n+1,) int32
+    # media inputs of the rows' images/audio (pixel_values, image_grid_thw, input_features, ...)
+    media: dict[str, torch.Tensor] | None = None
 
     @property
     def packed(self) -> bool:
@@ -62,6 +64,9 @@ class MicroBatch:
         HF forwards them to varlen attention (``attention.enable_packed_attention``), or, with
         ``segment_kernel=False``, as a dense block-diagonal mask."""
         inputs: dict[str, object] = {"input_ids": self.input_ids, "position_ids": self.position_ids}
+        if self.media:
+            # multimodal models derive their (3-D rotary) positions from the media token spans
+            inputs.update(self.media, position_ids=None)
         if not self.packed:
             inputs["attention_mask"] = self.attention_mask
         elif segment_kernel:
@@ -135,6 +140,19 @@ def collate(input_ids: Sequence[torch.Tensor], indices: Sequence[int], packed: b
         spans.append(Span(i, row, 0, n))
     positions = torch.arange(longest, device=device).expand(len(indices), longest).clone()
     return MicroBatch(ids, positions, pad_mask, spans)
+
+
+def collate_media(input_ids: Sequence[torch.Tensor], indices: Sequence[int],
+                  media: Sequence[dict[str, torch.Tensor] | None], pad_id: int = 0) -> MicroBatch:
+    """Right-padded rows whose samples carry images or audio: their media tensors are concatenated
+    in row order, the way a multimodal model takes a batch (images and clips in token order)."""
+    mb = collate(input_ids, indices, packed=False, pad_id=pad_id)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for i in indices:
+        for key, value in (media[i] or {}).items():
+            parts.setdefault(key, []).append(value)
+    mb.media = {key: torch.cat(values) for key, values in parts.items()}
+    return mb
 
 
 def micro_batches(input_ids: Sequence[torch.Tensor], token_budget: int, layout: str = "pack",

@@ -23,7 +23,7 @@ from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from relax.trainers.torch.forward import logits_of, span_logprobs
 from relax.trainers.torch.optim import build_optimizer
-from relax.trainers.torch.packing import MicroBatch, collate, plan
+from relax.trainers.torch.packing import MicroBatch, collate, collate_media, plan
 
 log = logging.getLogger(__name__)
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -67,6 +67,14 @@ def token_weights(masks: Sequence[torch.Tensor], agg: str, norm: float | None = 
     return [m.double() / (norm * max(seqs, 1.0)) for m in masks]
 
 
+def has_media_encoder(model: torch.nn.Module) -> bool:
+    """Whether the model has a vision or audio encoder (their attention is bidirectional, so the
+    causal per-sample packed kernel must not replace it; such models train on padded rows)."""
+    inner = getattr(model, "module", model)
+    cfg = getattr(inner, "config", None)
+    return any(getattr(cfg, name, None) is not None for name in ("vision_config", "audio_config"))
+
+
 def wrap_ddp(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
     """DistributedDataParallel as TorchTrainer needs it.
 
@@ -98,7 +106,9 @@ class TorchTrainer:
                                                          total_steps, schedule)
         self.grad_clip = grad_clip
         self.micro_batch_tokens = micro_batch_tokens
-        self.layout = layout
+        # a model with a vision/audio encoder keeps its stock attention, where packed rows would
+        # need a dense (T, T) mask: length buckets are the cheaper layout for it
+        self.layout = "bucket" if layout == "pack" and has_media_encoder(model) else layout
         self.pad_id = pad_id
         self.aggregation = aggregation
         self.agg_norm = agg_norm
@@ -109,7 +119,7 @@ class TorchTrainer:
         # mixed precision for the forward/backward (bf16 on GPU); master weights and the optimizer stay fp32
         self.autocast = getattr(torch, autocast) if autocast else None
         self.steps_done = 0
-        if layout == "pack":
+        if self.layout == "pack":
             enable_packed_attention(model)
 
     @property
@@ -119,8 +129,21 @@ class TorchTrainer:
         return 0, 1
 
     def micro_batches(self, batch: RolloutBatch) -> list[MicroBatch]:
-        groups = plan(batch.lengths, self.micro_batch_tokens, self.layout)
-        return [collate(batch.input_ids, g, packed=self.layout == "pack", pad_id=self.pad_id) for g in groups]
+        """Text samples in the configured layout; samples with media in padded length buckets
+        (their vision/audio encoders attend bidirectionally, so they are never packed)."""
+        media = batch.media or [None] * len(batch)
+        text = [i for i, m in enumerate(media) if not m]
+        rich = [i for i, m in enumerate(media) if m]
+        lengths = batch.lengths
+        out = []
+        if text:
+            groups = plan([lengths[i] for i in text], self.micro_batch_tokens, self.layout)
+            out += [collate(batch.input_ids, [text[j] for j in g], packed=self.layout == "pack", pad_id=self.pad_id)
+                    for g in groups]
+        if rich:
+            groups = plan([lengths[i] for i in rich], self.micro_batch_tokens, "bucket")
+            out += [collate_media(batch.input_ids, [rich[j] for j in g], media, self.pad_id) for g in groups]
+        return out
 
     def step(self, batch: RolloutBatch, token_loss: TokenLoss, with_entropy: bool = False,
              forward: Callable[[torch.nn.Module, MicroBatch], list[torch.Tensor]] | None = None) -> StepResult:

@@ -1,0 +1,66 @@
+"""Media inputs for training rows: the images and audio a sample's tokens stand for.
+
+Queue rows carry token ids only (an image is 16-64 placeholder tokens there, its pixels
+would be ~75 KB per sample and per copy). The snapshot already holds every image and clip,
+content-addressed and checksummed, so the actor rebuilds a row's ``pixel_values`` /
+``input_features`` from the row's sample id with the same processor the engine used. The
+prompt tokens it recomputes must equal the row's: that check catches a processor or
+tokenizer that changed between rollout and training.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from relax.data.schema import Sample
+from relax.rollout.prompts import encode_prompt
+
+
+def sample_id_of(row_id: str) -> str:
+    """Rows are named ``<sample id>@<prompt position>.<index>`` (``rollout.trajectory_row``)."""
+    return row_id.rsplit("@", 1)[0]
+
+
+class MediaInputs:
+    """Row id + tokens -> the model's media kwargs for that row (None for a text-only sample).
+
+    ``samples`` is the split the rollout drew prompts from; ``load`` reads a media reference
+    (``Snapshot.load_media``). Results are kept for the ``cache_size`` most recent samples,
+    since each prompt comes back ``n_samples_per_prompt`` times per batch and again next epoch.
+    """
+
+    def __init__(self, samples: Sequence[Sample], tokenizer: Any, processor: Any, load: Callable[[Any], bytes],
+                 cache_size: int = 2048):
+        self.by_id = {s.id: s for s in samples if s.images or s.audios}
+        self.tokenizer, self.processor, self.load = tokenizer, processor, load
+        self.cache: OrderedDict[str, tuple[list[int], dict[str, torch.Tensor]]] = OrderedDict()
+        self.cache_size = cache_size
+
+    @property
+    def any(self) -> bool:
+        return bool(self.by_id)
+
+    def __call__(self, row_id: str, tokens: Sequence[int], prompt_len: int) -> dict[str, torch.Tensor] | None:
+        sid = sample_id_of(row_id)
+        sample = self.by_id.get(sid)
+        if sample is None:
+            return None
+        if sid in self.cache:
+            self.cache.move_to_end(sid)
+            prompt, media = self.cache[sid]
+        else:
+            enc = encode_prompt(sample, [self.load(r) for r in sample.images], [self.load(r) for r in sample.audios],
+                                self.tokenizer, self.processor)
+            prompt, media = enc.input_ids, dict(enc.mm_inputs or {})
+            self.cache[sid] = (prompt, media)
+            if len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+        if list(tokens[:prompt_len]) != prompt:
+            raise ValueError(f"row {row_id!r}: its prompt tokens differ from the ones its sample encodes to now "
+                             f"({prompt_len} vs {len(prompt)} tokens); the tokenizer or media processor changed "
+                             f"during the run, or media arrived in a later turn (not trainable yet)")
+        return media

@@ -1,0 +1,105 @@
+"""Training on image and audio samples: rows rebuild their media from the snapshot, and the
+trainer scores them exactly as the engine that sampled them did."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax.services.actor import ActorRole, to_rollout_batch
+from relax.services.advantage import AdvantageRole
+from relax.services.context import ACTOR_GROUP, RunContext
+from relax.services.media import MediaInputs
+from relax.services.rollout import RolloutRole
+from relax.trainers.torch.forward import compute_logprobs
+from relax.transfer.consumer import ConsumerGroup
+from tests.relax.services.runtime_helpers import tiny_config
+
+OMNI = ["model.name_or_path=tiny-omni", "model.family=qwen2_5_omni", "data.tasks=[shapes,tones,arithmetic]",
+        "data.train_per_task=8", "rollout.prompts_per_step=6", "rollout.n_samples_per_prompt=2"]
+
+
+@pytest.fixture
+def omni_ctx(tmp_path):
+    ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "mm", *OMNI))
+    ctx.check_trainable()
+    ctx.ensure_run()
+    return ctx
+
+
+def test_trainer_logprobs_of_media_rows_equal_the_engines(omni_ctx):
+    actor, adv, rollout = ActorRole(omni_ctx), AdvantageRole(omni_ctx), RolloutRole(omni_ctx)
+    try:
+        rollout.step(timeout=30)
+        adv.step(timeout=30)
+        group = ConsumerGroup(omni_ctx.queue(), "probe", ["tokens", "loss_mask", "logprobs", "advantages",
+                                                          "prompt_len"], batch_groups=6, max_staleness=5)
+        batch = to_rollout_batch(group.take(0, current_version=0, timeout=10), actor.media)
+        group.close()
+    finally:
+        rollout.close()
+        adv.close()
+    tasks = [i.split("-")[0] for i in batch.ids]
+    assert {"shapes", "tones", "arithmetic"} <= set(tasks)
+    # image rows carry pixels and a grid, audio rows mel features; text rows nothing
+    for task, media in zip(tasks, batch.media, strict=True):
+        expected = {"shapes": {"pixel_values", "image_grid_thw"},
+                    "tones": {"input_features", "feature_attention_mask"}}.get(task)
+        assert (media is None) if expected is None else set(media) == expected
+    mbs = actor.actor.trainer.micro_batches(batch)
+    assert any(mb.media for mb in mbs) and any(not mb.media for mb in mbs)
+    mine = compute_logprobs(actor.actor.model, mbs, len(batch))
+    for sid, lp, old, mask in zip(batch.ids, mine, batch.old_logprobs, batch.loss_mask, strict=True):
+        m = mask.bool()
+        assert m.any()
+        if sid.startswith("arithmetic"):
+            # known engine bug (docs/engines.md): on the omni model the native engine's batched text
+            # prefill reports a first-token logprob that differs from a forward pass; later tokens agree
+            m = m & (torch.arange(len(m)) > int(m.nonzero()[0]))
+        torch.testing.assert_close(lp[m], old[m], atol=1e-4, rtol=0, msg=sid)
+    # without its image a row scores differently: the media reached the forward pass
+    i = tasks.index("shapes")
+    blank = type(batch)(ids=[batch.ids[i]], input_ids=[batch.input_ids[i]], loss_mask=[batch.loss_mask[i]],
+                        media=[{k: torch.zeros_like(v) if k == "pixel_values" else v
+                                for k, v in batch.media[i].items()}])
+    other = compute_logprobs(actor.actor.model, actor.actor.trainer.micro_batches(blank), 1)[0]
+    assert not torch.allclose(other[batch.loss_mask[i].bool()], mine[i][batch.loss_mask[i].bool()], atol=1e-4)
+    actor.close()
+
+
+def test_a_colocated_step_trains_on_media(omni_ctx):
+    from relax.services.controller import run_colocated
+
+    run_colocated(omni_ctx, progress=False, max_steps=2)
+    assert ActorRole(omni_ctx).step_index == 2  # resumes after the 2 trained steps (checkpoint_every=2)
+
+
+def test_media_rows_whose_prompt_changed_are_refused(omni_ctx):
+    media = MediaInputs(omni_ctx.split("train"), omni_ctx.tokenizer, omni_ctx.build_model()[1],
+                        omni_ctx.snapshot.load_media)
+    sample = next(s for s in omni_ctx.split("train") if s.images)
+    with pytest.raises(ValueError, match="prompt tokens differ"):
+        media(f"{sample.id}@0.0", [1, 2, 3], 3)
+    text = next(s for s in omni_ctx.split("train") if s.task == "arithmetic")
+    assert media(f"{text.id}@0.0", [1, 2, 3], 3) is None
+
+
+@pytest.mark.xfail(strict=True, reason="native engine: first-token logprob of text prompts on mrope models")
+def test_engine_first_token_logprob_of_a_text_prompt_on_the_omni_model():
+    from relax.config import ModelConfig
+    from relax.engines.native.engine import NativeEngine
+    from relax.engines.types import GenerateRequest, SamplingParams
+    from relax.models import build_policy, build_tokenizer
+
+    tok = build_tokenizer("bpe-tiny")
+    model, _ = build_policy(ModelConfig(name_or_path="tiny-omni", family="qwen2_5_omni"), tok, seed=0)
+    engine = NativeEngine(model, tok, max_batch_size=2, max_seq_len=64, seed=0, background=False)
+    ids = tok("What is 3 + 4?", add_special_tokens=False)["input_ids"]
+    future = engine.submit(GenerateRequest("r", ids, SamplingParams(max_new_tokens=2)))
+    while engine.step():
+        pass
+    c = future.result()[0]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids + c.output_ids])).logits[0].float(), -1)
+    expected = [float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(c.output_ids)]
+    assert c.logprobs == pytest.approx(expected, abs=1e-4)
