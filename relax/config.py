@@ -54,6 +54,10 @@ class ModelConfig:
     max_seq_len: int = opt(256, "Longest prompt + response in tokens.", range=(16, 1_048_576))
     dtype: str = opt("float32", "Parameter dtype for training.", choices=("float32", "bfloat16", "float16"))
     value_head: bool = opt(False, "Build a critic value head beside the policy (needed by PPO with GAE).")
+    init_checkpoint: str = opt(
+        "", "A Relax checkpoint folder (any fsspec URL) the run's policy starts from: a format warm-start "
+        "(relax.pipeline.warm_start) or another run's checkpoint, which then becomes the lineage parent. "
+        "Empty = the seeded initial model (plus trainer.sft_steps of warm-start, if set).")
 
 
 @dataclass

@@ -24,7 +24,7 @@ from relax.services.context import ACTOR_GROUP, RunContext
 from relax.services.media import MediaInputs
 from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.batch import RolloutBatch
-from relax.trainers.torch.checkpoint import read_meta
+from relax.trainers.torch.checkpoint import load_checkpoint, read_meta
 from relax.trainers.torch.sft import format_warmup
 from relax.transfer.consumer import Batch, ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, write_record
@@ -43,6 +43,15 @@ def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutB
                         advantages=[torch.tensor(x, dtype=torch.float32) for x in f["advantages"]],
                         media=rows if rows is not None and any(r is not None for r in rows) else None,
                         policy_versions=list(batch.policy_versions))
+
+
+def run_checkpoint_ref(url: str) -> ParentRef | None:
+    """``.../runs/<run>/checkpoints/<name>`` -> that checkpoint as a lineage parent; None for
+    anything else (a warm-start folder is recorded in the record's ``extra`` instead)."""
+    parts = url.rstrip("/").split("/")
+    if len(parts) >= 4 and parts[-2] == "checkpoints" and parts[-4] == "runs":
+        return ParentRef(parts[-3], parts[-1])
+    return None
 
 
 def checkpoint_name(step: int) -> str:
@@ -79,7 +88,10 @@ class ActorRole:
         self.parent_step = self.resumed_from
         if 0 not in self.store.versions():
             meta: dict[str, Any] = {"step": -1}
-            if cfg.trainer.sft_steps and self.resumed_from is None:
+            if cfg.model.init_checkpoint and self.resumed_from is None:
+                load_checkpoint(cfg.model.init_checkpoint, self.actor.model, restore_rng=False)
+                meta["init_checkpoint"] = cfg.model.init_checkpoint
+            elif cfg.trainer.sft_steps and self.resumed_from is None:
                 results = format_warmup(self.actor.model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps,
                                         lr=cfg.trainer.sft_lr, seed=cfg.seed, difficulty=cfg.data.difficulty)
                 meta["format_warmup"] = {"steps": len(results), "final_loss": results[-1].loss}
@@ -126,13 +138,15 @@ class ActorRole:
         manifest = self.queue.compact(writer_id="actor-compactor")
         url = self.actor.trainer.save(self.checkpoint_url(step), {"step": step, "version": self.version,
                                                                    "manifest_version": manifest})
-        parent = None if self.parent_step is None else ParentRef(cfg.run_id, checkpoint_name(self.parent_step))
+        parent = (ParentRef(cfg.run_id, checkpoint_name(self.parent_step)) if self.parent_step is not None
+                  else run_checkpoint_ref(cfg.model.init_checkpoint))
         counts = trained_policy_versions(self.queue, ACTOR_GROUP, up_to_step=step,
                                          after_step=-1 if self.parent_step is None else self.parent_step)
         write_record(self.ctx.root, LineageRecord(
             cfg.run_id, checkpoint_name(step), step, parent, self.ctx.snapshot_info.id, config_hash(cfg),
             code_version(), {"rollouts": manifest}, counts, time.time(),
-            {"weight_version": self.version, "checkpoint_url": url}))
+            {"weight_version": self.version, "checkpoint_url": url,
+             **({"init_checkpoint": cfg.model.init_checkpoint} if cfg.model.init_checkpoint else {})}))
         self.parent_step = step
         kept = list_checkpoints(self.ctx)[-cfg.queue.keep_checkpoints:]
         self.store.retain([read_meta(self.checkpoint_url(k))["version"] for k in kept] + [0])

@@ -8,7 +8,7 @@ import torch
 
 from relax.services.actor import ActorRole, to_rollout_batch
 from relax.services.advantage import AdvantageRole
-from relax.services.context import ACTOR_GROUP, RunContext
+from relax.services.context import RunContext
 from relax.services.media import MediaInputs
 from relax.services.rollout import RolloutRole
 from relax.trainers.torch.forward import compute_logprobs

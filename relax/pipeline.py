@@ -1,0 +1,131 @@
+"""The end-to-end pipeline's steps as plain functions: what each Flyte task (``tasks/``) calls.
+
+snapshot (``relax.data.sources``) -> :func:`warm_start` -> :func:`evaluate` (before) ->
+:func:`train_run` -> :func:`evaluate` (after) -> :func:`lineage`. Every step is idempotent
+on the run root, so a retried or re-run step reuses what an earlier attempt finished:
+a warm start is keyed by everything that determines it, a run resumes from its newest
+checkpoint, and evaluation only reads. Nothing here imports Flyte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+
+from relax import objstore
+from relax.config import RelaxConfig
+from relax.config_loader import config_to_dict
+from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
+from relax.services.context import RunContext
+from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint
+from relax.transfer.lineage import chain, chain_to_json, chain_to_text, list_records, list_runs
+
+log = logging.getLogger(__name__)
+__all__ = ["EvalReport", "TrainSummary", "evaluate", "latest_checkpoint", "lineage", "train_run", "warm_start"]
+
+
+@dataclass
+class TrainSummary:
+    """What a finished (or resumed-and-finished) run produced."""
+
+    run_url: str = ""
+    run_id: str = ""
+    steps: int = 0  # actor steps done in all
+    checkpoint: str = ""  # the final checkpoint folder
+    report_dir: str = ""  # curves.png, metrics.jsonl, events.out.tfevents.relax
+    reward_first: float = 0.0  # mean training reward over the first tenth of the rollout batches
+    reward_last: float = 0.0  # ... and over the last tenth
+
+
+def warm_start_key(cfg: RelaxConfig, snapshot_id: str) -> str:
+    """Everything a format warm-start depends on: model, tokenizer, seed, SFT settings, data."""
+    parts = {"model": {k: v for k, v in config_to_dict(cfg)["model"].items() if k != "init_checkpoint"},
+             "seed": cfg.seed, "sft_steps": cfg.trainer.sft_steps, "sft_lr": cfg.trainer.sft_lr,
+             "difficulty": cfg.data.difficulty, "snapshot": snapshot_id}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_start(cfg: RelaxConfig, snapshot_id: str) -> str:
+    """Format warm-start (``trainer.sft_steps`` supervised steps on *random* answers, so it teaches
+    the answer format and nothing about correct answers); returns its checkpoint URL, or "" when
+    ``sft_steps`` is 0. Stored under ``<root>/warm_start/<key>`` and reused when present."""
+    if cfg.trainer.sft_steps == 0:
+        return ""
+    ctx = RunContext(cfg)
+    if ctx.snapshot_info.id != snapshot_id:
+        raise ValueError(f"the config's dataset is snapshot {ctx.snapshot_info.id}, not {snapshot_id}: "
+                         f"snapshot it first (the workflow's snapshot step)")
+    url = objstore.join(ctx.root, "warm_start", warm_start_key(cfg, snapshot_id))
+    if objstore.exists(objstore.join(url, "meta.json")):
+        log.info("format warm-start %s exists; reusing it", url)
+        return url
+    from relax.trainers.torch.sft import format_warmup
+
+    model, _ = ctx.build_model()
+    results = format_warmup(model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps, lr=cfg.trainer.sft_lr,
+                            seed=cfg.seed, difficulty=cfg.data.difficulty)
+    return save_checkpoint(url, model, meta={"kind": "format_warm_start", "snapshot": snapshot_id,
+                                             "steps": len(results), "final_loss": results[-1].loss})
+
+
+def train_run(cfg: RelaxConfig, init_checkpoint: str = "", fork: bool = False, progress: bool = True) -> TrainSummary:
+    """Run or resume ``cfg.run_id`` to ``trainer.total_steps``, starting from ``init_checkpoint``
+    (else ``cfg.model.init_checkpoint``)."""
+    from relax.services.actor import checkpoint_name, list_checkpoints
+    from relax.services.controller import train
+
+    if init_checkpoint:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_checkpoint=init_checkpoint))
+    result = train(cfg, fork=fork, progress=progress)
+    ctx = RunContext(cfg)
+    done = list_checkpoints(ctx)
+    rewards = [m["reward"] for m in result.rollout]
+    tenth = max(1, len(rewards) // 10)
+    return TrainSummary(
+        run_url=result.run_url, run_id=cfg.run_id, steps=result.steps,
+        checkpoint=objstore.join(ctx.run_url, "checkpoints", checkpoint_name(done[-1])) if done else "",
+        report_dir=objstore.join(ctx.run_url, "report"),
+        reward_first=sum(rewards[:tenth]) / tenth if rewards else 0.0,
+        reward_last=sum(rewards[-tenth:]) / tenth if rewards else 0.0)
+
+
+def evaluate(cfg: RelaxConfig, checkpoint: str = "", limit: int | None = None) -> EvalReport:
+    """Greedy held-out accuracy of ``checkpoint`` (a checkpoint folder; "" = the initial policy,
+    i.e. ``cfg.model.init_checkpoint`` when set) on the snapshot's eval split, ``limit`` per task."""
+    ctx = RunContext(cfg)
+    model, processor = ctx.build_model()
+    source = checkpoint or cfg.model.init_checkpoint
+    if source:
+        load_checkpoint(source, model, restore_rng=False)
+    model.eval()
+    r = cfg.rollout
+    report = evaluate_policy(model, ctx.tokenizer, processor, per_task_limit(ctx.split("eval"), limit),
+                             media_loader=ctx.snapshot.load_media, reward_fn=cfg.data.reward_fn,
+                             max_new_tokens=r.max_new_tokens, max_turns=r.max_turns,
+                             max_seq_len=cfg.model.max_seq_len, seed=cfg.seed)
+    report.checkpoint = checkpoint
+    return report
+
+
+def lineage(cfg: RelaxConfig, run_id: str | None = None) -> dict:
+    """The run's newest checkpoint and its ancestors (across runs): records, text and an SVG graph."""
+    from relax.transfer.lineage_render import render_svg
+
+    records = chain(cfg.root, run_id or cfg.run_id)
+    return {"records": chain_to_json(records), "chain_text": chain_to_text(records), "svg": render_svg(records)}
+
+
+def latest_checkpoint(root: str, exclude_run: str = "") -> str:
+    """The newest checkpoint of any run under ``root`` (by lineage record time), "" if none:
+    where a scheduled retraining starts from."""
+    newest = None
+    for run in list_runs(root):
+        if run == exclude_run:
+            continue
+        for record in list_records(root, run):
+            if newest is None or record.created_at > newest.created_at:
+                newest = record
+    return str(newest.extra.get("checkpoint_url", "")) if newest is not None else ""

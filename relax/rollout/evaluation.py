@@ -1,0 +1,109 @@
+"""Held-out evaluation: greedy answers to the eval split, accuracy per task and per modality.
+
+The same engine, prompt encoding, agent loop and reward functions as training, with
+temperature 0 and one response per prompt, so "accuracy" here is exactly the training
+reward of the policy's most likely answer on prompts it never trained on (the snapshot's
+eval split shares no question with the train split, docs/tasks.md).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from relax.data.schema import Sample
+from relax.engines.types import SamplingParams
+from relax.rollout.engines import LocalEngines
+from relax.rollout.episodes import EpisodeRunner, default_env_factory, needs_env
+from relax.rollout.rewards import RewardDispatcher
+
+MODALITIES = ("text", "image", "audio")
+
+
+def modality_of(sample: Sample) -> str:
+    """"image" or "audio" for a prompt that carries one, else "text" (images win for both)."""
+    return "image" if sample.images else "audio" if sample.audios else "text"
+
+
+@dataclass
+class EvalReport:
+    """Greedy held-out accuracy of one policy."""
+
+    checkpoint: str = ""  # what was evaluated; "" = the initial (or warm-started) policy
+    accuracy: dict[str, float] = field(default_factory=dict)  # task -> mean reward
+    by_modality: dict[str, float] = field(default_factory=dict)  # text/image/audio -> mean over its tasks
+    n: dict[str, int] = field(default_factory=dict)  # task -> eval prompts
+    errors: int = 0  # responses whose reward function raised (scored 0)
+
+    def table(self, other: EvalReport | None = None) -> str:
+        """A printable table; with ``other`` (an earlier report) a before -> after table."""
+        rows = [("task", "n", "before", "after") if other else ("task", "n", "accuracy")]
+        for task in sorted(self.accuracy):
+            if other:
+                rows.append((task, str(self.n[task]), f"{other.accuracy.get(task, float('nan')):.3f}",
+                             f"{self.accuracy[task]:.3f}"))
+            else:
+                rows.append((task, str(self.n[task]), f"{self.accuracy[task]:.3f}"))
+        for mod in sorted(self.by_modality):
+            if other:
+                rows.append((f"[{mod}]", "", f"{other.by_modality.get(mod, float('nan')):.3f}",
+                             f"{self.by_modality[mod]:.3f}"))
+            else:
+                rows.append((f"[{mod}]", "", f"{self.by_modality[mod]:.3f}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samples: Sequence[Sample], *,
+                    media_loader: Any = None, reward_fn: str = "", max_new_tokens: int = 16, max_turns: int = 4,
+                    max_seq_len: int = 256, batch_size: int = 64, seed: int = 0) -> EvalReport:
+    """Answer every sample greedily with ``model``; scores with each task's verifier (or ``reward_fn``)."""
+    pool = LocalEngines(model, tokenizer, max_batch_size=batch_size, max_seq_len=max_seq_len, seed=seed)
+    pool.weight_version = 0
+    rewards = RewardDispatcher(reward_fn)
+    runner = EpisodeRunner(pool, tokenizer, processor, rewards,
+                           SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
+                           max_turns=max_turns, max_seq_len=max_seq_len, media=media_loader)
+    make_env = default_env_factory(max_turns)
+    scores: dict[str, list[float]] = defaultdict(list)
+    kinds: dict[str, str] = {}
+    errors = 0
+    try:
+        indexed = list(enumerate(samples))
+        for start in range(0, len(indexed), batch_size):
+            chunk = indexed[start:start + batch_size]
+            single = [p for p in chunk if not needs_env(p[1])]
+            multi = [p for p in chunk if needs_env(p[1])]
+            trajs = runner.single_turn(single, 1) if single else []
+            if multi:
+                trajs += runner.agent(multi, 1, make_env)
+            for t in trajs:
+                scores[t.sample.task].append(t.reward)
+                kinds[t.sample.task] = modality_of(t.sample)
+                errors += bool(t.error)
+    finally:
+        pool.close()
+    accuracy = {task: sum(v) / len(v) for task, v in scores.items()}
+    by_modality = {}
+    for mod in MODALITIES:
+        tasks = [t for t in accuracy if kinds[t] == mod]
+        if tasks:
+            by_modality[mod] = sum(accuracy[t] for t in tasks) / len(tasks)
+    return EvalReport("", accuracy, by_modality, {t: len(v) for t, v in scores.items()}, errors)
+
+
+def per_task_limit(samples: Sequence[Sample], limit: int | None) -> list[Sample]:
+    """The first ``limit`` samples of each task (all of them for None), in split order."""
+    if limit is None:
+        return list(samples)
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for s in samples:
+        if seen[s.task] < limit:
+            seen[s.task] += 1
+            out.append(s)
+    return out

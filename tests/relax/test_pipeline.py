@@ -1,0 +1,89 @@
+"""The pipeline steps the Flyte tasks call, run in-process on a tiny budget."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from relax import objstore
+from relax.config_loader import load_config
+from relax.pipeline import evaluate, latest_checkpoint, lineage, train_run, warm_start
+from relax.rollout.evaluation import EvalReport, per_task_limit
+from relax.services.context import RunContext
+
+TINY = ["data.tasks=[arithmetic,shapes,tones,tool_lookup]", "model.name_or_path=tiny-omni",
+        "model.family=qwen2_5_omni", "data.train_per_task=8", "data.eval_per_task=4", "rollout.prompts_per_step=4",
+        "rollout.n_samples_per_prompt=2", "rollout.max_new_tokens=8", "trainer.total_steps=2",
+        "trainer.checkpoint_every=1", "trainer.sft_steps=3"]
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    return load_config("tiny-cpu", [f"root=file://{tmp_path_factory.mktemp('pipe')}/root", "run_id=p1", *TINY])
+
+
+def test_warm_start_is_keyed_and_reused(cfg):
+    sid = RunContext(cfg).snapshot_info.id
+    url = warm_start(cfg, sid)
+    meta = objstore.read_bytes(objstore.join(url, "meta.json"))
+    assert b"format_warm_start" in meta
+    assert warm_start(cfg, sid) == url  # reused, not retrained
+    assert objstore.read_bytes(objstore.join(url, "meta.json")) == meta
+    other = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sft_steps=4))
+    assert warm_start(other, sid) != url  # a different warm start lives elsewhere
+    assert warm_start(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sft_steps=0)), sid) == ""
+    with pytest.raises(ValueError, match="snapshot"):
+        warm_start(cfg, "ds-0000000000000000")
+
+
+def test_evaluate_reports_every_task_and_modality(cfg):
+    report = evaluate(cfg, limit=2)
+    assert set(report.accuracy) == {"arithmetic", "shapes", "tones", "tool_lookup"}
+    assert report.n == {t: 2 for t in report.accuracy}
+    assert set(report.by_modality) == {"text", "image", "audio"}
+    assert all(0.0 <= v <= 1.0 for v in report.accuracy.values())
+    # text = mean of arithmetic and tool_lookup
+    assert report.by_modality["text"] == pytest.approx((report.accuracy["arithmetic"] +
+                                                        report.accuracy["tool_lookup"]) / 2)
+    assert "tones" in report.table() and "before" in report.table(report)
+
+
+def test_evaluation_is_greedy_and_deterministic(cfg):
+    assert evaluate(cfg, limit=2).accuracy == evaluate(cfg, limit=2).accuracy
+
+
+def test_train_from_warm_start_then_continue_in_a_second_run(cfg):
+    sid = RunContext(cfg).snapshot_info.id
+    init = warm_start(cfg, sid)
+    first = train_run(cfg, init_checkpoint=init, progress=False)
+    assert first.steps == 2 and first.checkpoint.endswith("checkpoints/step-000001")
+    assert objstore.exists(objstore.join(first.report_dir, "curves.png"))
+    again = train_run(cfg, init_checkpoint=init, progress=False)  # a finished run is not retrained
+    assert again.steps == 2 and again.checkpoint == first.checkpoint
+    assert latest_checkpoint(cfg.root) == first.checkpoint
+    second = dataclasses.replace(cfg, run_id="p2")
+    result = train_run(second, init_checkpoint=latest_checkpoint(cfg.root, exclude_run="p2"), progress=False)
+    graph = lineage(second)["records"]
+    assert graph["head"] == "p2/step-000001"
+    # one chain: p2's steps, then p1's, each checkpoint pointing at its parent; both trained on the snapshot
+    parents = {e["from"]: e["to"] for e in graph["edges"] if e["kind"] == "parent"}
+    assert parents == {"checkpoint:p2/step-000001": "checkpoint:p2/step-000000",
+                       "checkpoint:p2/step-000000": "checkpoint:p1/step-000001",
+                       "checkpoint:p1/step-000001": "checkpoint:p1/step-000000"}
+    assert {e["to"] for e in graph["edges"] if e["kind"] == "trained_on"} == {f"dataset:{sid}"}
+    first_record = next(n for n in graph["nodes"] if n["id"] == "checkpoint:p1/step-000000")
+    assert first_record["extra"]["init_checkpoint"] == init  # the warm start it began from
+    assert "<svg" in lineage(second)["svg"]
+    # the trained policy is what evaluate loads
+    assert evaluate(second, result.checkpoint, limit=1).checkpoint == result.checkpoint
+
+
+def test_per_task_limit_keeps_split_order():
+    from relax.data.tasks import generate_suite
+
+    samples = generate_suite(["arithmetic", "shapes"], seed=0, train_per_task=1, eval_per_task=3)["eval"]
+    picked = per_task_limit(samples, 2)
+    assert [s.task for s in picked].count("arithmetic") == 2 and len(picked) == 4
+    assert picked == [s for s in samples if s in picked]
+    assert isinstance(EvalReport().table(), str)
