@@ -64,9 +64,10 @@ def warm_start(cfg: RelaxConfig, snapshot_id: str) -> str:
         return url
     from relax.trainers.torch.sft import format_warmup
 
-    model, _ = ctx.build_model()
+    model, processor = ctx.build_model()
     results = format_warmup(model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps, lr=cfg.trainer.sft_lr,
-                            seed=cfg.seed, difficulty=cfg.data.difficulty)
+                            seed=cfg.seed, difficulty=cfg.data.difficulty, processor=processor,
+                            media_loader=ctx.snapshot.load_media)
     return save_checkpoint(url, model, meta={"kind": "format_warm_start", "snapshot": snapshot_id,
                                              "steps": len(results), "final_loss": results[-1].loss})
 

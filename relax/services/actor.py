@@ -93,7 +93,8 @@ class ActorRole:
                 meta["init_checkpoint"] = cfg.model.init_checkpoint
             elif cfg.trainer.sft_steps and self.resumed_from is None:
                 results = format_warmup(self.actor.model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps,
-                                        lr=cfg.trainer.sft_lr, seed=cfg.seed, difficulty=cfg.data.difficulty)
+                                        lr=cfg.trainer.sft_lr, seed=cfg.seed, difficulty=cfg.data.difficulty,
+                                        processor=processor, media_loader=ctx.snapshot.load_media)
                 meta["format_warmup"] = {"steps": len(results), "final_loss": results[-1].loss}
             self.store.publish(0, self.actor.model.state_dict(), meta)
         elif self.resumed_from is None:  # warm start done before a crash that preceded any checkpoint

@@ -69,6 +69,7 @@ class NativeEngine:
         self.max_batch_size = max_batch_size
         self.cache = cache_for(model, max_batch_size, self.max_context_length)
         self.fused = FusedDecoder.maybe(model)  # lean decode step for plain text decoders
+        self.banned = input_only_token_ids(model)
         self.weight_version = str(weight_version)
         self.model_path = model_path
         self.seed = seed
@@ -301,7 +302,7 @@ class NativeEngine:
                 params.append(p.req.params)
                 gens.append(s.generator)
                 seqs.append(s)
-        tokens, lps = sample(last[rows], params, gens)
+        tokens, lps = sample(last[rows], params, gens, self.banned)
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
         with self._cond:
@@ -315,7 +316,7 @@ class NativeEngine:
         if self.fused is not None and not any(s.rope_delta for s in seqs):
             logits = self.fused.step(torch.tensor([s.out_ids[-1] for s in seqs]), torch.tensor(pos), self.cache,
                                      [s.slot for s in seqs], span)
-            tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.generator for s in seqs])
+            tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.generator for s in seqs], self.banned)
             for s, t, lp in zip(seqs, tokens, lps, strict=True):
                 self._append(s, t, lp)
             return
@@ -323,7 +324,7 @@ class NativeEngine:
         logits = self.model(input_ids=torch.tensor([[s.out_ids[-1]] for s in seqs]),
                             position_ids=rope, attention_mask=mask[:, None, None, :],
                             cache=self.cache.view([s.slot for s in seqs], pos, span), use_cache=True).logits[:, -1]
-        tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.generator for s in seqs])
+        tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.generator for s in seqs], self.banned)
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
 
@@ -379,6 +380,19 @@ class NativeEngine:
                 if not p.future.done():
                     p.future.set_exception(error)
             self._cond.notify_all()
+
+
+MEDIA_TOKEN_ATTRS = ("image_token_id", "image_token_index", "audio_token_id", "audio_token_index", "video_token_id",
+                     "video_token_index", "vision_start_token_id", "vision_end_token_id", "audio_start_token_id",
+                     "audio_end_token_id")
+
+
+def input_only_token_ids(model: torch.nn.Module) -> torch.Tensor | None:
+    """Media placeholder ids of a multimodal model (None for a text model): a sampled one would
+    ask the model for an image or clip that does not exist, and make the sample untrainable."""
+    cfg = model.config
+    ids = {getattr(cfg, a) for a in MEDIA_TOKEN_ATTRS if isinstance(getattr(cfg, a, None), int)}
+    return torch.tensor(sorted(ids)) if ids else None
 
 
 def _seed_of(rid: str, seed: int) -> int:

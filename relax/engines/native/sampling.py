@@ -14,14 +14,19 @@ import torch
 from relax.engines.types import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
-           ) -> tuple[list[int], list[float]]:
-    """logits (b, V) float -> (token ids, logprobs) for each row."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+           banned: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
+    """logits (b, V) float -> (token ids, logprobs) for each row. ``banned`` ids (media
+    placeholders: input-only tokens a tiny or early policy could otherwise emit) are never
+    chosen; like top-k/top-p this truncates the sampling distribution, not the logprob."""
     logits = logits.float()
     temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype)
     scaled = logits / temps[:, None]
     logp = torch.log_softmax(scaled, dim=-1)
     probs = logp.exp()
+    if banned is not None:
+        probs[:, banned] = 0.0
+        logits = logits.index_fill(-1, banned, float("-inf"))
     for i, p in enumerate(params):  # truncation only for the rows that ask for it
         if not p.greedy and (p.top_k > 0 or p.top_p < 1.0):
             probs[i] = _truncate(probs[i], p.top_k, p.top_p)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,33 +33,43 @@ def format_demonstration(sample: Sample, rng: random.Random, difficulty: int) ->
     return task.oracle_response(fake)
 
 
-def demonstration_tokens(sample: Sample, response: str, tokenizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids (L,), loss_mask (L,)): the chat prompt, then ``response`` + end-of-turn, trained."""
-    prompt = prepare_inputs(sample, [], [], tokenizer, None)["input_ids"][0]
+def demonstration_tokens(sample: Sample, response: str, tokenizer: Any, processor: Any = None,
+                         load: Callable[[Any], bytes] | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor] | None]:
+    """(input_ids (L,), loss_mask (L,), media inputs or None): the chat prompt with its media
+    placeholders expanded, then ``response`` + end-of-turn, trained."""
+    load = load or (lambda ref: ref.data)
+    inputs = prepare_inputs(sample, [load(r) for r in sample.images], [load(r) for r in sample.audios],
+                            tokenizer, processor)
+    prompt = inputs.pop("input_ids")[0]
+    inputs.pop("attention_mask", None)
     reply = torch.tensor(tokenizer(response + IM_END, add_special_tokens=False)["input_ids"], dtype=torch.long)
     ids = torch.cat([prompt, reply])
     mask = torch.cat([torch.zeros(len(prompt)), torch.ones(len(reply))])
-    return ids, mask
+    return ids, mask, inputs or None
 
 
 def format_warmup(model: torch.nn.Module, tokenizer: Any, samples: Sequence[Sample], steps: int, *, lr: float,
-                  batch_size: int = 64, seed: int = 0, difficulty: int = 1,
-                  micro_batch_tokens: int = 4096) -> list[StepResult]:
-    """``steps`` SFT steps on format-only demonstrations of the text ``samples``; returns step results."""
-    text = [s for s in samples if not s.images and not s.audios and s.task in TASKS]
-    if not text:
-        raise ValueError("format warm-start needs text samples of built-in tasks; set trainer.sft_steps=0 "
-                         "for custom data or media-only tasks")
+                  batch_size: int = 64, seed: int = 0, difficulty: int = 1, micro_batch_tokens: int = 4096,
+                  processor: Any = None, media_loader: Callable[[Any], bytes] | None = None) -> list[StepResult]:
+    """``steps`` SFT steps on format-only demonstrations of ``samples`` (built-in tasks; image and
+    audio prompts too when the model's ``processor`` and a ``media_loader`` are given)."""
+    usable = [s for s in samples if s.task in TASKS and (processor is not None or not (s.images or s.audios))]
+    if not usable:
+        raise ValueError("format warm-start needs samples of built-in tasks (text ones, or media ones with a "
+                         "multimodal model); set trainer.sft_steps=0 for custom data")
     trainer = TorchTrainer(model, lr=lr, warmup_steps=0, total_steps=max(steps, 1),
                            micro_batch_tokens=micro_batch_tokens, layout="pack",
                            pad_id=tokenizer.pad_token_id or 0)
     rng = random.Random(derive_seed(seed, "format-warmup"))
     results = []
     for step in range(steps):
-        picked = [text[rng.randrange(len(text))] for _ in range(batch_size)]
-        pairs = [demonstration_tokens(s, format_demonstration(s, rng, difficulty), tokenizer) for s in picked]
-        batch = RolloutBatch(ids=[f"sft-{step}-{i}" for i in range(len(pairs))], input_ids=[p[0] for p in pairs],
-                             loss_mask=[p[1] for p in pairs])
+        picked = [usable[rng.randrange(len(usable))] for _ in range(batch_size)]
+        demos = [demonstration_tokens(s, format_demonstration(s, rng, difficulty), tokenizer, processor, media_loader)
+                 for s in picked]
+        media = [d[2] for d in demos]
+        batch = RolloutBatch(ids=[f"sft-{step}-{i}" for i in range(len(demos))], input_ids=[d[0] for d in demos],
+                             loss_mask=[d[1] for d in demos], media=media if any(media) else None)
         results.append(trainer.step(batch, sft_loss))
     model.eval()
     return results
