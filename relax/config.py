@@ -112,6 +112,10 @@ class RolloutConfig:
         "wait", "On a weight update mid-generation: 'wait' for in-flight requests, or 'abort' and resume them "
         "with the new weights.", choices=("wait", "abort"))
     dynamic_sampling: bool = opt(False, "DAPO: drop prompt groups whose rewards are all equal, over-sample to refill.")
+    stop: list[str] = opt(
+        ["</answer>"], "Stop strings: a response ends right after the first one it generates (kept in the "
+        "response, so rewards still see a closed tag). Ending at the answer keeps responses short and stops "
+        "RL from drifting into text after it; [] generates to end-of-turn or max_new_tokens.")
 
 
 @dataclass

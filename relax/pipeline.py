@@ -105,7 +105,7 @@ def evaluate(cfg: RelaxConfig, checkpoint: str = "", limit: int | None = None) -
     r = cfg.rollout
     report = evaluate_policy(model, ctx.tokenizer, processor, per_task_limit(ctx.split("eval"), limit),
                              media_loader=ctx.snapshot.load_media, reward_fn=cfg.data.reward_fn,
-                             max_new_tokens=r.max_new_tokens, max_turns=r.max_turns,
+                             max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, stop=r.stop,
                              max_seq_len=cfg.model.max_seq_len, seed=cfg.seed)
     report.checkpoint = checkpoint
     return report

@@ -63,7 +63,7 @@ class RolloutRole:
                                      seed=cfg.seed)
         self.rewards = RewardDispatcher(cfg.data.reward_fn)
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                top_k=r.top_k)
+                                top_k=r.top_k, stop=list(r.stop))
         self.runner = EpisodeRunner(self.pool, tok, processor, self.rewards, params, max_turns=r.max_turns,
                                     max_seq_len=cfg.model.max_seq_len, partial_rollout=r.partial_rollout,
                                     media=ctx.snapshot.load_media, new_weights=self._newer_weights,
