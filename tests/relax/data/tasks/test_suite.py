@@ -30,15 +30,15 @@ def suite() -> dict[str, list[Sample]]:
     return generate_suite(ALL, seed=7, train_per_task=40, eval_per_task=20, difficulty=2)
 
 
-def test_registry_has_the_four_tasks() -> None:
-    assert ALL == ["arithmetic", "shapes", "tones", "tool_lookup"]
+def test_registry_has_the_five_tasks() -> None:
+    assert ALL == ["arithmetic", "largest", "shapes", "tones", "tool_lookup"]
     assert {t.modality for t in TASKS.values()} == {"text", "image", "audio"}
     assert TASKS["tool_lookup"].make_env is not None
     assert isinstance(TASKS["tool_lookup"].make_env(), Env)
 
 
 def test_suite_shape_and_ids(suite: dict[str, list[Sample]]) -> None:
-    assert len(suite["train"]) == 4 * 40 and len(suite["eval"]) == 4 * 20
+    assert len(suite["train"]) == 5 * 40 and len(suite["eval"]) == 5 * 20
     ids = [s.id for split in ("train", "eval") for s in suite[split]]
     assert len(ids) == len(set(ids))
     assert suite["train"][12].id == "arithmetic-train-000012"
@@ -71,7 +71,8 @@ def test_train_and_eval_are_disjoint(suite: dict[str, list[Sample]]) -> None:
     assert not [s.id for s in suite["eval"] if fingerprint(s) in train]
     # the stronger guarantee: the same question text never appears in both, except for the
     # media tasks whose two question wordings are shared and whose pictures/clips differ
-    train_text = {(s.task, s.prompt_text) for s in suite["train"] if s.task in ("arithmetic", "tool_lookup")}
+    train_text = {(s.task, s.prompt_text) for s in suite["train"]
+                  if s.task in ("arithmetic", "largest", "tool_lookup")}
     assert not [s.id for s in suite["eval"] if (s.task, s.prompt_text) in train_text]
 
 
@@ -84,7 +85,7 @@ def test_split_is_a_fixed_fifth_of_the_question_space() -> None:
 
 
 def test_placeholders_match_media(suite: dict[str, list[Sample]]) -> None:
-    expected = {"arithmetic": (0, 0), "shapes": (1, 0), "tones": (0, 1), "tool_lookup": (0, 0)}
+    expected = {"arithmetic": (0, 0), "largest": (0, 0), "shapes": (1, 0), "tones": (0, 1), "tool_lookup": (0, 0)}
     for sample in suite["train"] + suite["eval"]:
         text = "".join(m.content for m in sample.messages)
         counts = (text.count("<image>"), text.count("<audio>"))
