@@ -88,7 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = [learning_run(f"file://{tmp}/s{s}", s, steps, 4 if args.quick else None, args.target, extra)
                 for s in args.staleness]
-    result = {"setup": f"2-core CPU; omni-cpu preset (tiny-omni, arithmetic + shapes + tones), {steps} steps x 128 "
+    result = {"setup": f"2-core CPU; omni-cpu preset (tiny-omni, largest + shapes + tones), {steps} steps x 128 "
                        f"samples, colocated; held-out greedy accuracy per modality" + (f"; {extra}" if extra else ""),
               "target": args.target, "runs": runs,
               "minutes_to_target": {f"staleness{r['max_staleness']}": r["minutes_to_target"] for r in runs},

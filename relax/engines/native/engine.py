@@ -292,7 +292,10 @@ class NativeEngine:
             logits = self.model(input_ids=ids, position_ids=torch.arange(longest)[None].expand(len(todo), -1),
                                 attention_mask=mask, cache=view, use_cache=True,
                                 logits_to_keep=torch.tensor(keep)).logits
-            last = logits[torch.arange(len(todo)), torch.tensor([keep.index(n - 1) for n in lengths])]
+            if logits.shape[1] == len(keep):
+                last = logits[torch.arange(len(todo)), torch.tensor([keep.index(n - 1) for n in lengths])]
+            else:  # a model that ignores logits_to_keep (the Qwen2.5-Omni thinker) returns every position
+                last = logits[torch.arange(len(todo)), torch.tensor(lengths) - 1]
         rows, params, gens, seqs = [], [], [], []
         for i, p in enumerate(todo):
             for s in p.seqs[1:]:
