@@ -21,10 +21,10 @@ run: setup
 	$(BIN)/pyflyte run workflows/omni_rl.py omni_rl
 
 test: setup
-	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not gpu" $(PYTEST_ARGS)  # the pytest script, not python -m: flytekit names tasks relative to sys.argv[0]
 
 test-gpu: setup
-	$(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
+	$(BIN)/pytest -m gpu $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)  # BENCH_ARGS=--quick for the short variants

@@ -10,7 +10,7 @@ If a root was deleted by hand, rerun with ``pyflyte run --overwrite-cache``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flytekit import Cache, Resources, task
 
@@ -46,3 +46,11 @@ def snapshot_dataset(data: DataConfig, key: DatasetKey) -> SnapshotInfo:
         raise RuntimeError(f"the dataset changed while the workflow ran ({key.id} -> {info.id}); run it again")
     print(f"dataset snapshot {info.id} at {info.url} rows={info.rows}", flush=True)
     return info
+
+
+@task(requests=Resources(cpu="1", mem="1Gi"))
+def pin_root(cfg: RelaxConfig, key: DatasetKey) -> RelaxConfig:
+    """Return ``cfg`` with its root made absolute (``key.root``). Later tasks are cached on the config,
+    so a relative root (the default ``./.relax``) would let a run from another folder hit this one's
+    cache and get URLs that live elsewhere."""
+    return replace(cfg, root=key.root)

@@ -1,4 +1,8 @@
-"""The main workflow, run locally by Flyte: through the Python API and through `pyflyte run`."""
+"""The main workflow, run locally by Flyte: through the Python API and through `pyflyte run`.
+
+Every run is tiny (4 train / 2 eval prompts per task, 2 RL steps of 2x2 samples, 2 SFT steps) on
+the omni tiny model, which takes text, images and audio, so every task of the suite is evaluated.
+"""
 
 from __future__ import annotations
 
@@ -6,77 +10,136 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from relax.config_loader import load_config
+from relax import objstore
+from relax.config_loader import config_to_dict, load_config
 from relax.data.snapshot import Snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 PYFLYTE = str(Path(sys.executable).with_name("pyflyte"))
-SMALL = ["data.train_per_task=4", "data.eval_per_task=2"]
+TASKS = {"arithmetic", "shapes", "tones", "tool_lookup"}
+TINY = ["data.train_per_task=4", "data.eval_per_task=2", "trainer.total_steps=2", "rollout.prompts_per_step=2",
+        "rollout.n_samples_per_prompt=2", "rollout.max_new_tokens=8", "trainer.sft_steps=2",
+        "model.name_or_path=tiny-omni", "model.family=qwen2_5_omni"]
+TINY_YAML = config_to_dict(load_config(None, TINY))  # a whole config file, as `relax config show` writes
+TABLE_HEADER = re.compile(r"^task\s+n\s+before\s+after\s*$", re.M)
 
 
-def test_python_api_snapshots_and_caches(tmp_path):
+def run_state(run_url: str) -> dict[str, bytes]:
+    """Every checkpoint, lineage record and metrics file of a run, by path: what training would change."""
+    fs, path = objstore.open_fs(run_url)
+    out = {}
+    for sub in ("checkpoints", "lineage", "metrics"):
+        for f in fs.find(f"{path}/{sub}"):
+            out[f[len(path):]] = fs.cat_file(f)
+    return out
+
+
+@pytest.mark.ray
+def test_python_api_trains_evaluates_registers_and_reuses(tmp_path, ray_session):
     from workflows.omni_rl import omni_rl
 
-    cfg = load_config(None, [f"root=file://{tmp_path}/root", *SMALL])
-    info = omni_rl(cfg=cfg)
-    assert info.rows == {"train": 16, "eval": 8}  # 4 tasks x 4 train, 4 tasks x 2 eval
-    snap = Snapshot(info.url)
-    assert snap.id == info.id
-    assert {s.task for s in snap.samples("eval")} == {"arithmetic", "shapes", "tones", "tool_lookup"}
-    assert omni_rl(cfg=cfg).id == info.id
+    cfg = load_config(None, [f"root=file://{tmp_path}/root", *TINY])
+    result = omni_rl(cfg=cfg)
+
+    assert result.snapshot.rows == {"train": 16, "eval": 8}  # 4 tasks x 4 train, 4 tasks x 2 eval
+    assert Snapshot(result.snapshot.url).id == result.snapshot.id
+    for report in (result.eval_before, result.eval_after):
+        assert set(report.accuracy) == TASKS and report.n == {t: 2 for t in TASKS}
+        assert set(report.by_modality) == {"text", "image", "audio"}
+    # "before" scores the warm-started policy RL starts from, "after" the final checkpoint
+    assert result.eval_before.checkpoint.startswith(f"file://{tmp_path}/root/warm_start/")
+    assert result.eval_after.checkpoint == result.train.checkpoint
+    assert result.train.steps == 2 and result.train.run_id == cfg.run_id
+
+    ckpt = Path(result.checkpoint.path)
+    assert f"file://{ckpt}" == result.train.checkpoint and ckpt.is_dir() and any(ckpt.iterdir())
+    head = result.lineage.steps[0]
+    assert result.lineage.head == f"{cfg.run_id}/{ckpt.name}" == f"{head.run_id}/{head.checkpoint}"
+    assert head.dataset_snapshot == result.snapshot.id and head.samples == 8  # 2 steps x 2 prompts x 2
+    assert result.lineage.steps[-1].parent == ""  # the chain ends at the run's first checkpoint
+    assert result.snapshot.id in result.lineage.chain_text
+
+    before = run_state(result.train.run_url)
+    assert {"/lineage/step-000001.json", "/checkpoints/step-000001/meta.json"} <= set(before)
+    again = omni_rl(cfg=cfg)
+    assert again.train.checkpoint == result.train.checkpoint and again.train.steps == 2
+    assert run_state(result.train.run_url) == before  # no step trained, no checkpoint or record written
+    assert again.eval_after == result.eval_after
 
 
-def run_pyflyte(cfg_file: Path, home: Path, cwd: Path) -> str:
-    env = {**os.environ, "HOME": str(home)}  # a private Flyte local cache (~/.flyte/local-cache)
+def run_pyflyte(cfg_file: Path, home: Path, cwd: Path, ok: bool = True) -> str:
+    # a private HOME: its own Flyte local cache (~/.flyte/local-cache)
+    env = {**os.environ, "HOME": str(home)}
     out = subprocess.run([PYFLYTE, "run", str(REPO / "workflows" / "omni_rl.py"), "omni_rl", "--cfg", str(cfg_file)],
-                         cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout
+                         cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert (out.returncode == 0) == ok, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout + out.stderr
+
+
+def write_cfg(path: Path, **sections) -> Path:
+    data = dict(TINY_YAML)
+    for name, values in sections.items():
+        data[name] = {**data[name], **values} if isinstance(values, dict) else values
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 @pytest.mark.slow
-def test_pyflyte_run_prints_snapshot_and_reuses_cache(tmp_path):
-    cfg_file = tmp_path / "cfg.yaml"
-    cfg_file.write_text(yaml.safe_dump({"data": {"train_per_task": 4, "eval_per_task": 2}}))
+def test_pyflyte_run_prints_table_publishes_deck_and_reuses_cache(tmp_path):
+    cfg_file = write_cfg(tmp_path / "cfg.yaml")
     first = run_pyflyte(cfg_file, tmp_path / "home", tmp_path)
     match = re.search(r"dataset snapshot (ds-[0-9a-f]{16}) at (\S+)", first)
     assert match, first
     sid, url = match.groups()
     assert url == f"file://{tmp_path}/.relax/datasets/{sid}"  # the default root is ./.relax of the caller
     assert Snapshot(url).id == sid
+    assert TABLE_HEADER.search(first), first
+    for name in TASKS | {"[text]", "[image]", "[audio]"}:
+        assert re.search(rf"^{re.escape(name)}\s", first, re.M), name
+    # a local run writes each task's deck.html under a fresh /tmp/flyte* sandbox; ours names our root
+    decks = [p for p in Path(tempfile.gettempdir()).glob("flyte*/**/deck.html") if str(tmp_path) in p.read_text()]
+    assert len(decks) == 1, decks
+    page = decks[0].read_text()
+    assert "Relax run" in page and "data:image/png;base64," in page and "<svg" in page and "tool_lookup" in page
+
     second = run_pyflyte(cfg_file, tmp_path / "home", tmp_path)
-    assert sid in second and "dataset snapshot" not in second  # the snapshot task was a cache hit
-    cfg_file.write_text(yaml.safe_dump({"data": {"train_per_task": 4, "eval_per_task": 2, "difficulty": 2}}))
+    assert sid in second and "dataset snapshot ds-" not in second  # the snapshot task was a cache hit
+    assert TABLE_HEADER.search(second)
+
+    # new content: a new snapshot id (and a new run id: a run's config, data included, is fixed)
+    write_cfg(cfg_file, data={"difficulty": 2}, run_id="harder")
     third = run_pyflyte(cfg_file, tmp_path / "home", tmp_path)
     new = re.search(r"dataset snapshot (ds-[0-9a-f]{16})", third)
-    assert new and new.group(1) != sid  # new content, new id, cache missed
+    assert new and new.group(1) != sid
 
 
 @pytest.mark.slow
 def test_same_config_from_another_folder_gets_its_own_snapshot(tmp_path):
-    # The default root is relative (./.relax): a cache hit must never hand back another folder's snapshot.
-    cfg_file = tmp_path / "cfg.yaml"
-    cfg_file.write_text(yaml.safe_dump({"data": {"train_per_task": 3, "eval_per_task": 2}}))
+    # The default root is relative (./.relax): a cache hit must never hand back another folder's snapshot
+    # or checkpoint, so the second folder trains its own run.
+    cfg_file = write_cfg(tmp_path / "cfg.yaml")
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         out = run_pyflyte(cfg_file, tmp_path / "home", tmp_path / name)
         match = re.search(r"url='(file://[^']+)'", out)
         assert match and match.group(1).startswith(f"file://{tmp_path / name}/.relax/datasets/"), out
-        assert Snapshot(match.group(1)).info().rows == {"train": 12, "eval": 8}
+        assert Snapshot(match.group(1)).info().rows == {"train": 16, "eval": 8}
+        assert f"checkpoint file://{tmp_path / name}/.relax/runs/tiny-cpu/checkpoints/" in out
 
 
-def test_pyflyte_package_serializes(tmp_path):
-    out_file = tmp_path / "flyte-package.tgz"
-    out = subprocess.run([PYFLYTE, "--pkgs", "workflows", "package", "--image", "relax:dev", "--output",
-                          str(out_file), "--force"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    with tarfile.open(out_file) as tar:
-        names = tar.getnames()
-    assert any("tasks.data.snapshot_dataset" in n for n in names), names
-    assert any("workflows.omni_rl.omni_rl" in n for n in names), names
+@pytest.mark.slow
+@pytest.mark.parametrize("section, bad, named", [
+    ({"total_stepz": 2}, "trainer.total_stepz", "trainer.total_steps"),  # a typo names the closest key
+    ({"total_steps": "many"}, "trainer.total_steps", "integer"),
+])
+def test_bad_config_file_fails_before_any_task(tmp_path, section, bad, named):
+    cfg_file = write_cfg(tmp_path / "cfg.yaml", trainer=section)
+    out = run_pyflyte(cfg_file, tmp_path / "home", tmp_path, ok=False)
+    assert bad in out and named in out, out[-3000:]
+    assert "dataset snapshot" not in out and not (tmp_path / ".relax").exists()  # nothing ran, nothing written

@@ -1,0 +1,129 @@
+"""Register a run's final checkpoint: a Flyte Artifact, a Deck, and the workflow's result.
+
+* The checkpoint is returned as a ``FlyteDirectory`` annotated with the ``relax_checkpoint``
+  Artifact, partitioned by model, dataset snapshot and run, so a Flyte backend with the artifact
+  service can find "the newest checkpoint of model M on dataset D" (``RelaxCheckpoint.query(...)``).
+  The directory is not copied: Flyte records the URL where relax wrote it (a local path or a
+  bucket), so the artifact and the lineage records name the same object.
+* Local runs record no artifacts (STACK.md); relax's own lineage records are the local truth,
+  and the result carries the chain.
+* The Deck shows the reward curves, the lineage graph and the before/after accuracy table; the
+  same table is printed, so ``make run`` shows it on the terminal.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Annotated, Any, NamedTuple
+
+from flytekit import Artifact, Deck, Resources, task
+from flytekit.types.directory import FlyteDirectory
+
+from relax import objstore, pipeline
+from relax.config import RelaxConfig
+from relax.data.snapshot import SnapshotInfo
+from relax.pipeline import EvalReport, TrainSummary
+from tasks.image import task_image
+
+RelaxCheckpoint = Artifact(name="relax_checkpoint", partition_keys=["model", "dataset", "run"])
+
+
+@dataclass
+class LineageStep:
+    """One checkpoint of the chain; ``parent`` is ``run/checkpoint`` or "" for the first."""
+
+    run_id: str = ""
+    checkpoint: str = ""
+    step: int = 0
+    dataset_snapshot: str = ""
+    parent: str = ""
+    samples: int = 0
+
+
+@dataclass
+class Lineage:
+    """The dataset snapshot -> samples -> checkpoint chain of a run, newest checkpoint first."""
+
+    head: str = ""
+    chain_text: str = ""
+    steps: list[LineageStep] = field(default_factory=list)
+
+
+@dataclass
+class OmniRLResult:
+    """What ``omni_rl`` returns: the data it trained on, the scores before and after, the checkpoint."""
+
+    snapshot: SnapshotInfo
+    eval_before: EvalReport
+    eval_after: EvalReport
+    train: TrainSummary
+    checkpoint: FlyteDirectory
+    lineage: Lineage
+
+
+class Registered(NamedTuple):
+    """The register task's outputs: the checkpoint as an Artifact, and the workflow's result."""
+
+    checkpoint: Annotated[FlyteDirectory, RelaxCheckpoint]
+    result: OmniRLResult
+
+
+def lineage_from_graph(raw: dict[str, Any]) -> Lineage:
+    """``pipeline.lineage``'s graph (``chain_to_json``: nodes oldest first) as typed steps, newest first."""
+    steps = []
+    for node in reversed(raw["records"]["nodes"]):
+        if node["kind"] != "checkpoint":
+            continue
+        parent = node.get("parent") or {}
+        steps.append(LineageStep(
+            run_id=node["run_id"], checkpoint=node["checkpoint"], step=node["step"],
+            dataset_snapshot=node["dataset_snapshot"], samples=node["sample_count"],
+            parent=f"{parent['run_id']}/{parent['checkpoint']}" if parent else ""))
+    return Lineage(head=raw["records"]["head"] or "", chain_text=raw["chain_text"], steps=steps)
+
+
+def deck_html(before: EvalReport, after: EvalReport, curves_png: bytes | None, lineage_svg: str,
+              summary: TrainSummary) -> str:
+    """The Deck page: run summary, accuracy table, reward curves (inline PNG) and lineage graph (SVG)."""
+    parts = [f"<h3>Run {html.escape(summary.run_id)}: {summary.steps} steps, reward "
+             f"{summary.reward_first:.3f} &rarr; {summary.reward_last:.3f}</h3>",
+             f"<p>checkpoint <code>{html.escape(summary.checkpoint)}</code></p>",
+             f"<h4>Accuracy before / after</h4><pre>{html.escape(after.table(before))}</pre>"]
+    if curves_png:
+        parts.append('<h4>Reward curves</h4><img alt="reward curves" src="data:image/png;base64,'
+                     f'{base64.b64encode(curves_png).decode()}"/>')
+    if lineage_svg:
+        parts.append(f"<h4>Lineage</h4>{lineage_svg}")
+    return "\n".join(parts)
+
+
+def _read_optional(url: str) -> bytes | None:
+    return objstore.read_bytes(url) if url and objstore.exists(url) else None
+
+
+def checkpoint_dir(url: str) -> FlyteDirectory:
+    """The checkpoint where relax wrote it: a local path (file:// stripped) or the bucket URL."""
+    path = url[len("file://"):] if url.startswith("file://") else url
+    return FlyteDirectory(path, remote_directory=False)
+
+
+@task(enable_deck=True, retries=2, timeout=timedelta(hours=1), requests=Resources(cpu="1", mem="2Gi"),
+      container_image=task_image())
+def register(cfg: RelaxConfig, snapshot: SnapshotInfo, before: EvalReport, after: EvalReport,
+             summary: TrainSummary) -> Registered:
+    """Publish the final checkpoint as a ``relax_checkpoint`` Artifact, a Deck with curves, lineage and
+    the accuracy table; print the table; return the checkpoint and the workflow result."""
+    raw = pipeline.lineage(cfg, summary.run_id)
+    lineage = lineage_from_graph(raw)
+    table = after.table(before)
+    print(f"run {summary.run_id}: {summary.steps} steps, checkpoint {summary.checkpoint}\n{table}", flush=True)
+    curves = _read_optional(objstore.join(summary.report_dir, "curves.png")) if summary.report_dir else None
+    Deck("Relax run", deck_html(before, after, curves, raw.get("svg", ""), summary))
+    ckpt = RelaxCheckpoint.create_from(checkpoint_dir(summary.checkpoint), model=cfg.model.name_or_path,
+                                       dataset=snapshot.id, run=summary.run_id)
+    result = OmniRLResult(snapshot=snapshot, eval_before=before, eval_after=after, train=summary,
+                          checkpoint=ckpt, lineage=lineage)
+    return Registered(checkpoint=ckpt, result=result)

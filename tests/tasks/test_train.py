@@ -1,0 +1,117 @@
+"""The train tasks: Ray cluster specs derived from the config, and what the dynamic `train` task
+launches on a cluster (compiled the way a Flyte pod compiles it, with no cluster needed)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import msgpack
+import pytest
+from flytekit.configuration import Image, ImageConfig, SerializationSettings
+from flytekit.core.context_manager import ExecutionState, FlyteContextManager
+from flytekit.core.type_engine import TypeEngine
+
+from relax.config import RelaxConfig, ResourcesConfig
+from relax.config_loader import load_config
+from tasks import train as train_tasks
+from tasks.train import cluster_resources, group_gpus, ray_job_config, role_gpus, run_role_group
+
+SETTINGS = SerializationSettings(project="relax", domain="development", version="v1",
+                                 image_config=ImageConfig(default_image=Image(name="default", fqn="relax", tag="dev")))
+
+
+def test_ray_job_config_sizes_head_and_workers():
+    res = ResourcesConfig(num_cpus=8, num_gpus=8, workers=3, cpus_per_worker=16, gpus_per_worker=2, memory_gib=32)
+    job = ray_job_config(res)
+    head, (worker,) = job.head_node_config, job.worker_node_config
+    assert head.ray_start_params == {"num-cpus": "8", "num-gpus": "2"}  # 8 GPUs - 3 workers x 2
+    assert (head.requests.cpu, head.requests.mem, head.requests.gpu) == ("8", "32Gi", "2")
+    assert (worker.group_name, worker.replicas, worker.requests.gpu, worker.limits.cpu) == ("workers", 3, "2", "16")
+    # more worker GPUs than the total: the head gets none rather than a negative count
+    assert ray_job_config(ResourcesConfig(num_gpus=1, workers=2, gpus_per_worker=1)).head_node_config.requests.gpu is None
+
+
+def test_role_groups_split_the_gpus():
+    res = ResourcesConfig(num_gpus=4, rollout_gpus=1, actor_gpus=3)
+    assert (group_gpus(res, "rollout"), group_gpus(res, "learner"), group_gpus(res, "workers")) == (1, 3, 4)
+    even = ResourcesConfig(num_gpus=5)  # no role split given: rollout half, learner the rest
+    assert (group_gpus(even, "rollout"), group_gpus(even, "learner")) == (2, 3)
+    assert (role_gpus(res, "rollout"), role_gpus(res, "actor"), role_gpus(res, "advantage")) == (1, 3, 0)
+    # 3 learner GPUs on 1-GPU workers: one node never has more than 1, so the actor asks for 1
+    spread = ResourcesConfig(num_gpus=4, rollout_gpus=1, actor_gpus=3, workers=3, gpus_per_worker=1)
+    assert role_gpus(spread, "actor") == 1
+
+
+def test_cluster_resources_come_from_the_named_preset(monkeypatch):
+    monkeypatch.setenv("RELAX_CLUSTER_CONFIG", "qwen2.5-omni-3b")
+    assert cluster_resources() == load_config("qwen2.5-omni-3b").resources
+    monkeypatch.delenv("RELAX_CLUSTER_CONFIG")
+    assert cluster_resources() == RelaxConfig().resources
+
+
+def compile_train(cfg: RelaxConfig, init_checkpoint: str):
+    """What `train` hands Flyte on a cluster: a DynamicJobSpec (nodes + the task templates they run)."""
+    train_tasks.train._wf = None  # flytekit compiles a dynamic once per process (a pod runs one); start afresh
+    ctx = FlyteContextManager.current_context()
+    with FlyteContextManager.with_context(ctx.with_serialization_settings(SETTINGS)) as ctx:
+        remote = ctx.execution_state.with_params(mode=ExecutionState.Mode.TASK_EXECUTION)
+        with FlyteContextManager.with_context(ctx.with_execution_state(remote)) as ctx:
+            inputs = TypeEngine.dict_to_literal_map(ctx, {"cfg": cfg, "init_checkpoint": init_checkpoint},
+                                                    {"cfg": RelaxConfig, "init_checkpoint": str})
+            return train_tasks.train.dispatch_execute(ctx, inputs)
+
+
+def node_cfg(node) -> dict:
+    (binding,) = [b for b in node.inputs if b.var == "cfg"]
+    return msgpack.unpackb(binding.binding.scalar.binary.value)
+
+
+def test_colocated_is_one_ray_task_sized_by_the_runs_config():
+    cfg = load_config(None, ["resources.num_cpus=6", "resources.workers=2", "resources.memory_gib=16"])
+    spec = compile_train(cfg, "")
+    (node,), (tmpl,) = spec.nodes, spec.tasks
+    assert node.task_node.reference_id.name == tmpl.id.name == "tasks.train.train_step"  # the registered name
+    head = tmpl.custom["rayCluster"]["headGroupSpec"]
+    (worker,) = tmpl.custom["rayCluster"]["workerGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "6" and worker["replicas"] == 2  # not the registered defaults
+    assert worker["k8sPod"]["podSpec"]["containers"][0]["resources"]["limits"]["memory"] == "16Gi"
+    assert train_tasks.train_step.task_config.head_node_config.ray_start_params["num-cpus"] == "2"  # untouched
+
+
+def test_disaggregated_runs_role_groups_concurrently_between_start_and_finish():
+    cfg = load_config(None, ["topology=disaggregated", "resources.num_gpus=4", "resources.rollout_gpus=1",
+                             "resources.actor_gpus=3"])
+    spec = compile_train(cfg, "s3://bucket/relax/warm_start/abc")
+    nodes = {n.task_node.reference_id.name.rsplit(".", 1)[1]: n for n in spec.nodes}
+    assert set(nodes) == {"start_run", "rollout_group", "learner_group", "finish_run"}
+    ids = {name: n.id for name, n in nodes.items()}
+    # the two role groups depend only on the run record, not on each other: a cluster runs them together
+    assert nodes["rollout_group"].upstream_node_ids == [ids["start_run"]]
+    assert nodes["learner_group"].upstream_node_ids == [ids["start_run"]]
+    assert {ids["rollout_group"], ids["learner_group"]} <= set(nodes["finish_run"].upstream_node_ids)
+    templates = {t.id.name.rsplit(".", 1)[1]: t for t in spec.tasks}
+    for group, gpus in (("rollout_group", "1"), ("learner_group", "3")):
+        cluster = templates[group].custom["rayCluster"]
+        assert cluster["headGroupSpec"]["rayStartParams"]["num-gpus"] == gpus
+        assert cluster["workerGroupSpec"][0]["groupName"] == group.split("_")[0]
+    # the roles see only cfg, so the warm-start checkpoint travels in it
+    for node in spec.nodes:
+        assert node_cfg(node)["model"]["init_checkpoint"] == "s3://bucket/relax/warm_start/abc"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_role_groups_train_a_run_together(tmp_path, ray_session):
+    """The disaggregated cluster path for real, on the session's Ray: two role groups at once (as two
+    Ray tasks would run on a cluster), then the summary."""
+    from tests.workflows.test_omni_rl import TINY
+
+    cfg = load_config(None, [f"root=file://{tmp_path}/root", "topology=disaggregated", *TINY])
+    run_url = train_tasks.start_run(cfg=cfg)
+    with ThreadPoolExecutor(2) as pool:
+        rollout, learner = pool.map(lambda g: run_role_group(g, cfg), ("rollout", "learner"))
+    assert rollout == {"rollout": 2} and learner == {"advantage": 2, "actor": 2}
+    summary = train_tasks.finish_run(cfg=cfg, run_url=run_url)
+    assert summary.steps == 2 and summary.run_url == run_url
+    assert summary.checkpoint.endswith("checkpoints/step-000001")
+
