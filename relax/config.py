@@ -162,6 +162,10 @@ class TrainerConfig:
                           "or 'fail' the run.", choices=("skip", "fail"))
     sft_lr: float = opt(3e-3, "Learning rate of the format warm-start (sft_steps).", range=(0.0, 1.0))
     sft_steps: int = opt(0, "Supervised warm-start steps teaching the answer format; 0 skips it.", range=(0, 10_000_000))
+    mini_batches: int = opt(1, "Optimizer steps per rollout batch (PPO mini-batches): the batch is split into this "
+                            "many equal parts, each one update. Same compute, more updates per generated sample; "
+                            "the ratio clip keeps the later ones near the sampling policy.", range=(1, 1024))
+    ppo_epochs: int = opt(1, "Passes over each rollout batch (each pass makes mini_batches updates).", range=(1, 64))
     checkpoint_every: int = opt(20, "Save a checkpoint every k steps.", range=(1, 100_000_000))
     data_parallel: int = opt(1, "Data-parallel processes (gloo on CPU, NCCL on GPU).", range=(1, 100_000))
     tensor_parallel: int = opt(1, "Megatron tensor parallelism.", range=(1, 1024))

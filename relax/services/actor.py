@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from relax import objstore
-from relax.config_loader import config_hash
+from relax.config_loader import ConfigError, config_hash
 from relax.services.context import ACTOR_GROUP, RunContext
 from relax.services.media import MediaInputs
 from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, read_meta
+from relax.trainers.torch.forward import compute_logprobs
 from relax.trainers.torch.sft import format_warmup
 from relax.transfer.consumer import Batch, ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, write_record
@@ -100,6 +101,18 @@ class ActorRole:
         elif self.resumed_from is None:  # warm start done before a crash that preceded any checkpoint
             state, _ = self.store.load(0)
             self.actor.model.load_state_dict(state)
+        self.reference = self._reference() if cfg.algorithm.kl_coef > 0 else None
+
+    def _reference(self) -> torch.nn.Module:
+        """The KL anchor: a frozen copy of policy version 0 (the run's starting point, which the
+        WeightStore always retains), so a restarted actor gets the same reference."""
+        if self.cfg.algorithm.kl_in_reward:
+            raise ConfigError("algorithm.kl_in_reward is not wired into the runtime yet; use the KL loss term "
+                              "(kl_in_reward=false) or kl_coef=0")
+        model, _ = self.ctx.build_model()
+        state, _ = self.store.load(0)
+        model.load_state_dict(state)
+        return model.eval().requires_grad_(False)
 
     @property
     def version(self) -> int:
@@ -117,7 +130,11 @@ class ActorRole:
         s = self.step_index
         batch = self.consumer.take(s, current_version=self.version, timeout=timeout)
         t_data = time.perf_counter()
-        result = self.actor.train_step(to_rollout_batch(batch, self.media))
+        rollout_batch = to_rollout_batch(batch, self.media)
+        if self.reference is not None:
+            rollout_batch.ref_logprobs = compute_logprobs(self.reference, self.actor.trainer.micro_batches(rollout_batch),
+                                                          len(rollout_batch), self.actor.trainer.temperature)
+        result = self.actor.train_step(rollout_batch)
         t_train = time.perf_counter()
         self.step_index += 1
         # a step's record is written before it trains, so only a replayed step can find its

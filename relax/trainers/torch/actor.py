@@ -74,8 +74,9 @@ class Actor:
     def __init__(self, model: torch.nn.Module, cfg: RelaxConfig, pad_id: int = 0):
         t = cfg.trainer
         self.cfg = cfg
-        self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                                    total_steps=t.total_steps, schedule=t.lr_schedule, grad_clip=t.grad_clip,
+        updates = t.mini_batches * t.ppo_epochs  # optimizer steps per RL step: the schedule counts those
+        self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * updates,
+                                    total_steps=t.total_steps * updates, schedule=t.lr_schedule, grad_clip=t.grad_clip,
                                     micro_batch_tokens=t.micro_batch_tokens, layout=t.micro_batch_layout,
                                     pad_id=pad_id, aggregation=cfg.algorithm.loss_agg,
                                     agg_norm=float(cfg.rollout.max_new_tokens), nan_policy=t.nan_policy,
@@ -96,7 +97,26 @@ class Actor:
                       f"policy loss {self.cfg.algorithm.policy_loss!r} with off_policy {self.cfg.algorithm.off_policy!r}")
         if self.cfg.algorithm.off_policy != "none" and batch.prox_logprobs is None:
             batch.prox_logprobs = self.logprobs(batch)
-        return self.trainer.step(batch, self.loss, with_entropy=self.cfg.algorithm.entropy_coef > 0)
+        t = self.cfg.trainer
+        entropy = self.cfg.algorithm.entropy_coef > 0
+        if t.mini_batches == 1 and t.ppo_epochs == 1:
+            return self.trainer.step(batch, self.loss, with_entropy=entropy)
+        # rows arrive prompt group by prompt group, so contiguous parts keep most groups whole
+        n, k = len(batch), min(t.mini_batches, len(batch))
+        parts = [list(range(i * n // k, (i + 1) * n // k)) for i in range(k)]
+        results = [self.trainer.step(batch.select(idx), self.loss, with_entropy=entropy)
+                   for _ in range(t.ppo_epochs) for idx in parts]
+        return merge_results(results)
+
+
+def merge_results(results: Sequence[StepResult]) -> StepResult:
+    """One batch's several optimizer steps reported as one: means of loss, grad norm and metrics."""
+    m = len(results)
+    keys = {k for r in results for k in r.metrics}
+    return StepResult(loss=sum(r.loss for r in results) / m, grad_norm=sum(r.grad_norm for r in results) / m,
+                      skipped=any(r.skipped for r in results), lr=results[-1].lr,
+                      micro_batches=sum(r.micro_batches for r in results), tokens=sum(r.tokens for r in results),
+                      metrics={k: sum(r.metrics.get(k, 0.0) for r in results) / m for k in keys})
 
 
 class Reference:

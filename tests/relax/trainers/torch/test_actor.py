@@ -88,3 +88,24 @@ def test_critic_fits_returns_and_needs_them():
         batch.values = critic.values(batch)
         last = critic.train_step(batch).loss
     assert last < 0.1 * first
+
+
+def test_mini_batches_are_sequential_updates_on_the_batch_parts():
+    # mini_batches=2 on 6 samples = one update on samples 0-2, then one on 3-5, each normalised
+    # over its own part; the same two steps taken by hand give identical weights
+    split = actor("algorithm.off_policy=none", "trainer.mini_batches=2")
+    by_hand = actor("algorithm.off_policy=none", model=copy.deepcopy(split.model))
+    batch = on_policy(split)
+    result = split.train_step(batch)
+    first = by_hand.trainer.step(batch.select([0, 1, 2]), by_hand.loss)
+    second = by_hand.trainer.step(batch.select([3, 4, 5]), by_hand.loss)
+    for p, q in zip(split.model.parameters(), by_hand.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+    assert result.loss == pytest.approx((first.loss + second.loss) / 2)
+    assert split.trainer.steps_done == 2
+
+
+def test_ppo_epochs_repeat_the_mini_batches():
+    a = actor("algorithm.off_policy=none", "trainer.mini_batches=3", "trainer.ppo_epochs=2")
+    a.train_step(on_policy(a))
+    assert a.trainer.steps_done == 6  # 2 passes x 3 parts
