@@ -20,7 +20,7 @@ def test_ci_runs_the_readme_test_command_and_fails_loudly():
     ci = (REPO / ".ci" / "run").read_text()
     assert "set -euo pipefail" in ci and re.search(r"^make test\b", ci, re.M)
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^test: setup\n\t\$\(BIN\)/python -m pytest -m \"not gpu\"", makefile, re.M)
+    assert re.search(r"^test: setup\n\t\$\(BIN\)/pytest -m \"not gpu\"", makefile, re.M)
 
 
 def test_markers_and_license():
