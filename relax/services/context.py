@@ -38,6 +38,9 @@ ROLLOUT_FIELDS = (
     Field("error", kind="str"),
 )
 ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
+# model families whose processors take images / audio (relax.models.processors)
+IMAGE_FAMILIES = ("qwen2_5_vl", "qwen2_5_omni")
+AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
 # fields that may differ between the starts of one run
 RESUMABLE_FIELDS = {"trainer.total_steps"}
 
@@ -120,7 +123,16 @@ class RunContext:
 
     def check_trainable(self, engine_urls: list[str] | None = None) -> None:
         """Fail before any role starts on data the configured engines cannot serve."""
-        media = sorted({s.task for s in self.split("train") if s.images or s.audios})
+        train = self.split("train")
+        family = self.cfg.model.family
+        for kind, has, families in (("images", lambda s: s.images, IMAGE_FAMILIES),
+                                    ("audio", lambda s: s.audios, AUDIO_FAMILIES)):
+            tasks = sorted({s.task for s in train if has(s)})
+            if tasks and family not in families:
+                raise ConfigError(f"tasks {tasks} carry {kind}, but model.family={family!r} takes none; use a "
+                                  f"family in {list(families)} (e.g. model.name_or_path=tiny-omni "
+                                  f"model.family=qwen2_5_omni) or drop those tasks")
+        media = sorted({s.task for s in train if s.images or s.audios})
         if media and engine_urls:
             raise ConfigError(f"tasks {media} carry images/audio, which the rollout sends only to in-process "
                               f"engines so far; drop --engine-url or train text tasks with remote engines")

@@ -87,3 +87,12 @@ def test_per_task_limit_keeps_split_order():
     assert [s.task for s in picked].count("arithmetic") == 2 and len(picked) == 4
     assert picked == [s for s in samples if s in picked]
     assert isinstance(EvalReport().table(), str)
+
+
+def test_a_text_model_on_media_tasks_fails_before_any_work(tmp_path):
+    from relax.config_loader import ConfigError
+
+    cfg = load_config("tiny-cpu", [f"root=file://{tmp_path}", "data.tasks=[largest,shapes]", "data.train_per_task=4",
+                                   "data.eval_per_task=2"])
+    with pytest.raises(ConfigError, match=r"tasks \['shapes'\] carry images.*qwen2_5_omni"):
+        evaluate(cfg)
