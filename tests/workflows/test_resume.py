@@ -65,6 +65,6 @@ def test_sigkill_mid_training_then_rerun_resumes_with_one_lineage_chain(tmp_path
     steps = [n["step"] for n in checkpoints]  # oldest first
     assert steps == list(range(3, STEPS, 4))  # every checkpoint, before and after the kill, in order
     parents = {e["from"]: e["to"] for e in graph["edges"] if e["kind"] == "parent"}
-    for older, newer in zip(checkpoints, checkpoints[1:]):
+    for older, newer in zip(checkpoints, checkpoints[1:], strict=False):
         assert parents[newer["id"]] == older["id"]  # one unbroken chain across the kill
     assert sum(n["sample_count"] for n in checkpoints) == STEPS * 2 * 2  # every trained sample counted once
