@@ -64,7 +64,6 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
                     max_seq_len: int = 256, batch_size: int = 64, seed: int = 0) -> EvalReport:
     """Answer every sample greedily with ``model``; scores with each task's verifier (or ``reward_fn``)."""
     pool = LocalEngines(model, tokenizer, max_batch_size=batch_size, max_seq_len=max_seq_len, seed=seed)
-    pool.weight_version = 0
     rewards = RewardDispatcher(reward_fn)
     runner = EpisodeRunner(pool, tokenizer, processor, rewards,
                            SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=list(stop)),

@@ -22,10 +22,9 @@ from relax import objstore
 from relax.config_loader import ConfigError, config_hash
 from relax.services.context import ACTOR_GROUP, RunContext
 from relax.services.media import MediaInputs
-from relax.trainers.torch.actor import Actor
+from relax.trainers.torch.actor import Actor, Reference
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, read_meta
-from relax.trainers.torch.forward import compute_logprobs
 from relax.trainers.torch.sft import format_warmup
 from relax.transfer.consumer import Batch, ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, write_record
@@ -103,7 +102,7 @@ class ActorRole:
             self.actor.model.load_state_dict(state)
         self.reference = self._reference() if cfg.algorithm.kl_coef > 0 else None
 
-    def _reference(self) -> torch.nn.Module:
+    def _reference(self) -> Reference:
         """The KL anchor: a frozen copy of policy version 0 (the run's starting point, which the
         WeightStore always retains), so a restarted actor gets the same reference."""
         if self.cfg.algorithm.kl_in_reward:
@@ -112,7 +111,7 @@ class ActorRole:
         model, _ = self.ctx.build_model()
         state, _ = self.store.load(0)
         model.load_state_dict(state)
-        return model.eval().requires_grad_(False)
+        return Reference(model, self.cfg.trainer.micro_batch_tokens, self.actor.trainer.temperature)
 
     @property
     def version(self) -> int:
@@ -132,8 +131,7 @@ class ActorRole:
         t_data = time.perf_counter()
         rollout_batch = to_rollout_batch(batch, self.media)
         if self.reference is not None:
-            rollout_batch.ref_logprobs = compute_logprobs(self.reference, self.actor.trainer.micro_batches(rollout_batch),
-                                                          len(rollout_batch), self.actor.trainer.temperature)
+            rollout_batch.ref_logprobs = self.reference.logprobs(rollout_batch)
         result = self.actor.train_step(rollout_batch)
         t_train = time.perf_counter()
         self.step_index += 1

@@ -128,5 +128,5 @@ class Reference:
         self.temperature = temperature
 
     def logprobs(self, batch: RolloutBatch) -> list[torch.Tensor]:
-        return compute_logprobs(self.model, micro_batches(batch.input_ids, self.micro_batch_tokens, "bucket"),
-                                len(batch), self.temperature)
+        mbs = micro_batches(batch.input_ids, self.micro_batch_tokens, "bucket", media=batch.media)
+        return compute_logprobs(self.model, mbs, len(batch), self.temperature)

@@ -156,10 +156,21 @@ def collate_media(input_ids: Sequence[torch.Tensor], indices: Sequence[int],
 
 
 def micro_batches(input_ids: Sequence[torch.Tensor], token_budget: int, layout: str = "pack",
-                  pad_id: int = 0) -> list[MicroBatch]:
+                  pad_id: int = 0, media: Sequence[dict[str, torch.Tensor] | None] | None = None) -> list[MicroBatch]:
+    """Text samples in ``layout``; samples with ``media`` in padded length buckets (their
+    vision/audio encoders attend bidirectionally, so they are never packed)."""
+    media = media or [None] * len(input_ids)
     lengths = [int(t.shape[0]) for t in input_ids]
-    return [collate(input_ids, group, packed=layout == "pack", pad_id=pad_id)
-            for group in plan(lengths, token_budget, layout)]
+    text = [i for i, m in enumerate(media) if not m]
+    rich = [i for i, m in enumerate(media) if m]
+    out = []
+    if text:
+        out += [collate(input_ids, [text[j] for j in g], packed=layout == "pack", pad_id=pad_id)
+                for g in plan([lengths[i] for i in text], token_budget, layout)]
+    if rich:
+        out += [collate_media(input_ids, [rich[j] for j in g], media, pad_id)
+                for g in plan([lengths[i] for i in rich], token_budget, "bucket")]
+    return out
 
 
 def waste(batches: Sequence[MicroBatch]) -> float:

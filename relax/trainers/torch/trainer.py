@@ -23,7 +23,7 @@ from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from relax.trainers.torch.forward import logits_of, span_logprobs
 from relax.trainers.torch.optim import build_optimizer
-from relax.trainers.torch.packing import MicroBatch, collate, collate_media, plan
+from relax.trainers.torch.packing import MicroBatch, micro_batches
 
 log = logging.getLogger(__name__)
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -129,21 +129,7 @@ class TorchTrainer:
         return 0, 1
 
     def micro_batches(self, batch: RolloutBatch) -> list[MicroBatch]:
-        """Text samples in the configured layout; samples with media in padded length buckets
-        (their vision/audio encoders attend bidirectionally, so they are never packed)."""
-        media = batch.media or [None] * len(batch)
-        text = [i for i, m in enumerate(media) if not m]
-        rich = [i for i, m in enumerate(media) if m]
-        lengths = batch.lengths
-        out = []
-        if text:
-            groups = plan([lengths[i] for i in text], self.micro_batch_tokens, self.layout)
-            out += [collate(batch.input_ids, [text[j] for j in g], packed=self.layout == "pack", pad_id=self.pad_id)
-                    for g in groups]
-        if rich:
-            groups = plan([lengths[i] for i in rich], self.micro_batch_tokens, "bucket")
-            out += [collate_media(batch.input_ids, [rich[j] for j in g], media, self.pad_id) for g in groups]
-        return out
+        return micro_batches(batch.input_ids, self.micro_batch_tokens, self.layout, self.pad_id, batch.media)
 
     def step(self, batch: RolloutBatch, token_loss: TokenLoss, with_entropy: bool = False,
              forward: Callable[[torch.nn.Module, MicroBatch], list[torch.Tensor]] | None = None) -> StepResult:

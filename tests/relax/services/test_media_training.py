@@ -3,6 +3,8 @@ trainer scores them exactly as the engine that sampled them did."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from relax.services.advantage import AdvantageRole
 from relax.services.context import RunContext
 from relax.services.media import MediaInputs
 from relax.services.rollout import RolloutRole
+from relax.trainers.torch.actor import Reference
 from relax.trainers.torch.forward import compute_logprobs
 from relax.transfer.consumer import ConsumerGroup
 from tests.relax.services.runtime_helpers import tiny_config
@@ -53,6 +56,10 @@ def test_trainer_logprobs_of_media_rows_equal_the_engines(omni_ctx):
         m = mask.bool()
         assert m.any()
         torch.testing.assert_close(lp[m], old[m], atol=1e-4, rtol=0, msg=sid)
+    # the KL reference plans the same media-aware micro-batches (bucket layout) and agrees
+    ref = Reference(copy.deepcopy(actor.actor.model)).logprobs(batch)
+    for lp, r in zip(mine, ref, strict=True):
+        torch.testing.assert_close(lp, r, atol=1e-5, rtol=0)
     # without its image a row scores differently: the media reached the forward pass
     i = tasks.index("shapes")
     blank = type(batch)(ids=[batch.ids[i]], input_ids=[batch.input_ids[i]], loss_mask=[batch.loss_mask[i]],
