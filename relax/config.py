@@ -100,6 +100,22 @@ class RolloutConfig:
     engine: str = opt("native", "Inference engine: the native PyTorch engine or SGLang servers (GPU).",
                       choices=("native", "sglang"))
     num_engines: int = opt(1, "Engine replicas at start (the elastic API can change it).", range=(1, 4096))
+    engine_processes: int = opt(
+        0, "Native engine server processes the rollout starts and owns (text tasks only), behind the "
+        "router; 0 = one engine inside the rollout process. An owned engine whose process dies or that turns "
+        "unhealthy is replaced by a new one loaded with the current weights. Ignored with --engine-url: those "
+        "engines are routed around when they fail, never replaced.", range=(0, 4096))
+    engine_timeout_s: float = opt(
+        120.0, "A request to an HTTP engine that takes longer fails on that engine (a fault, counted like a "
+        "malformed answer) and is re-sent to another engine.", range=(0.1, 86400.0))
+    engine_max_failures: int = opt(
+        3, "Consecutive faulty answers (malformed, timed out, HTTP 5xx) after which an HTTP engine is taken out "
+        "of rotation; a good answer resets the count. An unreachable engine is taken out at once.",
+        range=(1, 1000))
+    supervise_interval_s: float = opt(
+        5.0, "Seconds between engine supervision passes (HTTP engines): owned engines that died or are "
+        "unhealthy are replaced; engines given by URL that answer /health again, with the current weights "
+        "(loaded if needed), are routed to again. 0 disables supervision.", range=(0.0, 3600.0))
     n_samples_per_prompt: int = opt(8, "Responses per prompt (the GRPO group size).", range=(1, 1024))
     prompts_per_step: int = opt(16, "Prompts per training step; batch = prompts_per_step * n_samples_per_prompt.",
                                 range=(1, 1_000_000))
@@ -140,6 +156,9 @@ class AlgorithmConfig:
     is_cap: float = opt(2.0, "Cap of truncated importance weights (TIS) or mask bound (icepop).", range=(1.0, 1000.0))
     gamma: float = opt(1.0, "Discount (GAE).", range=(0.0, 1.0))
     lam: float = opt(0.95, "GAE lambda.", range=(0.0, 1.0))
+    value_clip: float = opt(0.2, "PPO value clip eps of the critic's loss: a value moves at most this far from "
+                            "the one GAE used before its squared error stops pulling; 0 = plain squared error. "
+                            "Used with advantage=gae.", range=(0.0, 1000.0))
 
 
 @dataclass
@@ -165,6 +184,8 @@ class TrainerConfig:
     mini_batches: int = opt(1, "Optimizer steps per rollout batch (PPO mini-batches): the batch is split into this "
                             "many equal parts, each one update. Same compute, more updates per generated sample; "
                             "the ratio clip keeps the later ones near the sampling policy.", range=(1, 1024))
+    critic_lr: float = opt(0.0, "Peak learning rate of the critic (advantage=gae); 0 = trainer.lr. The critic "
+                           "shares the actor's warm-up, schedule, clipping and micro-batching.", range=(0.0, 1.0))
     ppo_epochs: int = opt(1, "Passes over each rollout batch (each pass makes mini_batches updates).", range=(1, 64))
     checkpoint_every: int = opt(20, "Save a checkpoint every k steps.", range=(1, 100_000_000))
     data_parallel: int = opt(1, "Data-parallel processes (gloo on CPU, NCCL on GPU).", range=(1, 100_000))

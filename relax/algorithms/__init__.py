@@ -1,5 +1,5 @@
 """Pure tensor math of RL post-training: advantages, policy losses, loss aggregation, KL and
-entropy, off-policy corrections and DAPO's sample filters.
+entropy, off-policy corrections, DAPO's sample filters and the critic's value loss.
 
 Pure torch: nothing here imports Ray, Flyte, fsspec or any other part of ``relax``, so the
 same functions run in the advantage service, the actor, a notebook and the tests. Shapes:
@@ -75,6 +75,7 @@ from relax.algorithms.off_policy import (
     off_policy_correction,
     tis_weights,
 )
+from relax.algorithms.value import clipped_value_loss, value_loss
 
 #: ``AlgorithmConfig.kl_estimator`` names -> estimator f(logprobs, ref_logprobs) -> (B, T).
 KL = KL_ESTIMATORS
@@ -115,6 +116,7 @@ __all__ = [
     "aggregate_loss",
     "broadcast_to_tokens",
     "cispo_loss",
+    "clipped_value_loss",
     "compute_advantages",
     "compute_policy_loss",
     "decoupled_ppo_loss",
@@ -153,4 +155,5 @@ __all__ = [
     "seq_mean_token_sum_norm",
     "tis_weights",
     "token_mean",
+    "value_loss",
 ]

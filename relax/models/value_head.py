@@ -12,6 +12,7 @@ also loads as a plain policy.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,17 @@ class ValueHeadModel(nn.Module):
         self.value_head = nn.Linear(hidden, 1, dtype=param.dtype, device=param.device)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
+        # values need the hidden states only; where the family allows, the LM head then runs on
+        # one position instead of (T, vocab) - for a 150k vocabulary that is most of a forward's memory
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(backbone.forward).parameters
 
     @property
     def config(self) -> Any:
         return self.backbone.config
+
+    def set_attn_implementation(self, name: str) -> None:
+        """Switch the backbone's attention (the trainer's padding-free packed kernel goes through here)."""
+        self.backbone.set_attn_implementation(name)
 
     def forward(self, return_logits: bool = False, **model_kwargs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Values ``(batch, seq)`` for the kwargs of the backbone (input_ids, pixel_values, ...).
@@ -45,6 +53,9 @@ class ValueHeadModel(nn.Module):
         With ``return_logits=True`` returns ``(logits, values)`` from one backbone pass, for
         a policy and critic that share weights.
         """
+        model_kwargs.setdefault("use_cache", False)  # a training/scoring forward never decodes on
+        if not return_logits and self._logits_to_keep:
+            model_kwargs.setdefault("logits_to_keep", 1)
         out = self.backbone(**model_kwargs, output_hidden_states=True, return_dict=True)
         hidden = out.hidden_states[-1]
         values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)

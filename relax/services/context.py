@@ -26,6 +26,9 @@ from relax.transfer.weights import WeightStore
 ROLLOUT_TOPIC = "rollouts"
 ADVANTAGE_GROUP = "advantage"
 ACTOR_GROUP = "actor_train"
+# PPO with GAE: the critic's two groups (values for new rows; training on their returns)
+CRITIC_VALUES_GROUP = "critic_values"
+CRITIC_TRAIN_GROUP = "critic_train"
 # what the rollout writes per sample; the advantage role adds ADVANTAGE_FIELDS
 ROLLOUT_FIELDS = (
     Field("tokens", "int64", (None,)),
@@ -38,6 +41,9 @@ ROLLOUT_FIELDS = (
     Field("error", kind="str"),
 )
 ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
+# with GAE the critic adds per-token values before the advantage role, which adds the returns
+VALUE_FIELDS = (Field("values", "float32", (None,)),)
+RETURN_FIELDS = (Field("returns", "float32", (None,)),)
 # model families whose processors take images / audio (relax.models.processors)
 IMAGE_FAMILIES = ("qwen2_5_vl", "qwen2_5_omni")
 AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")

@@ -9,7 +9,9 @@
   nothing with the others but the run root (a folder or a bucket); on a cluster each is a
   Flyte Ray task.
 
-The controller moves no data: it starts roles, follows the actor's metrics, and exports the
+With ``algorithm.advantage=gae`` the critic (relax.services.critic) runs beside the advantage
+role, in the same process in every topology: the two form the stage that turns rollouts into
+advantages. The controller moves no data: it starts roles, follows the actor's metrics, and exports the
 report (JSONL, TensorBoard events, PNG curves) at the end.
 """
 
@@ -85,31 +87,67 @@ def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine
     return TrainResult(ctx.run_url, last + 1, last + 1, report, metrics["rollout"], metrics["actor"])
 
 
+def advantage_stage(ctx: RunContext, wait_s: float | None = 600.0) -> Any:
+    """The role that puts advantages on the rows: the advantage role alone, or with PPO+GAE the
+    critic beside it (relax.services.critic.CriticAndAdvantage), stepped as one."""
+    if ctx.cfg.algorithm.advantage == "gae":
+        from relax.services.critic import CriticAndAdvantage
+
+        return CriticAndAdvantage(ctx, wait_s)
+    from relax.services.advantage import AdvantageRole
+
+    return AdvantageRole(ctx)
+
+
+class RoleLogs:
+    """One metrics log per role name, opened on its first record (a stage may report for two)."""
+
+    def __init__(self, run_url: str):
+        self.run_url, self.logs = run_url, {}
+
+    def append(self, metrics: dict[str, Any]) -> None:
+        role = metrics["role"]
+        if role not in self.logs:
+            self.logs[role] = MetricsLog(self.run_url, role)
+        self.logs[role].append(metrics)
+
+
 def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str] | None = None,
                   max_steps: int | None = None) -> None:
     from relax.services.actor import ActorRole
-    from relax.services.advantage import AdvantageRole
     from relax.services.rollout import RolloutRole
 
-    actor, adv, rollout = ActorRole(ctx), AdvantageRole(ctx), RolloutRole(ctx, engine_urls)
-    logs = {name: MetricsLog(ctx.run_url, name) for name in ("actor", "advantage", "rollout")}
+    actor = ActorRole(ctx)
+    adv = advantage_stage(ctx)
+    rollout = RolloutRole(ctx, engine_urls)
+    critic = adv.critic if ctx.cfg.algorithm.advantage == "gae" else None
+    logs = RoleLogs(ctx.run_url)
     bar = Progress(ctx.cfg.trainer.total_steps, actor.step_index, progress)
     stop_at = ctx.cfg.trainer.total_steps if max_steps is None else min(ctx.cfg.trainer.total_steps, max_steps)
+
+    def finished() -> bool:  # the critic also trains on the last batch, so its checkpoint covers the run
+        return actor.step_index >= stop_at and (critic is None or critic.trained >= stop_at)
+
     try:
-        while actor.step_index < stop_at:
+        while not finished():
             # whichever role can move without waiting does, downstream first
-            for name, role in (("actor", actor), ("advantage", adv)):
+            for role in (actor, adv):
+                if role is actor and actor.step_index >= stop_at:
+                    continue
                 try:
                     m = role.step(timeout=0)
                 except QueueTimeout:
                     continue
-                logs[name].append(m)
-                if name == "actor":
+                logs.append(m)
+                if role is actor:
                     bar.actor(m)
                 break
             else:
+                if actor.step_index >= stop_at:  # only the critic's last update is left: its data is here
+                    logs.append(adv.step(timeout=60))
+                    continue
                 m = rollout.step(timeout=60)
-                logs["rollout"].append(m)
+                logs.append(m)
                 bar.rollout(m)
     finally:
         bar.close()
@@ -162,7 +200,6 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
     import torch
 
     from relax.services.actor import ActorRole
-    from relax.services.advantage import AdvantageRole
     from relax.services.rollout import RolloutRole
 
     # rollout and actor each get half the CPUs, so they overlap instead of contending
@@ -171,9 +208,11 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
     total = cfg.trainer.total_steps
     if role == "rollout":
         obj: Any = RolloutRole(ctx, engine_urls)
-    else:
-        obj = {"actor": ActorRole, "advantage": AdvantageRole}[role](ctx)
-    log = MetricsLog(ctx.run_url, role)
+    elif role == "actor":
+        obj = ActorRole(ctx)
+    else:  # with PPO+GAE the critic runs in the advantage process (the same stage as colocated)
+        obj = advantage_stage(ctx, wait_s=timeout_s)
+    log = RoleLogs(ctx.run_url)
     done = 0
     try:
         while not _role_done(role, obj, total):
@@ -191,5 +230,5 @@ def _role_done(role: str, obj: Any, total: int) -> bool:
     if role == "actor":
         return obj.step_index >= total
     if role == "advantage":
-        return obj.consumer.next_step >= total
+        return obj.done
     return obj.batch >= total

@@ -22,7 +22,7 @@ import google_crc32c
 from relax import objstore
 from relax.transfer.writers import RecordLog, new_incarnation, read_records
 
-ROLES = ("rollout", "advantage", "actor")
+ROLES = ("rollout", "advantage", "actor", "critic")  # critic: only when algorithm.advantage=gae
 
 
 class MetricsLog:
@@ -128,7 +128,8 @@ def export_report(run_url: str, by_role: dict[str, list[dict[str, Any]]]) -> dic
     urls = {"jsonl": objstore.join(report, "metrics.jsonl"), "tfevents": objstore.join(report, "events.out.tfevents.relax"),
             "png": objstore.join(report, "curves.png")}
     objstore.write_bytes(urls["jsonl"], "".join(json.dumps(r, sort_keys=True) + "\n" for r in lines).encode())
-    rows = scalar_rows(by_role["actor"], "step", "actor") + scalar_rows(by_role["rollout"], "batch", "rollout")
+    rows = (scalar_rows(by_role["actor"], "step", "actor") + scalar_rows(by_role["rollout"], "batch", "rollout")
+            + scalar_rows(by_role.get("critic", []), "step", "critic"))
     objstore.write_bytes(urls["tfevents"], tfevents_bytes(sorted(rows, key=lambda r: r[0])))
     objstore.write_bytes(urls["png"], render_curves(by_role))
     return urls

@@ -31,11 +31,14 @@ def test_rloo_and_masked_out_error_sample():
     np.testing.assert_allclose(adv[2], [0.5])
 
 
-def test_critic_estimator_is_refused(tmp_path):
+def test_gae_waits_for_the_critics_values(tmp_path):
+    # GRPO needs only rewards and masks; GAE must not start a batch before the critic's values exist.
     from relax.services.advantage import AdvantageRole
     from relax.services.context import RunContext
     from tests.relax.services.runtime_helpers import tiny_config
 
-    with pytest.raises(ValueError, match="needs values from a critic"):
-        AdvantageRole(RunContext(tiny_config(f"file://{tmp_path}", "t", "algorithm.advantage=gae",
-                                             "model.value_head=true")))
+    gae = AdvantageRole(RunContext(tiny_config(f"file://{tmp_path}/a", "t", "algorithm.advantage=gae",
+                                               "model.value_head=true")))
+    grpo = AdvantageRole(RunContext(tiny_config(f"file://{tmp_path}/b", "t")))
+    assert "values" in gae.consumer.fields and "values" not in grpo.consumer.fields
+    assert "returns" in gae.producer.fields and "returns" not in grpo.producer.fields
