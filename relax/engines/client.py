@@ -5,6 +5,12 @@ drained, or are briefly overloaded. Connection errors, 5xx and 429 are transient
 retried with exponential backoff; a 4xx is the caller's mistake and is raised at once with
 the server's own message, so a bad sampling parameter never turns into a minute of retries.
 
+Why ``/generate`` answers are validated here: a broken engine (bad weights, a buggy build, a
+proxy answering in its place) can answer 200 with garbage, and garbage that reaches the
+rollout becomes training data. A malformed answer raises :class:`EngineBadResponse` and a
+request that runs past ``timeout_s`` raises :class:`EngineTimeout`; neither is retried on the
+same engine (the router re-sends the request to another one and counts the failure).
+
 Built on aiohttp (already a dependency through s3fs) rather than httpx.
 """
 
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 import aiohttp
@@ -29,6 +36,14 @@ class EngineUnavailable(ConnectionError):
     """The engine could not be reached (refused, reset, died mid-request) after all retries."""
 
 
+class EngineBadResponse(RuntimeError):
+    """The engine answered 2xx with a body that is not a valid answer (the message says what is wrong)."""
+
+
+class EngineTimeout(TimeoutError):
+    """The engine did not answer within the request timeout (an ``asyncio.TimeoutError`` too)."""
+
+
 def _message(body: Any) -> str:
     if isinstance(body, dict):
         err = body.get("error")
@@ -44,14 +59,17 @@ class EngineClient:
 
     ``timeout_s`` bounds each HTTP attempt; ``retries`` is the number of extra attempts after
     the first; the k-th retry waits ``backoff_s * 2**k`` (or the server's Retry-After on 429).
-    ``outstanding`` counts requests in flight, which the router balances on.
+    ``outstanding`` counts requests in flight, which the router balances on. ``vocab_size``, when
+    known, lets :meth:`generate` refuse token ids the model cannot have produced.
     """
 
-    def __init__(self, url: str, timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5):
+    def __init__(self, url: str, timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5,
+                 vocab_size: int | None = None):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.vocab_size = vocab_size
         self.outstanding = 0
         self._session: aiohttp.ClientSession | None = None
 
@@ -94,6 +112,13 @@ class EngineClient:
                         raise last
                     if r.status == 429 and r.headers.get("Retry-After", "").isdigit():
                         wait = max(wait, float(r.headers["Retry-After"]))
+            except aiohttp.ConnectionTimeoutError as e:  # never connected: unreachable, not slow
+                last = EngineUnavailable(f"{self.url}{path}: {type(e).__name__}: {e}")
+            except asyncio.TimeoutError:
+                # not retried here: an engine that took timeout_s once is likely stuck, and the
+                # router re-sends the request to another engine
+                raise EngineTimeout(f"{self.url}{path}: no answer within {timeout.total:g} s; raise the client's "
+                                    f"timeout_s if requests are legitimately this slow") from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 last = EngineUnavailable(f"{self.url}{path}: {type(e).__name__}: {e}")
             if attempt + 1 < attempts:
@@ -113,19 +138,26 @@ class EngineClient:
                 payload[key] = value
         self.outstanding += 1
         try:
-            return await self.request("POST", "/generate", payload)
+            body = await self.request("POST", "/generate", payload)
         finally:
             self.outstanding -= 1
+        if not payload.get("stream"):  # a stream is SSE text; its consumer parses it
+            check_generate_response(body, payload, self.vocab_size, self.url)
+        return body
 
     async def chat(self, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
-        return await self.request("POST", "/v1/chat/completions", {"messages": messages, **params})
+        body = await self.request("POST", "/v1/chat/completions", {"messages": messages, **params})
+        if not params.get("stream") and not (isinstance(body, dict) and isinstance(body.get("choices"), list)):
+            raise EngineBadResponse(f"{self.url}/v1/chat/completions answered without a 'choices' list: "
+                                    f"{str(body)[:200]!r}")
+        return body
 
     async def health(self, timeout_s: float = 5.0) -> bool:
         """True iff ``GET /health`` answers 200 within ``timeout_s``; never retries, never raises."""
         try:
             await self.request("GET", "/health", retries=0, timeout_s=timeout_s)
             return True
-        except (EngineHTTPError, EngineUnavailable, asyncio.TimeoutError):
+        except (EngineHTTPError, EngineUnavailable, EngineBadResponse, asyncio.TimeoutError):
             return False
 
     async def health_generate(self, timeout_s: float = 30.0) -> bool:
@@ -184,3 +216,51 @@ class EngineClient:
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
         return await self._control("/update_weights_from_distributed", payload)
+
+
+def _prompt_count(payload: dict[str, Any]) -> int:
+    """How many prompts a /generate payload carries (a batch is a list of texts or of id lists)."""
+    text, ids = payload.get("text"), payload.get("input_ids")
+    if isinstance(text, list):
+        return len(text)
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return len(ids)
+    return 1
+
+
+def check_generate_response(body: Any, payload: dict[str, Any], vocab_size: int | None, url: str = "") -> None:
+    """Raise :class:`EngineBadResponse` unless ``body`` is a well-formed SGLang ``/generate`` answer
+    to ``payload``: one item per prompt and sample, each with ``meta_info`` and integer
+    ``output_ids`` (inside the vocabulary when ``vocab_size`` is known) and, when logprobs were
+    asked for, one finite logprob per output token naming that token."""
+    def bad(why: str) -> EngineBadResponse:
+        return EngineBadResponse(f"{url}/generate answered a malformed response ({why}); the engine is "
+                                 f"misbehaving: check its log, or restart/replace it")
+
+    if isinstance(body, str) or body is None:
+        raise bad(f"not JSON: {str(body)[:200]!r}")
+    items = body if isinstance(body, list) else [body]
+    sps = payload.get("sampling_params") or {}
+    per_prompt = [int(sp.get("n") or 1) for sp in (sps if isinstance(sps, list) else [sps] * _prompt_count(payload))]
+    if len(items) != sum(per_prompt) or (not isinstance(body, list) and sum(per_prompt) != 1):
+        raise bad(f"{len(items)} item(s) for {len(per_prompt)} prompt(s) x n={per_prompt}")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("meta_info"), dict):
+            raise bad(f"item {i} has no 'meta_info' object: {str(item)[:200]!r}")
+        ids = item.get("output_ids")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise bad(f"item {i} has no integer 'output_ids' list: {str(ids)[:200]!r}")
+        if vocab_size is not None and any(not 0 <= t < vocab_size for t in ids):
+            raise bad(f"item {i} has token ids outside the vocabulary [0, {vocab_size}): "
+                      f"{[t for t in ids if not 0 <= t < vocab_size][:5]}")
+        if not payload.get("return_logprob"):
+            continue
+        lps = item["meta_info"].get("output_token_logprobs")
+        if not isinstance(lps, list) or len(lps) != len(ids):
+            n = len(lps) if isinstance(lps, list) else "no"
+            raise bad(f"item {i} has {len(ids)} output ids but {n} output_token_logprobs")
+        for j, (entry, tok) in enumerate(zip(lps, ids, strict=True)):
+            ok = isinstance(entry, (list, tuple)) and len(entry) >= 2 and isinstance(entry[0], (int, float))
+            if not ok or not math.isfinite(entry[0]) or entry[0] > 1e-4 or entry[1] != tok:
+                raise bad(f"item {i} token {j}: logprob entry {str(entry)[:100]!r} is not [finite logprob <= 0, "
+                          f"token id {tok}, ...]")

@@ -9,6 +9,8 @@ Rules the API keeps (see docs/rest_api.md):
   serves stale weights.
 * A scale-in drains: the engine stops getting new requests, its outstanding ones finish, then
   it is removed (and stopped, if this API launched it).
+* Engines this API launches are handed to the pool, which owns them from then on: its
+  supervisor (``RemoteEngines.supervise``) replaces one that dies, through the same launcher.
 * One scale operation at a time; a second one gets HTTP 409 naming the running one.
 * A scale-out is all or nothing: if any engine fails to come up, the ones it already added are
   removed again and launched processes stopped.
@@ -81,7 +83,8 @@ class Operation:
 
 
 class ElasticRollout:
-    """Scale operations over ``pool``; ``store`` supplies weights to new engines, ``launcher`` starts them."""
+    """Scale operations over ``pool``; ``store`` supplies weights to new engines, ``launcher`` starts them
+    (and becomes the pool's launcher for replacements, unless the pool has one)."""
 
     def __init__(self, pool: RemoteEngines, store: WeightStore | None = None, launcher: EngineLauncher | None = None,
                  *, drain_timeout_s: float = 300.0, keep_operations: int = 256):
@@ -93,7 +96,11 @@ class ElasticRollout:
         self._lock = threading.Lock()
         self._ops: OrderedDict[str, Operation] = OrderedDict()
         self._current: Operation | None = None
-        self._launched: dict[str, LaunchedEngine] = {}  # url -> engines this API started (and must stop)
+        # launched engines are owned by the pool (pool.owned), so a replacement stays owned too
+        if launcher is not None and pool.launcher is None:
+            pool.launcher = launcher
+        if store is not None and pool.store is None:
+            pool.store = store
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def begin(self, kind: str, request: dict[str, Any], operation_id: str | None = None) -> tuple[Operation, bool]:
@@ -139,12 +146,13 @@ class ElasticRollout:
 
     def engines(self) -> list[dict[str, Any]]:
         version = self.pool.weight_version
-        return [{**e, "weight_version": version, "launched": e["url"] in self._launched} for e in self.pool.engines()]
+        owned = set(self.pool.owned)
+        return [{**e, "weight_version": version, "launched": e["url"] in owned} for e in self.pool.engines()]
 
     def close(self) -> None:
-        """Stop every engine this API launched (the pool itself belongs to the caller)."""
-        for url in list(self._launched):
-            self._launched.pop(url).stop()
+        """Stop the engine processes the pool owns: those this API launched and their replacements
+        (the pool itself belongs to the caller)."""
+        self.pool.stop_owned()
 
     # -- the operations ----------------------------------------------------------------------------
     def _scale_out(self, op: Operation) -> None:
@@ -152,13 +160,15 @@ class ElasticRollout:
             raise BadScaleRequest(f"the pool serves weight version {self.pool.weight_version} but this API has "
                                   "no WeightStore to load it into new engines; give ElasticRollout the run's store")
         launched: list[LaunchedEngine] = []
+        processes: dict[str, LaunchedEngine] = {}
         try:
             if op.request.get("num_replicas"):
                 if self.launcher is None:
                     raise BadScaleRequest("this API has no engine launcher, so it cannot start replicas; start "
                                           "the engines yourself and pass their URLs as engine_urls")
                 launched = list(self.launcher.launch(int(op.request["num_replicas"])))
-                urls = [e.url.rstrip("/") for e in launched]
+                processes = {e.url.rstrip("/"): e for e in launched}
+                urls = list(processes)
             else:
                 urls = list(dict.fromkeys(u.rstrip("/") for u in op.request["engine_urls"]))
             present = {e["url"] for e in self.engines()}
@@ -166,23 +176,22 @@ class ElasticRollout:
                 if url in present:
                     op.engines_skipped.append(url)
                     continue
-                self.pool.add_engine(url, self.store)  # loads the current version, and a newer one if it moves
+                # loads the current version (and a newer one if the pool moves); launched ones become owned
+                self.pool.add_engine(url, self.store, process=processes.get(url))
                 op.engines_added.append(url)
-            self._launched.update({e.url.rstrip("/"): e for e in launched})
         except BaseException:
             self._undo_scale_out(op, launched)
             raise
 
     def _undo_scale_out(self, op: Operation, launched: list[LaunchedEngine]) -> None:
         for url in op.engines_added:
-            try:
+            try:  # stops it too if it was launched (the pool owns it by now)
                 self.pool.remove_engine(url, drain=True, timeout_s=self.drain_timeout_s)
             except Exception:  # the engine is gone already; nothing left to undo
                 pass
         op.engines_removed, op.engines_added = list(op.engines_added), []
         for e in launched:
-            self._launched.pop(e.url.rstrip("/"), None)
-            e.stop()
+            e.stop()  # a no-op for one already stopped
 
     def _scale_in(self, op: Operation) -> None:
         current = [e["url"] for e in self.engines()]
@@ -193,9 +202,9 @@ class ElasticRollout:
                 raise BadScaleRequest(f"not in the pool: {unknown}; GET /rollout/engines lists the engines {current}")
         else:
             n = int(op.request["num_replicas"])
-            # Launched engines go first: they are the ones this API can give back to the host.
-            order = [u for u in reversed(current) if u in self._launched] + \
-                    [u for u in reversed(current) if u not in self._launched]
+            # Launched (owned) engines go first: they are the ones this API can give back to the host.
+            owned = set(self.pool.owned)
+            order = [u for u in reversed(current) if u in owned] + [u for u in reversed(current) if u not in owned]
             urls = order[:n]
         if len(urls) >= len(current):
             raise BadScaleRequest(f"removing {len(urls)} of the {len(current)} engines would leave the rollout "
@@ -207,9 +216,7 @@ class ElasticRollout:
             if isinstance(r, BaseException):
                 failed[url] = f"did not drain within {timeout} s" if isinstance(r, asyncio.TimeoutError) else repr(r)
                 continue
-            op.engines_removed.append(url)
-            if url in self._launched:
-                self._launched.pop(url).stop()
+            op.engines_removed.append(url)  # the pool stopped it if it owned it
         if failed:
             raise RuntimeError(f"engines not removed: {failed}; they stay in the pool marked draining (no new "
                                f"requests): retry scale_in, with a larger drain_timeout_s if they are busy")

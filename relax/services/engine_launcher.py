@@ -5,11 +5,16 @@ launcher is a protocol so the same API can place engines as local processes (thi
 as Ray actors or on another scheduler; the API only needs each engine's URL and a way to
 stop it. A launcher refuses a request it cannot satisfy as a whole (:class:`CapacityError`)
 before starting anything, so a scale-out never leaves half its engines behind.
+
+The rollout also launches its own engines here (``rollout.engine_processes``); the pool
+(:class:`~relax.rollout.engines.RemoteEngines`) then owns them and, when one dies, launches a
+replacement through the same launcher (the dead one no longer counts against ``max_engines``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,10 +31,14 @@ class CapacityError(RuntimeError):
 
 
 class LaunchedEngine(Protocol):
-    """What the API keeps of an engine it launched: where it serves, how to stop it."""
+    """What the pool keeps of an engine it owns: where it serves, whether its process still
+    runs (the supervisor replaces it once it does not), how to stop it."""
 
     @property
     def url(self) -> str: ...
+
+    @property
+    def alive(self) -> bool: ...
 
     def stop(self) -> None: ...
 
@@ -114,6 +123,8 @@ class NativeEngineProcess:
         """Terminate (the server shuts down cleanly), then kill if it does not exit in time."""
         if self.alive:
             self.proc.terminate()
+            # a stopped (SIGSTOP, hung in a debugger) process handles the SIGTERM only once continued
+            self.proc.send_signal(signal.SIGCONT)
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

@@ -14,17 +14,21 @@ batch index) is stored in the meta of each commit, so a restarted rollout resume
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from typing import Any
 
 import numpy as np
 
+from relax.config_loader import ConfigError
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import EnginePool, LocalEngines, RemoteEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
 from relax.rollout.prompts import PromptStream
 from relax.rollout.rewards import RewardDispatcher
 from relax.services.context import ACTOR_GROUP, ROLLOUT_FIELDS, RunContext
+from relax.services.engine_launcher import LocalProcessLauncher
 from relax.transfer.consumer import GroupView, wait_for_capacity
 
 
@@ -40,7 +44,8 @@ def trajectory_row(t: Trajectory, group_size: int) -> dict[str, Any]:
 
 
 class RolloutRole:
-    """Owns the engines (in-process, or URLs behind the router) and the rollout producer."""
+    """Owns the engines (in-process, engine processes it starts, or URLs behind the router) and
+    the rollout producer. HTTP engines are supervised (docs/runtime.md, "Engine faults")."""
 
     def __init__(self, ctx: RunContext, engine_urls: list[str] | None = None, writer_id: str = "rollout"):
         cfg, r = ctx.cfg, ctx.cfg.rollout
@@ -53,12 +58,17 @@ class RolloutRole:
         self.batch = int(meta.get("batch", -1)) + 1  # the next batch index
         self.stream = PromptStream(ctx.split("train"), seed=cfg.seed, position=int(meta.get("next_prompt", 0)))
         tok = ctx.tokenizer
-        if engine_urls:
-            self.pool: EnginePool = RemoteEngines(engine_urls)
-            processor = None
+        slots = max(r.n_samples_per_prompt * r.prompts_per_step, 8)
+        self._model_dir: str | None = None
+        processor = None
+        faults = {"timeout_s": r.engine_timeout_s, "max_failures": r.engine_max_failures,
+                  "supervise_interval_s": r.supervise_interval_s}
+        if engine_urls:  # external engines: routed around when they fail, never replaced
+            self.pool: EnginePool = RemoteEngines(engine_urls, **faults)
+        elif r.engine_processes > 0:
+            self.pool = self._owned_engines(r.engine_processes, slots, faults)
         else:
             model, processor = ctx.build_model()
-            slots = max(r.n_samples_per_prompt * r.prompts_per_step, 8)
             self.pool = LocalEngines(model, tok, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
                                      seed=cfg.seed)
         self.rewards = RewardDispatcher(cfg.data.reward_fn)
@@ -69,6 +79,26 @@ class RolloutRole:
                                     media=ctx.snapshot.load_media, new_weights=self._newer_weights,
                                     reload=self.sync_weights)
         self.make_env = default_env_factory(r.max_turns)
+
+    def _owned_engines(self, n: int, slots: int, faults: dict[str, Any]) -> RemoteEngines:
+        """Start ``n`` native engine servers on the initial model; the pool owns and supervises them."""
+        media = sorted({s.task for s in self.ctx.split("train") if s.images or s.audios})
+        if media:
+            raise ConfigError(f"tasks {media} carry images/audio, which engine processes do not take yet "
+                              f"(rollout.engine_processes={n}); set rollout.engine_processes=0 for in-process engines")
+        model, _ = self.ctx.build_model()
+        self._model_dir = tempfile.mkdtemp(prefix="relax-engine-model-")
+        model.save_pretrained(self._model_dir)
+        self.ctx.tokenizer.save_pretrained(self._model_dir)
+        text_cfg = getattr(model.config, "text_config", None) or model.config
+        launcher = LocalProcessLauncher(self._model_dir, max_engines=n, max_batch_size=slots)
+        try:
+            started = launcher.launch(n)  # a startup error quotes the engine log (in the system temp folder)
+        except BaseException:
+            shutil.rmtree(self._model_dir, ignore_errors=True)
+            raise
+        return RemoteEngines([], owned=started, launcher=launcher, store=self.store,
+                             vocab_size=getattr(text_cfg, "vocab_size", None), **faults)
 
     # -- weights ------------------------------------------------------------------------------
     def _newer_weights(self) -> bool:
@@ -118,6 +148,8 @@ class RolloutRole:
                    "samples": len(rows), "filtered_groups": filtered, "reward_errors": sum(bool(t.error) for t in trajs),
                    "aborted_partials": self.runner.aborted, "wait_s": t_wait - t0, "time_s": elapsed,
                    "samples_per_s": len(rows) / max(elapsed, 1e-9), "epoch": self.stream.epoch}
+        if isinstance(self.pool, RemoteEngines):
+            metrics.update(self.pool.fault_counts())  # engine retries, unhealthy marks, replacements
         for task in sorted({t.sample.task for t in trajs}):
             metrics[f"reward/{task}"] = float(np.mean([t.reward for t in trajs if t.sample.task == task]))
         return metrics
@@ -136,4 +168,8 @@ class RolloutRole:
 
     def close(self) -> None:
         self.producer.close()
-        self.pool.close()
+        try:
+            self.pool.close()  # stops the engine processes the pool owns
+        finally:
+            if self._model_dir is not None:
+                shutil.rmtree(self._model_dir, ignore_errors=True)

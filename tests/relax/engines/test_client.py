@@ -1,4 +1,4 @@
-"""EngineClient retry policy against a tiny real FastAPI app on loopback."""
+"""EngineClient retry policy and answer validation against tiny real FastAPI apps on loopback."""
 
 from __future__ import annotations
 
@@ -9,8 +9,15 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from relax.engines.client import EngineClient, EngineHTTPError, EngineUnavailable
+from relax.engines.client import (
+    EngineBadResponse,
+    EngineClient,
+    EngineHTTPError,
+    EngineTimeout,
+    EngineUnavailable,
+)
 from tests.relax.engines.contract import InProcessServer, free_port
+from tests.relax.engines.faulty_engine import GARBAGE, VOCAB, faulty_app
 
 
 def flaky_app() -> tuple[FastAPI, dict[str, int]]:
@@ -111,6 +118,39 @@ def test_per_request_timeout(flaky) -> None:
             await c.request("POST", "/slow", {})
 
     t0 = time.monotonic()
-    with pytest.raises(asyncio.TimeoutError):
+    with pytest.raises(asyncio.TimeoutError) as e:
         asyncio.run(go())
     assert time.monotonic() - t0 < 1.5
+    assert isinstance(e.value, EngineTimeout) and "no answer within 0.3 s" in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def faulty():
+    app, state = faulty_app()
+    with InProcessServer(app) as srv:
+        yield srv.url, state
+
+
+WHY = {"not_json": "not JSON", "missing_ids": "no integer 'output_ids'", "length_mismatch": "3 output ids but 2",
+       "nan_logprob": "not [finite logprob", "out_of_vocab": "outside the vocabulary", "wrong_count": "2 item(s)"}
+
+
+@pytest.mark.parametrize("mode", GARBAGE)
+def test_malformed_generate_answer_is_a_bad_response(faulty, mode: str) -> None:
+    url, state = faulty
+
+    async def go() -> None:
+        async with EngineClient(url, timeout_s=5, retries=3, backoff_s=0.01, vocab_size=VOCAB) as c:
+            state["mode"] = "ok"
+            ok = await c.generate(input_ids=[1], sampling_params={"max_new_tokens": 2}, return_logprob=True)
+            assert ok["output_ids"] == [1, 1]
+            state["mode"], calls = mode, state["calls"]
+            try:
+                await c.generate(input_ids=[1], sampling_params={"max_new_tokens": 2}, return_logprob=True)
+            finally:
+                assert state["calls"] == calls + 1  # a 200 with garbage is not retried on the same engine
+                assert c.outstanding == 0
+
+    with pytest.raises(EngineBadResponse, match="malformed response") as e:
+        asyncio.run(go())
+    assert WHY[mode] in str(e.value)

@@ -1,9 +1,11 @@
-"""Router: least-outstanding balancing, add/remove with draining, failover when an engine is killed.
+"""Router: least-outstanding balancing, add/remove with draining, failover when an engine is
+killed, answers garbage or times out.
 
 Engines are real server subprocesses (``create_app`` over a stub engine that sleeps
 ``0.05 s * max_new_tokens`` and reports its name as ``weight_version``), so killing one is a
 real SIGKILL mid-request. Run this file as ``python test_router.py --serve PORT NAME`` to
-start one such server.
+start one such server. The fault tests pair an in-process stub server with
+``faulty_engine.faulty_app`` (a real HTTP server that misbehaves on demand).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typing import Any
 
 import pytest
 
+from relax.engines.client import EngineBadResponse
 from relax.engines.router import NoEngineAvailable, Router
 from relax.engines.types import Completion, GenerateRequest
-from tests.relax.engines.contract import free_port, start_subprocess
+from tests.relax.engines.contract import InProcessServer, free_port, start_subprocess
+from tests.relax.engines.faulty_engine import GARBAGE, VOCAB, faulty_app
 
 
 class StubTokenizer:
@@ -152,6 +156,106 @@ def test_failover_when_engine_is_killed(engines) -> None:
         assert {e["url"]: e["healthy"] for e in router.engines()} == {a: False, b: True}
         await router.check_health()
         assert {e["url"]: e["healthy"] for e in router.engines()} == {a: False, b: True}
+        await router.close()
+
+    asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def good_and_faulty():
+    """``(good_url, faulty_url, faulty_state)``: a stub engine named "good" and a faulty one."""
+    from relax.engines.server import create_app
+
+    app, state = faulty_app()
+    with InProcessServer(create_app(StubEngine("good"), "stub")) as good, InProcessServer(app) as bad:
+        yield good.url, bad.url, state
+
+
+TWO_TOKENS = {"input_ids": [1], "sampling_params": {"max_new_tokens": 2}, "return_logprob": True}
+
+
+async def _hit(router: Router, state: dict[str, Any]) -> None:
+    """Send requests until one went to the faulty engine; each must still be answered by the good one."""
+    calls = state["calls"]
+    for _ in range(20):
+        r = await router.generate(**TWO_TOKENS)
+        assert r["meta_info"]["weight_version"] == "good"
+        if state["calls"] > calls:
+            return
+    raise AssertionError("the faulty engine never got a request")
+
+
+def _row(router: Router, url: str) -> dict[str, Any]:
+    return next(e for e in router.engines() if e["url"] == url)
+
+
+def test_garbage_answers_are_retried_on_another_engine(good_and_faulty) -> None:
+    good, bad, state = good_and_faulty
+
+    async def go() -> None:
+        router = Router([bad, good], timeout_s=5, max_failures=len(GARBAGE) + 1, vocab_size=VOCAB)
+        for i, mode in enumerate(GARBAGE, 1):
+            state["mode"] = mode
+            await _hit(router, state)
+            row = _row(router, bad)
+            assert row["healthy"] and row["consecutive_failures"] == row["failures"] == i, (mode, row)
+            assert "malformed response" in row["last_error"]
+        assert router.retries == len(GARBAGE) and router.unhealthy_marks == 0
+        await router.close()
+        # with nowhere else to go the request fails, naming the engine's fault
+        state["mode"] = "length_mismatch"
+        alone = Router([bad], timeout_s=5)
+        with pytest.raises(NoEngineAvailable, match="output_token_logprobs") as e:
+            await alone.generate(**TWO_TOKENS)
+        assert isinstance(e.value.__cause__, EngineBadResponse)
+        await alone.close()
+
+    asyncio.run(go())
+
+
+def test_consecutive_failures_mark_unhealthy_and_a_success_resets(good_and_faulty) -> None:
+    good, bad, state = good_and_faulty
+
+    async def go() -> None:
+        router = Router([bad, good], timeout_s=5, max_failures=3)
+        state["mode"] = "not_json"
+        for _ in range(2):
+            await _hit(router, state)
+        assert _row(router, bad)["consecutive_failures"] == 2
+        state["mode"] = "ok"
+        calls = state["calls"]
+        while state["calls"] == calls:
+            await router.generate(**TWO_TOKENS)
+        assert _row(router, bad)["consecutive_failures"] == 0 and _row(router, bad)["failures"] == 2
+        state["mode"] = "not_json"
+        for _ in range(3):
+            await _hit(router, state)
+        row = _row(router, bad)
+        assert not row["healthy"] and row["consecutive_failures"] == 3 and router.unhealthy_marks == 1
+        calls = state["calls"]
+        for _ in range(4):  # out of rotation: nothing reaches it
+            assert (await router.generate(**TWO_TOKENS))["meta_info"]["weight_version"] == "good"
+        assert state["calls"] == calls
+        await router.check_health()  # it answers /health: back in rotation with a clean count
+        row = _row(router, bad)
+        assert row["healthy"] and row["consecutive_failures"] == 0 and row["failures"] == 5
+        await router.close()
+
+    asyncio.run(go())
+
+
+def test_a_timeout_counts_as_a_failure(good_and_faulty) -> None:
+    good, bad, state = good_and_faulty
+
+    async def go() -> None:
+        state["mode"], state["slow_s"] = "slow", 1.5
+        router = Router([bad, good], timeout_s=0.4, max_failures=2)
+        t0 = time.monotonic()
+        for _ in range(2):
+            await _hit(router, state)
+        assert time.monotonic() - t0 < 3.0  # each timed-out request moved on after 0.4 s, not 1.5 s
+        row = _row(router, bad)
+        assert not row["healthy"] and row["failures"] == 2 and "no answer within 0.4 s" in row["last_error"]
         await router.close()
 
     asyncio.run(go())
