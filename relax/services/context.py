@@ -86,8 +86,12 @@ class RunContext:
             record = json.loads(objstore.read_bytes(url))
             saved = _flat(record["config"])
             mine = _flat(config_to_dict(self.cfg))
+            # A setting added to Relax after the run started is absent from run.json; at its
+            # default it changes nothing, so upgrading Relax does not orphan a run.
+            defaults = _flat(config_to_dict(RelaxConfig()))
             diff = sorted(k for k in set(saved) | set(mine)
-                          if k not in RESUMABLE_FIELDS and saved.get(k) != mine.get(k))
+                          if k not in RESUMABLE_FIELDS and saved.get(k) != mine.get(k)
+                          and not (k not in saved and mine.get(k) == defaults.get(k)))
             if diff and not fork:
                 shown = ", ".join(f"{k}: {saved.get(k)!r} -> {mine.get(k)!r}" for k in diff[:5])
                 raise RunConfigMismatch(

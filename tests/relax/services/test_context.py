@@ -27,3 +27,18 @@ def test_run_record_written_then_checked(tmp_path):
     with pytest.raises(RunConfigMismatch, match=r"trainer\.lr: 0\.001 -> 0\.5.*fork"):
         RunContext(other).ensure_run()
     RunContext(other).ensure_run(fork=True)  # the user asked for it
+
+
+def test_a_setting_added_after_the_run_started_is_compared_by_its_default(tmp_path):
+    cfg = tiny_config(f"file://{tmp_path}")
+    ctx = RunContext(cfg)
+    ctx.ensure_run()
+    # rewrite run.json as an older Relax would have: without rollout.engine_timeout_s
+    url = objstore.join(ctx.run_url, "run.json")
+    record = json.loads(objstore.read_bytes(url))
+    del record["config"]["rollout"]["engine_timeout_s"]
+    objstore.write_bytes(url, json.dumps(record).encode())
+    RunContext(cfg).ensure_run()  # at its default: the same run
+    changed = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine_timeout_s=5.0))
+    with pytest.raises(RunConfigMismatch, match=r"rollout\.engine_timeout_s: None -> 5\.0"):
+        RunContext(changed).ensure_run()
