@@ -53,8 +53,13 @@ class MediaProcessor:
         return int(self.image_processor.merge_size) if self.image_processor is not None else 1
 
 
-def make_image_processor(patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2) -> Any:
-    """A Qwen2-VL image processor built from settings; PIL backend when torchvision is absent."""
+def make_image_processor(patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2,
+                         norm: dict[str, list[float]] | None = None) -> Any:
+    """A Qwen2-VL image processor built from settings; PIL backend when torchvision is absent.
+
+    ``norm`` ({"mean": [r, g, b], "std": [r, g, b]} on pixels scaled to [0, 1]) replaces the
+    processor's CLIP constants; the built-in tiny models set it (relax_image_norm in config.json).
+    """
     try:
         from transformers import Qwen2VLImageProcessorPil as cls
     except ImportError:  # older transformers: one class
@@ -64,6 +69,7 @@ def make_image_processor(patch_size: int = 14, merge_size: int = 2, temporal_pat
         merge_size=merge_size,
         temporal_patch_size=temporal_patch_size,
         size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+        **({"image_mean": list(norm["mean"]), "image_std": list(norm["std"])} if norm else {}),
     )
 
 
@@ -90,7 +96,8 @@ def build_media_processor(config: PretrainedConfig, tokenizer: PreTrainedTokeniz
         return None
     image_proc = None
     if vision is not None:
-        image_proc = make_image_processor(vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
+        image_proc = make_image_processor(vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size,
+                                          getattr(config, "relax_image_norm", None))
     feat = None
     if audio is not None:
         feat = make_feature_extractor(audio.num_mel_bins, audio.max_source_positions)

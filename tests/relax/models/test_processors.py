@@ -136,3 +136,26 @@ def test_bad_media_names_the_item(tok, models, suite) -> None:
 def test_wav_decoding_resamples_and_mixes() -> None:
     x = decode_wav(_wav(440.0, seconds=0.5, rate=8000), 0)
     assert x.dtype == np.float32 and len(x) == 8000 and np.abs(x).max() <= 1.0
+
+
+def test_tiny_vision_models_map_white_to_zero_and_keep_it_in_their_checkpoint(tok, models, tmp_path) -> None:
+    from PIL import Image
+
+    from relax.models.processors import build_media_processor
+
+    buf = io.BytesIO()
+    Image.new("RGB", (56, 56), (255, 255, 255)).save(buf, format="PNG")
+    sample = generate_suite(["shapes"], seed=0, train_per_task=1, eval_per_task=0)["train"][0]
+    model, processor = models["omni"]
+    white = prepare_inputs(sample, [buf.getvalue()], [], tok, processor)["pixel_values"]
+    assert torch.count_nonzero(white) == 0  # (1 - mean 1) / std 0.5 = 0 for every channel
+    model.save_pretrained(tmp_path)  # the setting travels with the checkpoint's config.json
+    reloaded = build_policy(ModelConfig(name_or_path=str(tmp_path), family="qwen2_5_omni"), tok, seed=0)[1]
+    assert list(reloaded.image_processor.image_mean) == [1.0, 1.0, 1.0]
+    # a config without the setting (a real Qwen checkpoint) keeps the processor's CLIP constants:
+    # white is (1 - 0.48145466) / 0.26862954 = 1.93 in the red channel
+    del model.config.relax_image_norm
+    clip = build_media_processor(model.config, tok)
+    model.config.relax_image_norm = {"mean": [1.0, 1.0, 1.0], "std": [0.5, 0.5, 0.5]}  # the module fixture is shared
+    red = prepare_inputs(sample, [buf.getvalue()], [], tok, clip)["pixel_values"][0, 0]
+    assert float(red) == pytest.approx((1 - 0.48145466) / 0.26862954, abs=1e-4)
