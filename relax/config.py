@@ -186,6 +186,10 @@ class TrainerConfig:
                             "the ratio clip keeps the later ones near the sampling policy.", range=(1, 1024))
     critic_lr: float = opt(0.0, "Peak learning rate of the critic (advantage=gae); 0 = trainer.lr. The critic "
                            "shares the actor's warm-up, schedule, clipping and micro-batching.", range=(0.0, 1.0))
+    freeze_encoders: list[str] = opt(
+        [], "Media encoders held fixed during RL: 'vision' and/or 'audio' (the policy's visual / audio_tower "
+        "modules). The LM still learns to read their features; a small encoder trained by the noisy RL "
+        "gradient can lose what its features carried (docs/models.md).")
     ppo_epochs: int = opt(1, "Passes over each rollout batch (each pass makes mini_batches updates).", range=(1, 64))
     checkpoint_every: int = opt(20, "Save a checkpoint every k steps.", range=(1, 100_000_000))
     data_parallel: int = opt(1, "Data-parallel processes (gloo on CPU, NCCL on GPU).", range=(1, 100_000))

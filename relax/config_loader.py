@@ -110,6 +110,12 @@ def _cross_checks(cfg: RelaxConfig) -> None:
                           "(or use rollout.engine=native on CPU)")
     if cfg.algorithm.advantage == "gae" and not cfg.model.value_head:
         raise ConfigError("algorithm.advantage = 'gae' needs a critic: set model.value_head=true")
+    unknown = sorted(set(cfg.trainer.freeze_encoders) - {"vision", "audio"})
+    if unknown:
+        raise ConfigError(f"trainer.freeze_encoders: unknown encoder(s) {unknown}; use 'vision' and/or 'audio'")
+    if cfg.trainer.freeze_encoders and cfg.trainer.backend != "torch":
+        raise ConfigError("trainer.freeze_encoders is supported by the torch backend only; "
+                          "set trainer.backend=torch or remove it")
     if not cfg.run_id or "/" in cfg.run_id:
         raise ConfigError(f"run_id = {cfg.run_id!r} must be a non-empty name without '/'")
 

@@ -15,7 +15,9 @@ import torch
 
 from relax.algorithms import compute_policy_loss, kl_estimate, off_policy_correction
 from relax.config import AlgorithmConfig, RelaxConfig
+from relax.models.builders import freeze_encoders
 from relax.trainers.torch.batch import RolloutBatch
+from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.forward import compute_logprobs
 from relax.trainers.torch.packing import MicroBatch, micro_batches
 from relax.trainers.torch.trainer import StepResult, TorchTrainer
@@ -75,6 +77,7 @@ class Actor:
         t = cfg.trainer
         self.cfg = cfg
         updates = t.mini_batches * t.ppo_epochs  # optimizer steps per RL step: the schedule counts those
+        freeze_encoders(unwrap(model), list(t.freeze_encoders))  # before the optimizer collects parameters
         self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * updates,
                                     total_steps=t.total_steps * updates, schedule=t.lr_schedule, grad_clip=t.grad_clip,
                                     micro_batch_tokens=t.micro_batch_tokens, layout=t.micro_batch_layout,

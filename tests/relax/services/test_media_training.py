@@ -107,3 +107,29 @@ def test_engine_first_token_of_a_text_prompt_on_the_omni_model():
         logp = torch.log_softmax(model(input_ids=torch.tensor([ids + c.output_ids])).logits[0].float(), -1)
     expected = [float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(c.output_ids)]
     assert c.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_frozen_vision_encoder_keeps_its_weights_while_the_rest_trains(tmp_path):
+    from relax.services.controller import run_colocated
+
+    ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "frozen", *OMNI, "trainer.freeze_encoders=[vision]",
+                                # an entropy bonus: a gradient even when every reward of a tiny run is 0
+                                "algorithm.entropy_coef=0.1"))
+    ctx.ensure_run()
+    run_colocated(ctx, progress=False, max_steps=2)
+    store = ctx.weights()
+    first, _ = store.load(0)
+    last, _ = store.load(store.latest())
+    moved = {n for n in first if not torch.equal(torch.as_tensor(first[n]), torch.as_tensor(last[n]))}
+    visual = {n for n in first if "visual" in n.split(".")}
+    assert visual and not (moved & visual)  # the vision tower is exactly as built
+    assert any("audio_tower" in n.split(".") for n in moved)  # the audio tower still trains
+    assert any("language_model" in n.split(".") for n in moved)
+
+
+def test_freezing_an_encoder_the_model_lacks_names_it(tmp_path):
+    from relax.models.builders import freeze_encoders
+
+    model = RunContext(tiny_config(f"file://{tmp_path}/root", "text")).build_model()[0]
+    with pytest.raises(ValueError, match="no vision encoder"):
+        freeze_encoders(model, ["vision"])
