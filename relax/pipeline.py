@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from relax import objstore
 from relax.config import RelaxConfig
 from relax.config_loader import config_to_dict
+from relax.models.builders import BUILTIN_MODELS, BUILTIN_VERSION
 from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
 from relax.services.context import RunContext
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint
@@ -45,6 +46,8 @@ def warm_start_key(cfg: RelaxConfig, snapshot_id: str) -> str:
     parts = {"model": {k: v for k, v in config_to_dict(cfg)["model"].items() if k != "init_checkpoint"},
              "seed": cfg.seed, "sft_steps": cfg.trainer.sft_steps, "sft_lr": cfg.trainer.sft_lr,
              "difficulty": cfg.data.difficulty, "snapshot": snapshot_id}
+    if cfg.model.name_or_path in BUILTIN_MODELS:
+        parts["builtin_version"] = BUILTIN_VERSION
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -50,6 +50,9 @@ AUDIO_TINY = {"num_mel_bins": 32, "encoder_layers": 1, "encoder_attention_heads"
 # every patch is dominated by the same white vector and the tiny tower's features barely
 # differ between pictures (held-out colour accuracy stayed at chance after 300x32 supervised
 # steps; with this normalisation 0.75). Real checkpoints keep CLIP's constants.
+# Bump when a built-in model or its processor changes what a given seed produces: cached
+# warm-starts (relax.pipeline.warm_start_key) are keyed on it. 2: relax_image_norm.
+BUILTIN_VERSION = 2
 TINY_IMAGE_NORM = {"mean": [1.0, 1.0, 1.0], "std": [0.5, 0.5, 0.5]}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
