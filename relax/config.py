@@ -149,7 +149,8 @@ class AlgorithmConfig:
     kl_coef: float = opt(0.0, "Weight of the KL penalty against the reference policy; 0 disables the reference.",
                          range=(0.0, 100.0))
     kl_estimator: str = opt("k3", "KL estimator.", choices=("k1", "k2", "k3"))
-    kl_in_reward: bool = opt(False, "Apply KL as a reward penalty instead of a loss term.")
+    kl_in_reward: bool = opt(False, "Apply the KL as a per-token reward penalty -kl_coef * KL_t (computed by the "
+                             "advantage role against policy version 0) instead of a loss term in the actor.")
     entropy_coef: float = opt(0.0, "Entropy bonus weight.", range=(0.0, 10.0))
     off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples.",
                           choices=("none", "decoupled", "tis", "icepop"))

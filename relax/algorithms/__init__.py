@@ -55,6 +55,7 @@ from relax.algorithms.kl import (
     kl_k3,
     kl_loss,
     kl_reward_penalty,
+    token_kl,
 )
 from relax.algorithms.losses import (
     POLICY_LOSSES,
@@ -154,6 +155,7 @@ __all__ = [
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
     "tis_weights",
+    "token_kl",
     "token_mean",
     "value_loss",
 ]

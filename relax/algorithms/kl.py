@@ -11,7 +11,8 @@ logprob:
 
 The KL enters training in one of two ways (``AlgorithmConfig.kl_in_reward``):
 as a differentiable loss term (:func:`kl_loss`, scaled by ``kl_coef`` after aggregation)
-or as per-token reward shaping (:func:`kl_reward_penalty`, no gradient).
+or as per-token reward shaping (:func:`token_kl` handed to
+``compute_advantages(token_kl=..., kl_coef=...)``, or :func:`kl_reward_penalty`; no gradient).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "kl_k3",
     "kl_loss",
     "kl_reward_penalty",
+    "token_kl",
 ]
 
 # exp(20) ~ 5e8: far beyond any ratio a sane run sees, small enough that k3 stays finite.
@@ -87,6 +89,20 @@ def kl_loss(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str
     return torch.where(m > 0, kl * m, torch.zeros_like(kl))
 
 
+def token_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k1") -> Tensor:
+    """Per-token KL of the *sampling* policy to the reference, as a constant (``kl_in_reward``).
+
+    Formula: KL_t = m_t * k(logp_t, logp_ref_t), detached: the advantage role computes it
+    from a row's behaviour log-probs and hands it to
+    :func:`relax.algorithms.advantages.compute_advantages` as ``token_kl``. Off the mask
+    (prompt, tool output, padding) it is exactly 0, whatever the log-probs hold there.
+    Shapes: (B, T) -> (B, T).
+    """
+    kl = kl_estimate(logprobs.detach(), ref_logprobs, estimator)
+    m = mask.to(kl.dtype)
+    return torch.where(m > 0, kl * m, torch.zeros_like(kl))
+
+
 def kl_reward_penalty(
     logprobs: Tensor,
     ref_logprobs: Tensor,
@@ -101,9 +117,7 @@ def kl_reward_penalty(
     (detached). k1 is the classic choice here: its expectation is the KL and the sum over
     tokens is the sequence log-ratio. Shapes: (B, T) -> (B, T) penalty (<= 0 for k2/k3).
     """
-    kl = kl_estimate(logprobs.detach(), ref_logprobs, estimator)
-    m = mask.to(kl.dtype)
-    return torch.where(m > 0, -kl_coef * kl * m, torch.zeros_like(kl))
+    return -kl_coef * token_kl(logprobs, ref_logprobs, mask, estimator)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from relax import objstore
-from relax.config_loader import ConfigError, config_hash
+from relax.config_loader import config_hash
 from relax.services.context import ACTOR_GROUP, RunContext
 from relax.services.media import MediaInputs
 from relax.trainers.torch.actor import Actor, Reference
@@ -68,6 +68,21 @@ def list_checkpoints(ctx: RunContext) -> list[int]:
     return sorted(steps)
 
 
+def initial_reference(ctx: RunContext, wait_s: float | None = None) -> tuple[Reference, Any]:
+    """The KL anchor and the model's processor: a frozen copy of policy version 0 (the run's
+    starting point, warm start included, which the WeightStore always retains), so a
+    restarted role gets the same reference. Waits up to ``wait_s`` for the actor to publish it."""
+    model, processor = ctx.build_model()
+    store = ctx.weights()
+    try:
+        store.wait_for(0, wait_s)
+        state, _ = store.load(0)
+    finally:
+        store.close()
+    model.load_state_dict(state)
+    return Reference(model, ctx.cfg.trainer.micro_batch_tokens, ctx.cfg.rollout.temperature), processor
+
+
 class ActorRole:
     def __init__(self, ctx: RunContext):
         cfg = ctx.cfg
@@ -100,18 +115,9 @@ class ActorRole:
         elif self.resumed_from is None:  # warm start done before a crash that preceded any checkpoint
             state, _ = self.store.load(0)
             self.actor.model.load_state_dict(state)
-        self.reference = self._reference() if cfg.algorithm.kl_coef > 0 else None
-
-    def _reference(self) -> Reference:
-        """The KL anchor: a frozen copy of policy version 0 (the run's starting point, which the
-        WeightStore always retains), so a restarted actor gets the same reference."""
-        if self.cfg.algorithm.kl_in_reward:
-            raise ConfigError("algorithm.kl_in_reward is not wired into the runtime yet; use the KL loss term "
-                              "(kl_in_reward=false) or kl_coef=0")
-        model, _ = self.ctx.build_model()
-        state, _ = self.store.load(0)
-        model.load_state_dict(state)
-        return Reference(model, self.cfg.trainer.micro_batch_tokens, self.actor.trainer.temperature)
+        # with kl_in_reward the KL is in the advantages (the advantage role holds the reference)
+        use_ref = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward
+        self.reference = initial_reference(ctx)[0] if use_ref else None
 
     @property
     def version(self) -> int:

@@ -12,6 +12,14 @@ batch, whitens the advantages over the batch's response tokens (PPO's usual norm
 GAE on a sparse outcome reward is otherwise scaled by the reward rate) and commits both
 ``advantages`` and ``returns`` (A + V before whitening: the critic's regression target).
 
+With ``algorithm.kl_in_reward`` (and ``kl_coef`` = beta > 0) the KL to the reference policy
+is a reward, not a loss term: this role holds the reference (a frozen policy version 0, as
+the actor does for the loss term), scores each row's tokens with it, takes
+KL_t = k(logp_t, logp_ref_t) on the loss mask from the row's behaviour ``logprobs``, and
+hands it to the estimator (token-level ones: R_t = r * 1[t = last] - beta * KL_t;
+group/sequence ones: r_i - beta * sum_t KL_it before the group baseline; docs/algorithms.md).
+The KL then reaches the actor only through ``advantages``; its mean is in this role's metrics.
+
 A crash between recording a step and committing its advantages is repaired at start:
 recorded steps whose samples still lack the field are computed again (same inputs, same
 output), so no group is ever left without advantages.
@@ -25,8 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.algorithms import compute_advantages, masked_whiten
+from relax.algorithms import compute_advantages, masked_whiten, token_kl
 from relax.services.context import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS, RunContext
+from relax.services.media import MediaInputs
+from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import Batch, ConsumerGroup
 
 SEQUENCE_LEVEL = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
@@ -40,35 +50,65 @@ def _padded(rows: list[np.ndarray]) -> torch.Tensor:
     return out
 
 
-def group_advantages(name: str, rewards: list[float], masks: list[np.ndarray]) -> list[np.ndarray]:
-    """Advantages (L_i,) of one prompt group: ``rewards`` (G,), ``masks`` G arrays (L_i,)."""
+def _padded_or_none(rows: list[np.ndarray] | None) -> torch.Tensor | None:
+    return None if rows is None else _padded(rows)
+
+
+def group_advantages(name: str, rewards: list[float], masks: list[np.ndarray], *,
+                     kl: list[np.ndarray] | None = None, kl_coef: float = 0.0) -> list[np.ndarray]:
+    """Advantages (L_i,) of one prompt group: ``rewards`` (G,), ``masks`` G arrays (L_i,);
+    ``kl`` G arrays (L_i,) of per-token KL folded into the reward with weight ``kl_coef``."""
     adv, _ = compute_advantages(name, torch.tensor(rewards, dtype=torch.float32), _padded(masks),
-                                group_size=len(masks))
+                                group_size=len(masks), token_kl=_padded_or_none(kl), kl_coef=kl_coef)
     return [adv[i, : len(m)].numpy().astype(np.float32) for i, m in enumerate(masks)]
 
 
 def batch_gae(rewards: list[float], masks: list[np.ndarray], values: list[np.ndarray], *, gamma: float,
-              lam: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
+              lam: float, kl: list[np.ndarray] | None = None,
+              kl_coef: float = 0.0) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """GAE of one batch: rewards (B,), masks and values B arrays (L_i,) -> per-sample
-    (advantages whitened over the batch's masked tokens, returns), each (L_i,)."""
+    (advantages whitened over the batch's masked tokens, returns), each (L_i,). ``kl`` as in
+    :func:`group_advantages`: -kl_coef * KL_t joins the token rewards (and so the returns)."""
     mask, v = _padded(masks), _padded(values)
     adv, returns = compute_advantages("gae", torch.tensor(rewards, dtype=torch.float32), mask, values=v,
-                                      gamma=gamma, lam=lam)
+                                      gamma=gamma, lam=lam, token_kl=_padded_or_none(kl), kl_coef=kl_coef)
     adv = masked_whiten(adv, mask)
     return ([adv[i, : len(m)].numpy() for i, m in enumerate(masks)],
             [returns[i, : len(m)].numpy() for i, m in enumerate(masks)])
 
 
+def rows_kl(logprobs: list[np.ndarray], ref_logprobs: list[torch.Tensor], masks: list[np.ndarray],
+            estimator: str) -> list[np.ndarray]:
+    """Per-row (L_i,) KL_t = m_t * k(behaviour logp_t, reference logp_t), 0 off the mask."""
+    out = []
+    for lp, ref, m in zip(logprobs, ref_logprobs, masks, strict=True):
+        # torch.tensor copies: shard arrays are read-only views
+        kl = token_kl(torch.tensor(lp, dtype=torch.float32), ref.detach().float().cpu(),
+                      torch.tensor(m, dtype=torch.float32), estimator)
+        out.append(kl.numpy())
+    return out
+
+
 class AdvantageRole:
-    def __init__(self, ctx: RunContext, writer_id: str = "advantage"):
+    def __init__(self, ctx: RunContext, writer_id: str = "advantage", wait_s: float | None = 600.0):
         alg = ctx.cfg.algorithm
         if alg.advantage not in (*SEQUENCE_LEVEL, "gae"):
             raise ValueError(f"algorithm.advantage={alg.advantage!r} is not run by the advantage role; choose one "
                              f"of {(*SEQUENCE_LEVEL, 'gae')}")
         self.ctx, self.name, self.alg = ctx, alg.advantage, alg
         self.gae = alg.advantage == "gae"
+        self.kl_in_reward = alg.kl_in_reward and alg.kl_coef > 0
         self.queue = ctx.queue()
         needs = ["reward", "loss_mask", "values"] if self.gae else ["reward", "loss_mask"]
+        self.reference, self.media = None, None
+        if self.kl_in_reward:
+            from relax.services.actor import initial_reference  # the actor's module: only this mode needs it
+
+            # the reference scores the row's tokens (and media) against its behaviour logprobs;
+            # it is version 0, which the actor publishes (after any warm start) before its first step
+            needs += ["tokens", "logprobs", "prompt_len"]
+            self.reference, processor = initial_reference(ctx, wait_s)
+            self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.consumer = ConsumerGroup(self.queue, ADVANTAGE_GROUP, needs,
                                       batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10**9)
         self.producer = self.queue.producer(writer_id, ADVANTAGE_FIELDS + (RETURN_FIELDS if self.gae else ()),
@@ -86,24 +126,43 @@ class AdvantageRole:
                 n += 1
         return n
 
-    def _commit(self, batch: Batch) -> None:
+    def _token_kl(self, batch: Batch) -> list[np.ndarray]:
+        """Per-row KL to the reference on the loss mask (the same for a recomputed step: the
+        reference is frozen and the behaviour logprobs are the committed ones)."""
+        f = batch.fields
+        media = None
+        if self.media is not None and self.media.any:
+            media = [self.media(rid, t, int(n)) for rid, t, n in zip(batch.ids, f["tokens"], f["prompt_len"],
+                                                                      strict=True)]
+            media = media if any(m is not None for m in media) else None
+        rows = RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
+                            loss_mask=[torch.tensor(m, dtype=torch.float32) for m in f["loss_mask"]], media=media)
+        return rows_kl(f["logprobs"], self.reference.logprobs(rows), f["loss_mask"], self.alg.kl_estimator)
+
+    def _commit(self, batch: Batch) -> dict[str, float]:
+        """Compute and commit the batch's advantages; returns KL metrics (empty without kl_in_reward)."""
+        kl = self._token_kl(batch) if self.kl_in_reward else None
+        beta = self.alg.kl_coef if kl is not None else 0.0
         if self.gae:
             advs, returns = batch_gae([float(r) for r in batch.fields["reward"]], batch.fields["loss_mask"],
-                                      batch.fields["values"], gamma=self.alg.gamma, lam=self.alg.lam)
+                                      batch.fields["values"], gamma=self.alg.gamma, lam=self.alg.lam, kl=kl,
+                                      kl_coef=beta)
             self.producer.add_fields({sid: {"advantages": a, "returns": r}
                                       for sid, a, r in zip(batch.ids, advs, returns, strict=True)},
                                      meta={"step": batch.step})
-            return
+            return kl_metrics(kl, batch.fields["loss_mask"])
         by_group: dict[str, list[int]] = {}
         for i, g in enumerate(batch.groups):
             by_group.setdefault(g, []).append(i)
         values: dict[str, dict[str, Any]] = {}
         for idx in by_group.values():
             advs = group_advantages(self.name, [float(batch.fields["reward"][i]) for i in idx],
-                                    [batch.fields["loss_mask"][i] for i in idx])
+                                    [batch.fields["loss_mask"][i] for i in idx],
+                                    kl=None if kl is None else [kl[i] for i in idx], kl_coef=beta)
             for i, a in zip(idx, advs, strict=True):
                 values[batch.ids[i]] = {"advantages": a}
         self.producer.add_fields(values, meta={"step": batch.step})
+        return kl_metrics(kl, batch.fields["loss_mask"])
 
     @property
     def done(self) -> bool:
@@ -112,11 +171,21 @@ class AdvantageRole:
     def step(self, timeout: float | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         batch = self.consumer.take(self.consumer.next_step, current_version=0, timeout=timeout)
-        self._commit(batch)
+        extra = self._commit(batch)
         rewards = np.asarray(batch.fields["reward"], dtype=np.float32)
         return {"role": "advantage", "step": batch.step, "samples": len(batch), "reward": float(rewards.mean()),
-                "time_s": time.perf_counter() - t0}
+                **extra, "time_s": time.perf_counter() - t0}
 
     def close(self) -> None:
         self.consumer.close()
         self.producer.close()
+
+
+def kl_metrics(kl: list[np.ndarray] | None, masks: list[np.ndarray]) -> dict[str, float]:
+    """``kl_mean``: mean KL_t over the batch's trained tokens; ``kl_seq``: mean over rows of
+    sum_t KL_t (what beta multiplies in a sequence-level estimator's reward)."""
+    if kl is None:
+        return {}
+    tokens = sum(float(np.sum(m)) for m in masks)
+    total = [float(np.sum(k)) for k in kl]
+    return {"kl_mean": sum(total) / max(tokens, 1.0), "kl_seq": sum(total) / max(len(total), 1)}

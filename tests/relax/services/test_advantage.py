@@ -42,3 +42,38 @@ def test_gae_waits_for_the_critics_values(tmp_path):
     grpo = AdvantageRole(RunContext(tiny_config(f"file://{tmp_path}/b", "t")))
     assert "values" in gae.consumer.fields and "values" not in grpo.consumer.fields
     assert "returns" in gae.producer.fields and "returns" not in grpo.producer.fields
+
+
+def test_group_advantages_with_kl_in_reward_on_ragged_rows():
+    # RLOO with rewards (1, 0, 1), beta = 0.5, per-token KL (already masked): sums (0.4, 0, 0.2)
+    # r' = r - beta sum KL = (0.8, 0, 0.9); A_i = r'_i - mean of the others:
+    # (0.8 - 0.45, 0 - 0.85, 0.9 - 0.4) = (0.35, -0.85, 0.5) on each row's masked tokens
+    masks = [np.array([0, 1, 1], np.int8), np.array([0, 1], np.int8), np.array([1], np.int8)]
+    kl = [np.array([0, 0.1, 0.3], np.float32), np.array([0, 0], np.float32), np.array([0.2], np.float32)]
+    adv = group_advantages("rloo", [1.0, 0.0, 1.0], masks, kl=kl, kl_coef=0.5)
+    np.testing.assert_allclose(adv[0], [0, 0.35, 0.35], atol=1e-6)
+    np.testing.assert_allclose(adv[1], [0, -0.85], atol=1e-6)
+    np.testing.assert_allclose(adv[2], [0.5], atol=1e-6)
+
+
+def test_kl_in_reward_reads_logprobs_and_waits_for_the_reference(tmp_path):
+    # the reference is policy version 0, which the actor publishes: without it the role waits, then says so
+    from relax.services.advantage import AdvantageRole
+    from relax.services.context import RunContext
+    from relax.transfer.errors import QueueTimeout
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    cfg = tiny_config(f"file://{tmp_path}", "t", "algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1")
+    with pytest.raises(QueueTimeout, match="weight version 0 not published"):
+        AdvantageRole(RunContext(cfg), wait_s=0.2)
+
+
+def test_batch_gae_returns_carry_the_kl_penalty():
+    # one row, V = 0, gamma = lam = 1, r = 1, KL (0, 0.2, 0.1), beta = 0.5:
+    # R = (0, -0.1, 1 - 0.05) = (0, -0.1, 0.95); returns-to-go = (0.85, 0.85, 0.95) (the critic's target)
+    from relax.services.advantage import batch_gae
+
+    mask, zeros = np.ones(3, np.int8), np.zeros(3, np.float32)
+    _, returns = batch_gae([1.0], [mask], [zeros], gamma=1.0, lam=1.0, kl=[np.array([0, 0.2, 0.1], np.float32)],
+                           kl_coef=0.5)
+    np.testing.assert_allclose(returns[0], [0.85, 0.85, 0.95], atol=1e-6)
