@@ -206,7 +206,8 @@ class QueueConfig:
 
     max_staleness: int = opt(1, "Most policy versions a trained sample may lag; 0 = synchronous on-policy.",
                              range=(0, 1000))
-    poll_interval_s: float = opt(0.05, "First poll delay of a waiting consumer; doubles up to "
+    poll_interval_s: float = opt(0.05, "First poll delay of a waiting consumer (or producer, or weight "
+                                 "loader); later delays are a quarter of the time already waited, up to "
                                  "max_poll_interval_s. Across processes this is the put-to-visible latency.",
                                  range=(0.001, 60.0))
     max_poll_interval_s: float = opt(1.0, "Longest poll delay of a waiting consumer.", range=(0.001, 600.0))

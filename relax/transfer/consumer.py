@@ -20,6 +20,7 @@ import numpy as np
 from relax import objstore
 from relax.transfer.errors import QueueTimeout, StoreError
 from relax.transfer.manifest import SampleMeta
+from relax.transfer.polling import Backoff
 from relax.transfer.queue import TransferQueue
 from relax.transfer.writers import RecordLog, WriterLease, read_records
 
@@ -253,6 +254,9 @@ def wait_for_capacity(queue: TransferQueue, group: str, batch_size: int, max_sta
         raise ValueError(f"{incoming} samples can never be admitted: the bound is (max_staleness + 1) * batch = {limit}")
     deadline = None if timeout is None else time.monotonic() + timeout
     view = view or GroupView(queue, group)
+    # consumption is recorded in the group's cursors, not the topic, so wait_for_new only
+    # bounds the sleep here; the delay grows with the wait (polling.py)
+    backoff = Backoff(queue.poll_interval_s, max(queue.poll_interval_s, queue.max_poll_interval_s))
     while True:
         queue.refresh()
         st = view.refresh()
@@ -264,7 +268,7 @@ def wait_for_capacity(queue: TransferQueue, group: str, batch_size: int, max_sta
         if deadline is not None and time.monotonic() >= deadline:
             raise QueueTimeout(f"no capacity for {incoming} samples within {timeout} s: {unconsumed} unconsumed "
                                f"+ {in_flight} in flight, bound {limit}")
-        queue.wait_for_new(queue.poll_interval_s * 4)
+        queue.wait_for_new(backoff.next())
 
 
 def replay(queue: TransferQueue, group: str) -> Iterator[dict[str, Any]]:

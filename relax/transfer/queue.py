@@ -28,6 +28,7 @@ import google_crc32c
 from relax import objstore
 from relax.transfer.errors import SchemaError, StoreError
 from relax.transfer.manifest import TopicState
+from relax.transfer.polling import Backoff
 from relax.transfer.schema import RESERVED, Field, TopicSchema, decode_shard, encode_shard
 from relax.transfer.writers import RecordLog, WriterLease, check_writer_id, read_records, split_key
 
@@ -137,17 +138,16 @@ class TransferQueue:
         return applied
 
     def wait_for_new(self, timeout: float) -> bool:
-        """Block until new records arrive or ``timeout`` passes; polls with backoff."""
+        """Block until new records arrive or ``timeout`` passes; polls with backoff (polling.py)."""
         deadline = time.monotonic() + timeout
-        delay = self.poll_interval_s
+        backoff = Backoff(self.poll_interval_s, max(self.poll_interval_s, self.max_poll_interval_s))
         while True:
             if self.refresh():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            self.notifier.wait(self.url, min(delay, left))
-            delay = min(delay * 2, self.max_poll_interval_s)
+            self.notifier.wait(self.url, min(backoff.next(), left))
 
     def read(self, ids: Sequence[str], fields: Sequence[str]) -> dict[str, list[Any]]:
         """Values of ``fields`` for ``ids`` (in that order), checksums verified.

@@ -20,6 +20,7 @@ from typing import Any
 
 from relax import objstore
 from relax.transfer.errors import QueueTimeout, StoreError, TransferError
+from relax.transfer.polling import Backoff
 from relax.transfer.writers import WriterLease
 
 
@@ -91,7 +92,7 @@ class WeightStore:
     def wait_for(self, version: int, timeout: float | None = None) -> int:
         """Block until a version >= ``version`` is published; returns the newest one."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        delay = self.poll_interval_s
+        backoff = Backoff(self.poll_interval_s, max(self.poll_interval_s, 1.0))
         while True:
             latest = self.latest()
             if latest is not None and latest >= version:
@@ -99,8 +100,7 @@ class WeightStore:
             if deadline is not None and time.monotonic() >= deadline:
                 raise QueueTimeout(f"weight version {version} not published within {timeout} s "
                                    f"(latest: {latest}) at {self.url}")
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            time.sleep(backoff.next())
 
     def manifest(self, version: int) -> dict[str, Any]:
         try:
