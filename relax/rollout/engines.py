@@ -80,8 +80,9 @@ class LocalEngines:
         self.engine.stop()
 
 
-class EngineProcess(Protocol):
-    """An engine process the pool owns: where it serves, whether it runs, how to stop it."""
+class LaunchedEngine(Protocol):
+    """What the pool keeps of an engine it owns: where it serves, whether its process still
+    runs (the supervisor replaces it once it does not), how to stop it."""
 
     @property
     def url(self) -> str: ...
@@ -92,10 +93,11 @@ class EngineProcess(Protocol):
     def stop(self) -> None: ...
 
 
-class Launcher(Protocol):
-    """Starts ``n`` healthy engine processes (relax.services.engine_launcher.LocalProcessLauncher)."""
+class EngineLauncher(Protocol):
+    """``launch(n)`` starts ``n`` healthy engines or raises (relax.services.engine_launcher:
+    LocalProcessLauncher, and its CapacityError when refused)."""
 
-    def launch(self, n: int) -> list[Any]: ...
+    def launch(self, n: int) -> list[LaunchedEngine]: ...
 
 
 class RemoteEngines:
@@ -110,13 +112,13 @@ class RemoteEngines:
     ``supervise_interval_s > 0`` a background thread runs :meth:`supervise` that often.
     """
 
-    def __init__(self, urls: list[str], timeout_s: float = 120.0, *, owned: list[EngineProcess] | None = None,
-                 launcher: Launcher | None = None, store: WeightStore | None = None, max_failures: int = 3,
+    def __init__(self, urls: list[str], timeout_s: float = 120.0, *, owned: list[LaunchedEngine] | None = None,
+                 launcher: EngineLauncher | None = None, store: WeightStore | None = None, max_failures: int = 3,
                  vocab_size: int | None = None, supervise_interval_s: float = 0.0):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="relax-rollout-http", daemon=True)
         self._thread.start()
-        self.owned: dict[str, EngineProcess] = {e.url.rstrip("/"): e for e in owned or []}
+        self.owned: dict[str, LaunchedEngine] = {e.url.rstrip("/"): e for e in owned or []}
         urls = list(dict.fromkeys([*(u.rstrip("/") for u in urls), *self.owned]))
         self.router: Router = self.run(self._make_router(urls, timeout_s=timeout_s, max_failures=max_failures,
                                                          vocab_size=vocab_size))
@@ -180,7 +182,7 @@ class RemoteEngines:
         self.weight_version = version
 
     # -- membership ----------------------------------------------------------------------------------
-    def add_engine(self, url: str, store: WeightStore | None = None, process: EngineProcess | None = None) -> None:
+    def add_engine(self, url: str, store: WeightStore | None = None, process: LaunchedEngine | None = None) -> None:
         """Load the current weights into ``url`` first, then route to it (never serve stale weights).
 
         ``process``: the pool owns the engine (stops it on removal or close, replaces it when it

@@ -38,8 +38,8 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, model_validator
 
-from relax.rollout.engines import RemoteEngines
-from relax.services.engine_launcher import CapacityError, EngineLauncher, LaunchedEngine
+from relax.rollout.engines import EngineLauncher, LaunchedEngine, RemoteEngines
+from relax.services.engine_launcher import CapacityError
 from relax.transfer.weights import WeightStore
 
 TOKEN_ENV = "RELAX_API_TOKEN"

@@ -23,30 +23,10 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Protocol
 
 
 class CapacityError(RuntimeError):
     """The launcher cannot start the requested engines; nothing was started."""
-
-
-class LaunchedEngine(Protocol):
-    """What the pool keeps of an engine it owns: where it serves, whether its process still
-    runs (the supervisor replaces it once it does not), how to stop it."""
-
-    @property
-    def url(self) -> str: ...
-
-    @property
-    def alive(self) -> bool: ...
-
-    def stop(self) -> None: ...
-
-
-class EngineLauncher(Protocol):
-    """``launch(n)`` starts ``n`` healthy engines or raises (:class:`CapacityError` when refused)."""
-
-    def launch(self, n: int) -> list[LaunchedEngine]: ...
 
 
 def _free_port(host: str) -> int:
