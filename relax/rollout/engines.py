@@ -177,7 +177,10 @@ class RemoteEngines:
             if url in self.owned:
                 await self._retire(url, f"it failed to load weight version {version}")
             else:
-                await self.router.remove_engine(url, drain=False)
+                try:
+                    await self.router.remove_engine(url, drain=False)
+                except KeyError:
+                    continue  # a supervision pass on the other thread took it out meanwhile
                 self.removed.append(url)
         self.weight_version = version
 
