@@ -16,33 +16,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
 from relax import objstore
 from relax.config_loader import config_hash
 from relax.services.context import ACTOR_GROUP, RunContext
-from relax.services.media import MediaInputs
+from relax.services.media import MediaInputs, to_rollout_batch
 from relax.trainers.torch.actor import Actor, Reference
-from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, read_meta
 from relax.trainers.torch.sft import format_warmup
-from relax.transfer.consumer import Batch, ConsumerGroup, trained_policy_versions
+from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, write_record
 
 ACTOR_FIELDS = ["tokens", "loss_mask", "logprobs", "advantages", "prompt_len"]
-
-
-def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutBatch:
-    f = batch.fields  # shard arrays are read-only views: torch gets its own copies
-    rows = None
-    if media is not None and media.any:
-        rows = [media(rid, t, int(n)) for rid, t, n in zip(batch.ids, f["tokens"], f["prompt_len"], strict=True)]
-    return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
-                        loss_mask=[torch.tensor(m, dtype=torch.float32) for m in f["loss_mask"]],
-                        old_logprobs=[torch.tensor(x, dtype=torch.float32) for x in f["logprobs"]],
-                        advantages=[torch.tensor(x, dtype=torch.float32) for x in f["advantages"]],
-                        media=rows if rows is not None and any(r is not None for r in rows) else None,
-                        policy_versions=list(batch.policy_versions))
 
 
 def run_checkpoint_ref(url: str) -> ParentRef | None:

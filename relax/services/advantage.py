@@ -35,8 +35,7 @@ import torch
 
 from relax.algorithms import compute_advantages, masked_whiten, token_kl
 from relax.services.context import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS, RunContext
-from relax.services.media import MediaInputs
-from relax.trainers.torch.batch import RolloutBatch
+from relax.services.media import MediaInputs, to_rollout_batch
 from relax.transfer.consumer import Batch, ConsumerGroup
 
 SEQUENCE_LEVEL = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
@@ -130,13 +129,7 @@ class AdvantageRole:
         """Per-row KL to the reference on the loss mask (the same for a recomputed step: the
         reference is frozen and the behaviour logprobs are the committed ones)."""
         f = batch.fields
-        media = None
-        if self.media is not None and self.media.any:
-            media = [self.media(rid, t, int(n)) for rid, t, n in zip(batch.ids, f["tokens"], f["prompt_len"],
-                                                                      strict=True)]
-            media = media if any(m is not None for m in media) else None
-        rows = RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
-                            loss_mask=[torch.tensor(m, dtype=torch.float32) for m in f["loss_mask"]], media=media)
+        rows = to_rollout_batch(batch, self.media)
         return rows_kl(f["logprobs"], self.reference.logprobs(rows), f["loss_mask"], self.alg.kl_estimator)
 
     def _commit(self, batch: Batch) -> dict[str, float]:

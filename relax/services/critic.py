@@ -31,11 +31,10 @@ from relax import objstore
 from relax.models.value_head import ValueHeadModel
 from relax.services.advantage import AdvantageRole
 from relax.services.context import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP, VALUE_FIELDS, RunContext
-from relax.services.media import MediaInputs
-from relax.trainers.torch.batch import RolloutBatch
+from relax.services.media import MediaInputs, to_rollout_batch
 from relax.trainers.torch.checkpoint import load_checkpoint
 from relax.trainers.torch.critic import Critic
-from relax.transfer.consumer import Batch, ConsumerGroup
+from relax.transfer.consumer import ConsumerGroup
 from relax.transfer.errors import QueueTimeout
 
 ROW_FIELDS = ["tokens", "loss_mask", "prompt_len"]
@@ -95,18 +94,6 @@ class CriticRole:
         when its data is not there within ``timeout``."""
         return self._values(timeout) if self.valued == self.trained else self._train(timeout)
 
-    def _rows(self, batch: Batch) -> RolloutBatch:
-        f = batch.fields  # shard arrays are read-only views: torch gets its own copies
-        media = None
-        if self.media.any:
-            media = [self.media(rid, t, int(n)) for rid, t, n in zip(batch.ids, f["tokens"], f["prompt_len"],
-                                                                      strict=True)]
-            media = media if any(m is not None for m in media) else None
-        extra = {k: [torch.tensor(x, dtype=torch.float32) for x in f[k]] for k in ("values", "returns") if k in f}
-        return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
-                            loss_mask=[torch.tensor(m, dtype=torch.float32) for m in f["loss_mask"]], media=media,
-                            policy_versions=list(batch.policy_versions), **extra)
-
     def _values(self, timeout: float | None) -> dict[str, Any]:
         t0 = time.perf_counter()
         s = self.valued
@@ -114,7 +101,7 @@ class CriticRole:
         committed = batch.replayed and all("values" in self.queue.state.samples[sid].locs for sid in batch.ids)
         value_mean = float("nan")
         if not committed:  # a replayed step whose values were committed before the restart keeps them
-            rows = self._rows(batch)
+            rows = to_rollout_batch(batch, self.media)
             values = self.critic.values(rows)
             self.producer.add_fields({sid: {"values": v.numpy()} for sid, v in zip(batch.ids, values, strict=True)},
                                      meta={"step": s})
@@ -128,7 +115,7 @@ class CriticRole:
         t0 = time.perf_counter()
         s = self.trained
         batch = self.train_group.take(s, current_version=0, timeout=timeout)
-        result = self.critic.train_step(self._rows(batch))
+        result = self.critic.train_step(to_rollout_batch(batch, self.media))
         self.trained += 1
         if self.trained % self.cfg.trainer.checkpoint_every == 0 or self.done:
             self.critic.trainer.save(self.checkpoint_url(s), {"step": s})

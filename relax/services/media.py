@@ -18,6 +18,11 @@ import torch
 
 from relax.data.schema import Sample
 from relax.rollout.prompts import encode_prompt
+from relax.trainers.torch.batch import RolloutBatch
+from relax.transfer.consumer import Batch
+
+# queue field -> RolloutBatch field, for the per-token float fields a batch may carry
+_FLOAT_FIELDS = {"logprobs": "old_logprobs", "advantages": "advantages", "values": "values", "returns": "returns"}
 
 
 def sample_id_of(row_id: str) -> str:
@@ -64,3 +69,20 @@ class MediaInputs:
                              f"({prompt_len} vs {len(prompt)} tokens); the tokenizer or media processor changed "
                              f"during the run, or media arrived in a later turn (not trainable yet)")
         return media
+
+
+def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutBatch:
+    """A consumer group's batch as the trainer's RolloutBatch: tokens, loss mask and policy
+    versions, each row's media rebuilt by ``media``, and whichever of ``logprobs`` (as
+    ``old_logprobs``), ``advantages``, ``values`` and ``returns`` the batch carries.
+    Shared by the actor, the critic and the advantage role's KL reference."""
+    f = batch.fields  # shard arrays are read-only views: torch gets its own copies
+    rows = None
+    if media is not None and media.any:
+        rows = [media(rid, t, int(n)) for rid, t, n in zip(batch.ids, f["tokens"], f["prompt_len"], strict=True)]
+    floats = {dst: [torch.tensor(x, dtype=torch.float32) for x in f[src]]
+              for src, dst in _FLOAT_FIELDS.items() if src in f}
+    return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
+                        loss_mask=[torch.tensor(m, dtype=torch.float32) for m in f["loss_mask"]],
+                        media=rows if rows is not None and any(r is not None for r in rows) else None,
+                        policy_versions=list(batch.policy_versions), **floats)
