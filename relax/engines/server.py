@@ -103,6 +103,21 @@ class Frontend:
         inputs.pop("attention_mask", None)
         return ids, inputs
 
+    def media_for_ids(self, ids: list[int], images: list[bytes], audios: list[bytes]) -> dict:
+        """Media tensors for ``input_ids`` that already hold the expanded media tokens (how the
+        rollout sends a prompt it tokenized itself, or one that grew over agent turns)."""
+        validate_media(images, audios)
+        if self.processor is None:
+            raise EngineError("this model takes no images or audio; serve a multimodal model to send media")
+        from relax.models.processors import check_expanded, media_features
+
+        try:
+            mm, image_counts, audio_counts = media_features(images, audios, self.processor)
+            check_expanded(ids, image_counts, audio_counts, self.processor)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        return mm
+
     def check_length(self, n: int) -> None:
         limit = int(self.engine.max_context_length)
         if n == 0:
@@ -169,11 +184,9 @@ class Frontend:
             if isinstance(p, str):
                 pid, mm = self.tokenize(p, imgs, auds)
             else:
-                if imgs or auds:
-                    raise EngineError("image_data/audio_data need a 'text' prompt with <image>/<audio> placeholders")
                 if not all(isinstance(t, int) for t in p):
                     raise EngineError("input_ids must be a list of ints or a list of such lists")
-                pid, mm = list(p), None
+                pid, mm = list(p), (self.media_for_ids(p, imgs, auds) if imgs or auds else None)
             self.check_length(len(pid))
             reqs.append(GenerateRequest(rid=str(rids[i]), input_ids=pid, params=params, mm_inputs=mm))
         if body.get("stream"):
@@ -360,8 +373,10 @@ def create_app(engine: Any, model_path: str, weight_store_root: str | None = Non
     return app
 
 
-def build_native_engine(model_path: str, max_batch_size: int = 64, background: bool = True) -> tuple[Any, Any]:
-    """``(NativeEngine, processor)`` for a local HF folder (text, VL, audio or omni thinker); never downloads."""
+def build_native_engine(model_path: str, max_batch_size: int = 64, background: bool = True,
+                        seed: int = 0) -> tuple[Any, Any]:
+    """``(NativeEngine, processor)`` for a local HF folder (text, VL, audio or omni thinker); never downloads.
+    ``seed`` keys every request's sampling stream (with its ``seed`` or rid), as in an in-process engine."""
     from relax.config import ModelConfig
     from relax.engines.native.engine import NativeEngine
     from relax.models import build_policy, build_tokenizer
@@ -369,7 +384,7 @@ def build_native_engine(model_path: str, max_batch_size: int = 64, background: b
     tok = build_tokenizer(model_path)
     model, processor = build_policy(ModelConfig(name_or_path=model_path, tokenizer=model_path), tok, seed=0)
     return NativeEngine(model, tok, max_batch_size=max_batch_size, model_path=model_path,
-                        background=background), processor
+                        background=background, seed=seed), processor
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -380,13 +395,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-batch-size", type=int, default=64)
     ap.add_argument("--weight-store-root", default=None)
     ap.add_argument("--run-id", default=None)
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (a run's seed: same tokens as in-process)")
     args = ap.parse_args(argv)
     import uvicorn
 
     # The engine's scheduler runs on the main thread, the thread that loaded the model: torch's
     # OpenMP pool belongs to the first thread that used it, and compute on a second thread beside
     # it measured 2x slower per op here. HTTP handling (no heavy torch) gets its own thread.
-    engine, processor = build_native_engine(args.model_path, args.max_batch_size, background=False)
+    engine, processor = build_native_engine(args.model_path, args.max_batch_size, background=False, seed=args.seed)
     app = create_app(engine, args.model_path, args.weight_store_root, args.run_id, processor=processor)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     http = threading.Thread(target=server.run, name="relax-http", daemon=True)

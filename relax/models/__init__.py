@@ -10,7 +10,14 @@
 See docs/models.md.
 """
 
-from relax.models.builders import BUILTIN_MODELS, build_policy, count_parameters, model_class_for, tiny_config
+from relax.models.builders import (
+    BUILTIN_MODELS,
+    build_policy,
+    build_processor,
+    count_parameters,
+    model_class_for,
+    tiny_config,
+)
 from relax.models.processors import (
     MediaProcessor,
     build_media_processor,
@@ -27,6 +34,7 @@ __all__ = [
     "ValueHeadModel",
     "build_media_processor",
     "build_policy",
+    "build_processor",
     "build_tokenizer",
     "count_parameters",
     "decode_image",

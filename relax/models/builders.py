@@ -245,6 +245,20 @@ def build_policy(
     return model, build_media_processor(model.config, tokenizer)
 
 
+def build_processor(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> MediaProcessor | None:
+    """The media processor of ``cfg``'s model from its config alone (no weights are built or read):
+    what a process that sends prompts to remote engines needs to expand them."""
+    if cfg.name_or_path in BUILTIN_MODELS:
+        return build_media_processor(tiny_config(cfg, tokenizer), tokenizer)
+    from transformers import AutoConfig
+
+    path = Path(cfg.name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model.name_or_path {cfg.name_or_path!r} is neither a built-in ({', '.join(BUILTIN_MODELS)}) "
+                         "nor a local folder with a config.json (hub names are never downloaded)")
+    return build_media_processor(AutoConfig.from_pretrained(str(path), local_files_only=True), tokenizer)
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Number of distinct parameters (tied weights counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -169,6 +169,48 @@ def _to_text(prompt: Any, tokenizer: PreTrainedTokenizerBase, add_generation_pro
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
+def media_features(images: Sequence[bytes], audios: Sequence[bytes],
+                   processor: MediaProcessor | None) -> tuple[dict[str, torch.Tensor], list[int], list[int]]:
+    """The model's media kwargs for ``images`` and ``audios`` (``pixel_values`` + ``image_grid_thw``,
+    ``input_features`` + ``feature_attention_mask``), and how many placeholder tokens each item
+    expands to. A ValueError names the item that cannot be decoded or a model without that tower."""
+    out: dict[str, torch.Tensor] = {}
+    image_counts: list[int] = []
+    audio_counts: list[int] = []
+    if images:
+        if processor is None or processor.image_processor is None:
+            raise ValueError("this model takes no images, but the prompt has an <image> placeholder")
+        pil = [decode_image(b, i) for i, b in enumerate(images)]
+        feats = processor.image_processor(images=pil, return_tensors="pt")
+        out["pixel_values"] = feats["pixel_values"].to(torch.float32)
+        out["image_grid_thw"] = feats["image_grid_thw"]
+        image_counts = [int(g.prod()) // processor.merge_size**2 for g in feats["image_grid_thw"]]
+    if audios:
+        if processor is None or processor.feature_extractor is None:
+            raise ValueError("this model takes no audio, but the prompt has an <audio> placeholder")
+        waves = [decode_wav(b, i) for i, b in enumerate(audios)]
+        fe = processor.feature_extractor
+        feats = fe(waves, sampling_rate=SAMPLE_RATE, return_attention_mask=True, padding="max_length",
+                   truncation=True, return_tensors="pt")
+        out["input_features"] = feats["input_features"].to(torch.float32)
+        out["feature_attention_mask"] = feats["attention_mask"]
+        audio_counts = [audio_token_count(int(n)) for n in feats["attention_mask"].sum(-1)]
+    return out, image_counts, audio_counts
+
+
+def check_expanded(ids: Sequence[int], image_counts: Sequence[int], audio_counts: Sequence[int],
+                   processor: MediaProcessor | None) -> None:
+    """Raise ValueError unless pre-expanded ``ids`` hold exactly the media tokens the items need
+    (a prompt expanded by another processor, or media sent with the wrong prompt)."""
+    for kind, token_id, counts in (("image", processor and processor.image_token_id, image_counts),
+                                   ("audio", processor and processor.audio_token_id, audio_counts)):
+        have = sum(1 for t in ids if token_id is not None and t == token_id)
+        if have != sum(counts):
+            raise ValueError(f"input_ids hold {have} {kind} token(s) but the {len(counts)} {kind} item(s) sent "
+                             f"expand to {sum(counts)}; send input_ids expanded by this model's processor "
+                             f"(relax.models.prepare_inputs) or send 'text' with placeholders")
+
+
 def prepare_inputs(
     prompt: Any,
     images: Sequence[bytes],
@@ -192,27 +234,7 @@ def prepare_inputs(
             f"the prompt has {n_img} {IMAGE_TOKEN} and {n_aud} {AUDIO_TOKEN} placeholders but "
             f"{len(images)} image(s) and {len(audios)} audio clip(s) were given"
         )
-    out: dict[str, torch.Tensor] = {}
-    image_counts: list[int] = []
-    audio_counts: list[int] = []
-    if images:
-        if processor is None or processor.image_processor is None:
-            raise ValueError("this model takes no images, but the prompt has an <image> placeholder")
-        pil = [decode_image(b, i) for i, b in enumerate(images)]
-        feats = processor.image_processor(images=pil, return_tensors="pt")
-        out["pixel_values"] = feats["pixel_values"].to(torch.float32)
-        out["image_grid_thw"] = feats["image_grid_thw"]
-        image_counts = [int(g.prod()) // processor.merge_size**2 for g in feats["image_grid_thw"]]
-    if audios:
-        if processor is None or processor.feature_extractor is None:
-            raise ValueError("this model takes no audio, but the prompt has an <audio> placeholder")
-        waves = [decode_wav(b, i) for i, b in enumerate(audios)]
-        fe = processor.feature_extractor
-        feats = fe(waves, sampling_rate=SAMPLE_RATE, return_attention_mask=True, padding="max_length",
-                   truncation=True, return_tensors="pt")
-        out["input_features"] = feats["input_features"].to(torch.float32)
-        out["feature_attention_mask"] = feats["attention_mask"]
-        audio_counts = [audio_token_count(int(n)) for n in feats["attention_mask"].sum(-1)]
+    out, image_counts, audio_counts = media_features(images, audios, processor)
 
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     expanded: list[int] = []

@@ -14,6 +14,7 @@ carrying the weight version that produced it, and load WeightStore versions in p
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import logging
 import threading
@@ -146,10 +147,12 @@ class RemoteEngines:
 
     async def _one(self, p: EncodedPrompt, sp: SamplingParams, rid: str) -> list[Completion]:
         params = dataclasses.asdict(sp)  # the same names as SGLang's sampling_params
-        if p.images or p.audios:
-            raise NotImplementedError("remote engines take text prompts here; send media through the "
-                                      "OpenAI chat route or use local engines for media tasks")
-        out = await self.router.generate(input_ids=p.input_ids, sampling_params=params, return_logprob=True, rid=rid)
+        # media goes as bytes beside the already expanded ids (docs/engines.md, "Media"): the
+        # engine rebuilds the same tensors, and the tokens trained on are the ones it saw
+        media = {"image_data": [_data_uri(b, "image/png") for b in p.images] or None,
+                 "audio_data": [_data_uri(b, "audio/wav") for b in p.audios] or None}
+        out = await self.router.generate(input_ids=p.input_ids, sampling_params=params, return_logprob=True, rid=rid,
+                                         **media)
         items = out if isinstance(out, list) else [out]
         return [_completion(rid, i, item, len(p.input_ids)) for i, item in enumerate(items)]
 
@@ -374,6 +377,10 @@ class RemoteEngines:
             self.run(self.router.close(), timeout=10)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _data_uri(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
 
 
 def _completion(rid: str, index: int, item: dict[str, Any], prompt_tokens: int) -> Completion:

@@ -45,6 +45,9 @@ class Trajectory:
     versions: list[int] = field(default_factory=list)
     turns: int = 0  # policy turns taken
     finish: str = ""
+    # the media bytes behind mm_inputs, in order: an HTTP engine takes bytes, not tensors
+    images: list[bytes] = field(default_factory=list)
+    audios: list[bytes] = field(default_factory=list)
 
     @property
     def policy_version(self) -> int:
@@ -93,7 +96,8 @@ class EpisodeRunner:
         todo = list(range(len(trajs)))
         left = list(max_new)
         while todo:
-            prompts = [EncodedPrompt(trajs[i].tokens, trajs[i].mm_inputs, [], []) for i in todo]
+            prompts = [EncodedPrompt(trajs[i].tokens, trajs[i].mm_inputs, trajs[i].images, trajs[i].audios)
+                       for i in todo]
             params = [SamplingParams(max_new_tokens=left[i], temperature=self.params.temperature,
                                      top_p=self.params.top_p, top_k=self.params.top_k, stop=self.params.stop,
                                      stop_token_ids=self.params.stop_token_ids,
@@ -122,8 +126,7 @@ class EpisodeRunner:
         for pos, sample in prompts:
             enc = self.encode(sample)
             for i in range(n):
-                trajs.append(Trajectory(sample, pos, i, list(enc.input_ids), [0] * len(enc.input_ids),
-                                        [0.0] * len(enc.input_ids), len(enc.input_ids), enc.mm_inputs))
+                trajs.append(_start(sample, pos, i, enc))
         budget = [min(self.params.max_new_tokens, self.max_seq_len - len(t.tokens)) for t in trajs]
         self._generate(trajs, budget)
         for t in trajs:
@@ -144,8 +147,7 @@ class EpisodeRunner:
                 env = make_env(sample)
                 env.reset(sample)
                 envs.append(env)
-                trajs.append(Trajectory(sample, pos, i, list(enc.input_ids), [0] * len(enc.input_ids),
-                                        [0.0] * len(enc.input_ids), len(enc.input_ids), enc.mm_inputs))
+                trajs.append(_start(sample, pos, i, enc))
         live = list(range(len(trajs)))
         for _turn in range(self.max_turns):
             if not live:
@@ -168,7 +170,7 @@ class EpisodeRunner:
                 t.reward = float(reward)
                 if done:
                     continue
-                ids, mm = self.observation(t, obs)
+                ids, mm, images, audios = self.observation(t, obs)
                 if len(t.tokens) + len(ids) >= self.max_seq_len:
                     t.finish = "token_budget"
                     continue
@@ -176,11 +178,13 @@ class EpisodeRunner:
                 t.response += f"\n[tool] {obs}\n"
                 if mm:
                     t.mm_inputs = _merge_mm(t.mm_inputs, mm)
+                    t.images, t.audios = t.images + images, t.audios + audios
                 nxt.append(i)
             live = nxt
         return trajs
 
-    def observation(self, t: Trajectory, obs: Any) -> tuple[list[int], dict[str, torch.Tensor] | None]:
+    def observation(self, t: Trajectory, obs: Any) -> tuple[list[int], dict[str, torch.Tensor] | None,
+                                                             list[bytes], list[bytes]]:
         """Tokens of a tool turn (``obs`` is text, or ``{"content": text-with-placeholders,
         "images": [bytes], "audios": [bytes]}``), closing the policy's turn if it did not."""
         if isinstance(obs, dict):
@@ -192,7 +196,7 @@ class EpisodeRunner:
                                                   add_generation_prompt=True)
         text = ("" if closed else IM_END) + "\n" + turn
         enc = encode_prompt(text, images, audios, self.tokenizer, self.processor)
-        return enc.input_ids, enc.mm_inputs
+        return enc.input_ids, enc.mm_inputs, enc.images, enc.audios
 
 
 def default_env_factory(max_turns: int) -> Callable[[Sample], Env] | None:
@@ -209,6 +213,13 @@ def default_env_factory(max_turns: int) -> Callable[[Sample], Env] | None:
 def needs_env(sample: Sample) -> bool:
     task = TASKS.get(sample.task)
     return task is not None and task.make_env is not None
+
+
+def _start(sample: Sample, position: int, index: int, enc: EncodedPrompt) -> Trajectory:
+    """A trajectory holding only its (untrained) prompt."""
+    n = len(enc.input_ids)
+    return Trajectory(sample, position, index, list(enc.input_ids), [0] * n, [0.0] * n, n, enc.mm_inputs,
+                      images=list(enc.images), audios=list(enc.audios))
 
 
 def _seed(t: Trajectory, length: int) -> int:

@@ -131,6 +131,14 @@ class RunContext:
 
         return build_policy(self.cfg.model, self.tokenizer, seed=self.cfg.seed)
 
+    @cached_property
+    def processor(self):
+        """The model's media processor (None for text models), from its config alone: a rollout
+        with remote engines expands media placeholders itself and builds no weights."""
+        from relax.models import build_processor
+
+        return build_processor(self.cfg.model, self.tokenizer)
+
     def check_trainable(self, engine_urls: list[str] | None = None) -> None:
         """Fail before any role starts on data the configured engines cannot serve."""
         train = self.split("train")
@@ -143,9 +151,6 @@ class RunContext:
                                   f"family in {list(families)} (e.g. model.name_or_path=tiny-omni "
                                   f"model.family=qwen2_5_omni) or drop those tasks")
         media = sorted({s.task for s in train if s.images or s.audios})
-        if media and engine_urls:
-            raise ConfigError(f"tasks {media} carry images/audio, which the rollout sends only to in-process "
-                              f"engines so far; drop --engine-url or train text tasks with remote engines")
         if media and self.cfg.trainer.backend != "torch":
             raise ConfigError(f"tasks {media} carry images/audio; trainer.backend={self.cfg.trainer.backend!r} "
                               f"trains text only, use trainer.backend=torch")

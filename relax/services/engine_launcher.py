@@ -44,11 +44,11 @@ class NativeEngineProcess:
 
     def __init__(self, model_dir: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
                  max_batch_size: int = 16, weight_store_root: str | None = None, run_id: str | None = None,
-                 log_dir: str | Path | None = None):
+                 log_dir: str | Path | None = None, seed: int = 0):
         self.host = host
         self.port = port or _free_port(host)
         args = [sys.executable, "-m", "relax.engines.server", "--model-path", str(model_dir), "--host", host,
-                "--port", str(self.port), "--max-batch-size", str(max_batch_size)]
+                "--port", str(self.port), "--max-batch-size", str(max_batch_size), "--seed", str(seed)]
         if weight_store_root and run_id:
             args += ["--weight-store-root", weight_store_root, "--run-id", run_id]
         log = tempfile.NamedTemporaryFile(prefix=f"relax-engine-{self.port}-", suffix=".log",

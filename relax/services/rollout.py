@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from relax.config_loader import ConfigError
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import EnginePool, LocalEngines, RemoteEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
@@ -60,7 +59,7 @@ class RolloutRole:
         tok = ctx.tokenizer
         slots = max(r.n_samples_per_prompt * r.prompts_per_step, 8)
         self._model_dir: str | None = None
-        processor = None
+        processor = ctx.processor if (engine_urls or r.engine_processes > 0) else None
         faults = {"timeout_s": r.engine_timeout_s, "max_failures": r.engine_max_failures,
                   "supervise_interval_s": r.supervise_interval_s}
         if engine_urls:  # external engines: routed around when they fail, never replaced
@@ -82,16 +81,12 @@ class RolloutRole:
 
     def _owned_engines(self, n: int, slots: int, faults: dict[str, Any]) -> RemoteEngines:
         """Start ``n`` native engine servers on the initial model; the pool owns and supervises them."""
-        media = sorted({s.task for s in self.ctx.split("train") if s.images or s.audios})
-        if media:
-            raise ConfigError(f"tasks {media} carry images/audio, which engine processes do not take yet "
-                              f"(rollout.engine_processes={n}); set rollout.engine_processes=0 for in-process engines")
         model, _ = self.ctx.build_model()
         self._model_dir = tempfile.mkdtemp(prefix="relax-engine-model-")
         model.save_pretrained(self._model_dir)
         self.ctx.tokenizer.save_pretrained(self._model_dir)
         text_cfg = getattr(model.config, "text_config", None) or model.config
-        launcher = LocalProcessLauncher(self._model_dir, max_engines=n, max_batch_size=slots)
+        launcher = LocalProcessLauncher(self._model_dir, max_engines=n, max_batch_size=slots, seed=self.cfg.seed)
         try:
             started = launcher.launch(n)  # a startup error quotes the engine log (in the system temp folder)
         except BaseException:

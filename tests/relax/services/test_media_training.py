@@ -22,15 +22,23 @@ OMNI = ["model.name_or_path=tiny-omni", "model.family=qwen2_5_omni", "data.tasks
         "data.train_per_task=8", "rollout.prompts_per_step=6", "rollout.n_samples_per_prompt=2"]
 
 
-@pytest.fixture
-def omni_ctx(tmp_path):
-    ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "mm", *OMNI))
+def _ctx(tmp_path, *extra: str) -> RunContext:
+    ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "mm", *OMNI, *extra))
     ctx.check_trainable()
     ctx.ensure_run()
     return ctx
 
 
-def test_trainer_logprobs_of_media_rows_equal_the_engines(omni_ctx):
+@pytest.fixture
+def omni_ctx(tmp_path):
+    return _ctx(tmp_path)
+
+
+# engine_processes=1: the media go to an engine process over HTTP (ids + bytes) and must come
+# back scored exactly as the trainer scores them
+@pytest.mark.parametrize("engine_processes", [0, 1], ids=["in-process-engine", "engine-process"])
+def test_trainer_logprobs_of_media_rows_equal_the_engines(tmp_path, engine_processes):
+    omni_ctx = _ctx(tmp_path, f"rollout.engine_processes={engine_processes}")
     actor, adv, rollout = ActorRole(omni_ctx), AdvantageRole(omni_ctx), RolloutRole(omni_ctx)
     try:
         rollout.step(timeout=30)
@@ -68,6 +76,30 @@ def test_trainer_logprobs_of_media_rows_equal_the_engines(omni_ctx):
     other = compute_logprobs(actor.actor.model, actor.actor.trainer.micro_batches(blank), 1)[0]
     assert not torch.allclose(other[batch.loss_mask[i].bool()], mine[i][batch.loss_mask[i].bool()], atol=1e-4)
     actor.close()
+
+
+def _first_batch(ctx: RunContext) -> dict[str, tuple]:
+    ActorRole(ctx).close()  # publishes weight version 0, which the rollout waits for
+    rollout = RolloutRole(ctx)
+    try:
+        rollout.step(timeout=60)
+    finally:
+        rollout.close()
+    group = ConsumerGroup(ctx.queue(), "probe", ["tokens", "logprobs"], batch_groups=6, max_staleness=5)
+    batch = group.take(0, current_version=0, timeout=10)
+    group.close()
+    f = batch.fields
+    return {i: (list(t), list(lp)) for i, t, lp in zip(batch.ids, f["tokens"], f["logprobs"], strict=True)}
+
+
+def test_an_engine_process_samples_what_the_in_process_engine_samples(tmp_path):
+    # the run's seed reaches the engine processes: the same seed draws the same tokens there
+    here = _first_batch(_ctx(tmp_path / "a", "seed=3"))
+    there = _first_batch(_ctx(tmp_path / "b", "seed=3", "rollout.engine_processes=1"))
+    assert here.keys() == there.keys()
+    for sid, (tokens, lps) in here.items():
+        assert there[sid][0] == tokens, sid
+        assert there[sid][1] == pytest.approx(lps, abs=1e-4), sid
 
 
 def test_a_colocated_step_trains_on_media(omni_ctx):
