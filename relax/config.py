@@ -101,10 +101,19 @@ class RolloutConfig:
                       choices=("native", "sglang"))
     num_engines: int = opt(1, "Engine replicas at start (the elastic API can change it).", range=(1, 4096))
     engine_processes: int = opt(
-        0, "Native engine server processes the rollout starts and owns (text tasks only), behind the "
-        "router; 0 = one engine inside the rollout process. An owned engine whose process dies or that turns "
+        0, "Native engine server processes the rollout starts and owns (text, image and audio tasks), behind "
+        "the router; 0 = one engine inside the rollout process. An owned engine whose process dies or that turns "
         "unhealthy is replaced by a new one loaded with the current weights. Ignored with --engine-url: those "
         "engines are routed around when they fail, never replaced.", range=(0, 4096))
+    max_engine_processes: int = opt(
+        0, "Most engine processes the rollout may own at once, replacements and REST API scale-outs included "
+        "(a scale-out past it is refused as a whole); 0 = engine_processes.", range=(0, 4096))
+    api_port: int = opt(
+        0, "Serve the elastic rollout REST API (docs/rest_api.md: scale_out, scale_in, engines) from the "
+        "rollout process on this port; 0 = off. Needs HTTP engines (engine_processes > 0 or --engine-url) and "
+        "the bearer token in the RELAX_API_TOKEN environment variable (never in the config, which is saved "
+        "with the run).", range=(0, 65535))
+    api_host: str = opt("127.0.0.1", "Address the rollout REST API binds (0.0.0.0 to reach it from other hosts).")
     engine_timeout_s: float = opt(
         120.0, "A request to an HTTP engine that takes longer fails on that engine (a fault, counted like a "
         "malformed answer) and is re-sent to another engine.", range=(0.1, 86400.0))

@@ -116,6 +116,10 @@ def _cross_checks(cfg: RelaxConfig) -> None:
     if cfg.trainer.freeze_encoders and cfg.trainer.backend != "torch":
         raise ConfigError("trainer.freeze_encoders is supported by the torch backend only; "
                           "set trainer.backend=torch or remove it")
+    ro = cfg.rollout
+    if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
+        raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "
+                          f"({ro.engine_processes}); raise it, or 0 to cap at engine_processes")
     if not cfg.run_id or "/" in cfg.run_id:
         raise ConfigError(f"run_id = {cfg.run_id!r} must be a non-empty name without '/'")
 

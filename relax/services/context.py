@@ -48,7 +48,8 @@ RETURN_FIELDS = (Field("returns", "float32", (None,)),)
 IMAGE_FAMILIES = ("qwen2_5_vl", "qwen2_5_omni")
 AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
 # fields that may differ between the starts of one run
-RESUMABLE_FIELDS = {"trainer.total_steps"}
+# settings a restarted run may change: how long it runs and how it is reached, not what it computes
+RESUMABLE_FIELDS = {"trainer.total_steps", "rollout.api_port", "rollout.api_host", "rollout.max_engine_processes"}
 
 
 class RunConfigMismatch(ValueError):

@@ -21,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from relax.config_loader import ConfigError
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import EnginePool, LocalEngines, RemoteEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
 from relax.rollout.prompts import PromptStream
 from relax.rollout.rewards import RewardDispatcher
+from relax.services.api_server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import ACTOR_GROUP, ROLLOUT_FIELDS, RunContext
 from relax.services.engine_launcher import LocalProcessLauncher
 from relax.transfer.consumer import GroupView, wait_for_capacity
@@ -49,6 +51,15 @@ class RolloutRole:
     def __init__(self, ctx: RunContext, engine_urls: list[str] | None = None, writer_id: str = "rollout"):
         cfg, r = ctx.cfg, ctx.cfg.rollout
         self.ctx, self.cfg = ctx, cfg
+        if r.api_port:  # before the producer or any engine starts: a run that cannot serve its API fails at once
+            if not (engine_urls or r.engine_processes > 0):
+                raise ConfigError(f"rollout.api_port={r.api_port} scales HTTP engines, but this rollout runs its "
+                                  f"engine in-process; set rollout.engine_processes=N (or pass --engine-url), or "
+                                  f"rollout.api_port=0")
+            try:
+                preflight(r.api_host, r.api_port)
+            except APIStartError as e:
+                raise ConfigError(str(e)) from None
         self.queue = ctx.queue()
         self.producer = self.queue.producer(writer_id, ROLLOUT_FIELDS, tokens_field="tokens")
         self.store = ctx.weights()
@@ -56,6 +67,15 @@ class RolloutRole:
         meta = self.producer.last_meta() or {}
         self.batch = int(meta.get("batch", -1)) + 1  # the next batch index
         self.stream = PromptStream(ctx.split("train"), seed=cfg.seed, position=int(meta.get("next_prompt", 0)))
+        try:
+            self._start(engine_urls)
+        except BaseException:
+            self.producer.close()  # a role that failed to start holds no writer lease
+            raise
+
+    def _start(self, engine_urls: list[str] | None) -> None:
+        """The engines, the episode runner and (``rollout.api_port``) the REST API on the pool."""
+        ctx, cfg, r = self.ctx, self.cfg, self.cfg.rollout
         tok = ctx.tokenizer
         slots = max(r.n_samples_per_prompt * r.prompts_per_step, 8)
         self._model_dir: str | None = None
@@ -78,6 +98,13 @@ class RolloutRole:
                                     media=ctx.snapshot.load_media, new_weights=self._newer_weights,
                                     reload=self.sync_weights)
         self.make_env = default_env_factory(r.max_turns)
+        self.api = None
+        if r.api_port:
+            try:
+                self.api = RolloutAPIServer(self.pool, self.store, r.api_host, r.api_port).start()
+            except BaseException:
+                self.pool.close()  # stops the engine processes started above
+                raise
 
     def _owned_engines(self, n: int, slots: int, faults: dict[str, Any]) -> RemoteEngines:
         """Start ``n`` native engine servers on the initial model; the pool owns and supervises them."""
@@ -86,7 +113,8 @@ class RolloutRole:
         model.save_pretrained(self._model_dir)
         self.ctx.tokenizer.save_pretrained(self._model_dir)
         text_cfg = getattr(model.config, "text_config", None) or model.config
-        launcher = LocalProcessLauncher(self._model_dir, max_engines=n, max_batch_size=slots, seed=self.cfg.seed)
+        launcher = LocalProcessLauncher(self._model_dir, max_engines=max(n, self.cfg.rollout.max_engine_processes),
+                                        max_batch_size=slots, seed=self.cfg.seed)
         try:
             started = launcher.launch(n)  # a startup error quotes the engine log (in the system temp folder)
         except BaseException:
@@ -162,6 +190,8 @@ class RolloutRole:
         return [groups[pos] for pos, _ in prompts]
 
     def close(self) -> None:
+        if self.api is not None:
+            self.api.stop()
         self.producer.close()
         try:
             self.pool.close()  # stops the engine processes the pool owns

@@ -1,0 +1,83 @@
+"""Serving the elastic rollout REST API from the rollout's own process (``rollout.api_port``).
+
+The API must act on the very pool the rollout sends its requests through, so it runs beside
+the rollout loop: uvicorn on a daemon thread of the rollout process, its scale operations on
+worker threads, and the pool's own event loop doing the HTTP to engines. The rollout loop is
+never blocked by it; a scale-out's new engine joins the next generation round it reaches.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+
+from relax.rollout.engines import RemoteEngines
+from relax.services.api import TOKEN_ENV, ElasticRollout, create_rollout_app
+from relax.transfer.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+
+class APIStartError(RuntimeError):
+    """The API could not start (no token, port taken); the message names the setting to change."""
+
+
+def _check_port_free(host: str, port: int) -> None:
+    # uvicorn reports a taken port by logging and exiting its thread; binding here first turns it
+    # into an error that names the setting
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            why = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
+            raise APIStartError(f"rollout.api_port {port} on {host} {why}; choose another rollout.api_port "
+                                f"(or rollout.api_port=0 to run without the REST API)") from None
+
+
+def preflight(host: str, port: int, token: str | None = None) -> str:
+    """The token to serve with, or APIStartError naming what is missing; run before any engine starts."""
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if token is None:
+        raise APIStartError(f"rollout.api_port={port} serves the elastic REST API, whose scale routes need a "
+                            f"bearer token: set the {TOKEN_ENV} environment variable for the rollout process")
+    _check_port_free(host, port)
+    return token
+
+
+class RolloutAPIServer:
+    """The API app on ``host:port`` in a daemon thread; :meth:`stop` shuts it down."""
+
+    def __init__(self, pool: RemoteEngines, store: WeightStore, host: str, port: int, token: str | None = None,
+                 drain_timeout_s: float = 300.0):
+        import uvicorn
+
+        token = preflight(host, port, token)
+        # engines launched through the API are the same kind the pool owns (and replaces)
+        self.elastic = ElasticRollout(pool, store, pool.launcher, drain_timeout_s=drain_timeout_s)
+        app = create_rollout_app(self.elastic, token=token)
+        self.url = f"http://{host}:{port}"
+        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, name="relax-rollout-api", daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> RolloutAPIServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise APIStartError(f"the rollout REST API on {self.url} exited while starting (see the log above)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise APIStartError(f"the rollout REST API on {self.url} did not start within {timeout_s:.0f} s")
+            time.sleep(0.02)
+        log.info("rollout REST API on %s (docs: %s/docs)", self.url, self.url)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
