@@ -17,6 +17,7 @@ import relax.trainers.torch.actor as torch_actor
 from relax.services.actor import initial_reference
 from relax.services.context import RunContext
 from relax.services.controller import train
+from relax.services.media import MediaInputs
 from relax.services.metrics import read_metrics
 from relax.trainers.torch.batch import RolloutBatch
 from tests.relax.services.runtime_helpers import tiny_config
@@ -34,13 +35,19 @@ def _grpo(r: np.ndarray) -> np.ndarray:
     return (r - r.mean()) / (r.std() + 1e-6)  # numpy's std is the population std, as GRPO's
 
 
+# media: image and audio rows, whose reference logprobs need their pixels and mel features
+MEDIA = ("model.name_or_path=tiny-omni", "model.family=qwen2_5_omni", "data.tasks=[shapes,tones]",
+         "data.train_per_task=16")
+
+
 @pytest.mark.slow
-def test_kl_in_reward_run_matches_the_hand_formula(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [(), MEDIA], ids=["text", "image-and-audio"])
+def test_kl_in_reward_run_matches_the_hand_formula(tmp_path, monkeypatch, extra):
     # the actor's loss must not call its KL estimator in this mode (the advantage role uses its own import)
     monkeypatch.setattr(torch_actor, "kl_estimate", _no_kl_loss)
     cfg = tiny_config(f"file://{tmp_path}", "klr", "algorithm.kl_in_reward=true", f"algorithm.kl_coef={BETA}",
                       "algorithm.kl_estimator=k1", "trainer.total_steps=3", "trainer.lr=1e-2",
-                      "trainer.warmup_steps=0")
+                      "trainer.warmup_steps=0", *extra)
     result = train(cfg, progress=False)
     assert result.steps == 3
     ctx = RunContext(cfg)
@@ -51,10 +58,14 @@ def test_kl_in_reward_run_matches_the_hand_formula(tmp_path, monkeypatch):
     queue.refresh()
     metas = [m for m in queue.state.samples.values() if "advantages" in m.locs]
     ids = [m.id for m in metas]
-    rows = queue.read(ids, ["tokens", "loss_mask", "logprobs", "reward", "advantages"])
-    reference, _ = initial_reference(ctx, wait_s=0)
+    rows = queue.read(ids, ["tokens", "loss_mask", "logprobs", "reward", "advantages", "prompt_len"])
+    reference, processor = initial_reference(ctx, wait_s=0)
+    media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
+    per_row = [media(i, t, int(n)) for i, t, n in zip(ids, rows["tokens"], rows["prompt_len"], strict=True)]
+    assert (sum(m is not None for m in per_row) == len(ids)) == bool(extra)  # every media row has its media
     ref = reference.logprobs(RolloutBatch(ids=ids, input_ids=[torch.tensor(t) for t in rows["tokens"]],
-                                          loss_mask=[torch.tensor(m, dtype=torch.float32) for m in rows["loss_mask"]]))
+                                          loss_mask=[torch.tensor(m, dtype=torch.float32) for m in rows["loss_mask"]],
+                                          media=per_row if extra else None))
     kl_sum = np.array([float(np.sum(m * (lp - r.numpy()))) for m, lp, r in
                        zip(rows["loss_mask"], rows["logprobs"], ref, strict=True)])
     reward = np.asarray(rows["reward"], np.float64)
