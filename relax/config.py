@@ -133,6 +133,11 @@ class RolloutConfig:
     top_k: int = opt(-1, "Top-k sampling; -1 disables.", range=(-1, 1_000_000))
     max_new_tokens: int = opt(16, "Longest response in tokens.", range=(1, 1_048_576))
     max_turns: int = opt(4, "Most assistant turns in a multi-turn (agent) episode.", range=(1, 1000))
+    env_fn: str = opt(
+        "", "Dotted path 'package.module:function' of a custom env factory make_env(sample) -> Env "
+        "(relax.data.tasks.Env: reset(sample), step(action_text) -> (observation, reward, done, info)); every "
+        "sample then runs through the agent loop with a fresh env. Empty = each task's own env (tool_lookup); "
+        "the other tasks are single-turn.")
     partial_rollout: str = opt(
         "wait", "On a weight update mid-generation: 'wait' for in-flight requests, or 'abort' and resume them "
         "with the new weights.", choices=("wait", "abort"))

@@ -198,6 +198,17 @@ def media_features(images: Sequence[bytes], audios: Sequence[bytes],
     return out, image_counts, audio_counts
 
 
+def merge_media(first: dict[str, torch.Tensor] | None,
+                then: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    """Media kwargs of ``first`` followed by ``then`` (items concatenated, in token order)."""
+    if not first or not then:
+        return dict(first or then) if (first or then) else None
+    out = dict(first)
+    for k, v in then.items():
+        out[k] = torch.cat([first[k], v], dim=0) if k in first else v
+    return out
+
+
 def check_expanded(ids: Sequence[int], image_counts: Sequence[int], audio_counts: Sequence[int],
                    processor: MediaProcessor | None) -> None:
     """Raise ValueError unless pre-expanded ``ids`` hold exactly the media tokens the items need

@@ -22,6 +22,7 @@ from relax.data.schema import Sample
 from relax.data.tasks import TASKS, Env
 from relax.data.tasks.base import derive_seed
 from relax.engines.types import Completion, SamplingParams
+from relax.models.processors import merge_media
 from relax.rollout.engines import EnginePool
 from relax.rollout.prompts import EncodedPrompt, encode_prompt
 from relax.rollout.rewards import RewardDispatcher
@@ -177,7 +178,7 @@ class EpisodeRunner:
                 t.observe(ids)
                 t.response += f"\n[tool] {obs}\n"
                 if mm:
-                    t.mm_inputs = _merge_mm(t.mm_inputs, mm)
+                    t.mm_inputs = merge_media(t.mm_inputs, mm)
                     t.images, t.audios = t.images + images, t.audios + audios
                 nxt.append(i)
             live = nxt
@@ -226,12 +227,3 @@ def _seed(t: Trajectory, length: int) -> int:
     # the sampling stream of a turn depends on the prompt, the sample index and how far it got:
     # the same run replays the same tokens, and a resumed partial does not repeat its first draws
     return derive_seed(t.sample.id, t.position, t.index, length) >> 1
-
-
-def _merge_mm(old: dict[str, torch.Tensor] | None, new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    if not old:
-        return dict(new)
-    out = dict(old)
-    for k, v in new.items():
-        out[k] = torch.cat([old[k], v], dim=0) if k in old else v
-    return out

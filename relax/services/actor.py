@@ -26,7 +26,7 @@ from relax.trainers.torch.sft import format_warmup
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, write_record
 
-ACTOR_FIELDS = ["tokens", "loss_mask", "logprobs", "advantages", "prompt_len"]
+ACTOR_FIELDS = ["tokens", "loss_mask", "logprobs", "advantages", "prompt_len", "turn_media"]
 
 
 def run_checkpoint_ref(url: str) -> ParentRef | None:

@@ -105,7 +105,7 @@ class AdvantageRole:
 
             # the reference scores the row's tokens (and media) against its behaviour logprobs;
             # it is version 0, which the actor publishes (after any warm start) before its first step
-            needs += ["tokens", "logprobs", "prompt_len"]
+            needs += ["tokens", "logprobs", "prompt_len", "turn_media"]
             self.reference, processor = initial_reference(ctx, wait_s)
             self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.consumer = ConsumerGroup(self.queue, ADVANTAGE_GROUP, needs,

@@ -39,6 +39,8 @@ ROLLOUT_FIELDS = (
     Field("task", kind="str"),
     Field("response", kind="str"),
     Field("error", kind="str"),
+    # bytes of images/audio an environment returned in later agent turns (services.media.pack_media)
+    Field("turn_media", kind="bytes"),
 )
 ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
 # with GAE the critic adds per-token values before the advantage role, which adds the returns
@@ -141,7 +143,12 @@ class RunContext:
         return build_processor(self.cfg.model, self.tokenizer)
 
     def check_trainable(self, engine_urls: list[str] | None = None) -> None:
-        """Fail before any role starts on data the configured engines cannot serve."""
+        """Fail before any role starts on data the configured engines cannot serve, or on an
+        extension point (``data.reward_fn``, ``rollout.env_fn``) that does not import."""
+        from relax.data.tasks import load_env_fn, load_reward_fn
+
+        _ = self.cfg.data.reward_fn and load_reward_fn(self.cfg.data.reward_fn)
+        _ = self.cfg.rollout.env_fn and load_env_fn(self.cfg.rollout.env_fn)
         train = self.split("train")
         family = self.cfg.model.family
         for kind, has, families in (("images", lambda s: s.images, IMAGE_FAMILIES),

@@ -37,7 +37,7 @@ from relax.trainers.torch.critic import Critic
 from relax.transfer.consumer import ConsumerGroup
 from relax.transfer.errors import QueueTimeout
 
-ROW_FIELDS = ["tokens", "loss_mask", "prompt_len"]
+ROW_FIELDS = ["tokens", "loss_mask", "prompt_len", "turn_media"]
 
 
 def checkpoint_name(step: int) -> str:

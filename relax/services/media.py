@@ -6,10 +6,16 @@ content-addressed and checksummed, so the actor rebuilds a row's ``pixel_values`
 ``input_features`` from the row's sample id with the same processor the engine used. The
 prompt tokens it recomputes must equal the row's: that check catches a processor or
 tokenizer that changed between rollout and training.
+
+Media an environment returned in a later agent turn are in no snapshot, so the rollout stores
+their bytes with the row (field ``turn_media``, :func:`pack_media`); a row's media are the
+prompt's followed by those, in the order their tokens appear.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,12 +23,39 @@ from typing import Any
 import torch
 
 from relax.data.schema import Sample
+from relax.models.processors import media_features, merge_media
 from relax.rollout.prompts import encode_prompt
 from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import Batch
 
 # queue field -> RolloutBatch field, for the per-token float fields a batch may carry
 _FLOAT_FIELDS = {"logprobs": "old_logprobs", "advantages": "advantages", "values": "values", "returns": "returns"}
+
+
+def pack_media(images: Sequence[bytes], audios: Sequence[bytes]) -> bytes:
+    """Images and audio clips as one bytes value (empty when there are none): a 4-byte header
+    length, a JSON header of item sizes, then the items back to back."""
+    if not images and not audios:
+        return b""
+    header = json.dumps({"images": [len(b) for b in images], "audios": [len(b) for b in audios]}).encode()
+    return struct.pack(">I", len(header)) + header + b"".join([*images, *audios])
+
+
+def unpack_media(data: bytes) -> tuple[list[bytes], list[bytes]]:
+    """The inverse of :func:`pack_media`."""
+    if not data:
+        return [], []
+    data = bytes(data)  # the queue hands out read-only views
+    (n,) = struct.unpack(">I", data[:4])
+    sizes = json.loads(data[4:4 + n])
+    items, at = [], 4 + n
+    for size in [*sizes["images"], *sizes["audios"]]:
+        items.append(bytes(data[at:at + size]))
+        at += size
+    if at != len(data):
+        raise ValueError(f"turn media: {len(data) - at} bytes after the last item (corrupt row)")
+    k = len(sizes["images"])
+    return items[:k], items[k:]
 
 
 def sample_id_of(row_id: str) -> str:
@@ -49,7 +82,16 @@ class MediaInputs:
     def any(self) -> bool:
         return bool(self.by_id)
 
-    def __call__(self, row_id: str, tokens: Sequence[int], prompt_len: int) -> dict[str, torch.Tensor] | None:
+    def __call__(self, row_id: str, tokens: Sequence[int], prompt_len: int,
+                 turn_media: bytes = b"") -> dict[str, torch.Tensor] | None:
+        later = None
+        if turn_media:
+            if self.processor is None:
+                raise ValueError(f"row {row_id!r} holds media from an agent turn, but the model takes no media")
+            later, _, _ = media_features(*unpack_media(turn_media), self.processor)
+        return merge_media(self._prompt_media(row_id, tokens, prompt_len), later)
+
+    def _prompt_media(self, row_id: str, tokens: Sequence[int], prompt_len: int) -> dict[str, torch.Tensor] | None:
         sid = sample_id_of(row_id)
         sample = self.by_id.get(sid)
         if sample is None:
@@ -67,7 +109,7 @@ class MediaInputs:
         if list(tokens[:prompt_len]) != prompt:
             raise ValueError(f"row {row_id!r}: its prompt tokens differ from the ones its sample encodes to now "
                              f"({prompt_len} vs {len(prompt)} tokens); the tokenizer or media processor changed "
-                             f"during the run, or media arrived in a later turn (not trainable yet)")
+                             f"during the run")
         return media
 
 
@@ -78,8 +120,10 @@ def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutB
     Shared by the actor, the critic and the advantage role's KL reference."""
     f = batch.fields  # shard arrays are read-only views: torch gets its own copies
     rows = None
-    if media is not None and media.any:
-        rows = [media(rid, t, int(n)) for rid, t, n in zip(batch.ids, f["tokens"], f["prompt_len"], strict=True)]
+    turn = f.get("turn_media") or [b""] * len(batch.ids)  # rows committed before the field existed: none
+    if media is not None and (media.any or any(turn)):
+        rows = [media(rid, t, int(n), m) for rid, t, n, m in zip(batch.ids, f["tokens"], f["prompt_len"], turn,
+                                                                   strict=True)]
     floats = {dst: [torch.tensor(x, dtype=torch.float32) for x in f[src]]
               for src, dst in _FLOAT_FIELDS.items() if src in f}
     return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],

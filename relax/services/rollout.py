@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from relax.config_loader import ConfigError
+from relax.data.tasks import load_env_fn
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import EnginePool, LocalEngines, RemoteEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
@@ -30,6 +31,7 @@ from relax.rollout.rewards import RewardDispatcher
 from relax.services.api_server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import ACTOR_GROUP, ROLLOUT_FIELDS, RunContext
 from relax.services.engine_launcher import LocalProcessLauncher
+from relax.services.media import pack_media
 from relax.transfer.consumer import GroupView, wait_for_capacity
 
 
@@ -41,7 +43,9 @@ def trajectory_row(t: Trajectory, group_size: int) -> dict[str, Any]:
     return {"id": f"{t.sample.id}@{t.position}.{t.index}", "group": f"p{t.position}", "group_size": group_size,
             "policy_version": t.policy_version, "tokens": np.asarray(t.tokens, dtype=np.int64), "loss_mask": mask,
             "logprobs": np.asarray(t.logprobs, dtype=np.float32), "reward": np.float32(t.reward),
-            "prompt_len": np.int32(t.prompt_len), "task": t.sample.task, "response": t.response, "error": t.error}
+            "prompt_len": np.int32(t.prompt_len), "task": t.sample.task, "response": t.response, "error": t.error,
+            # the prompt's media come back from the snapshot; those of later turns only from here
+            "turn_media": pack_media(t.images[len(t.sample.images):], t.audios[len(t.sample.audios):])}
 
 
 class RolloutRole:
@@ -97,7 +101,9 @@ class RolloutRole:
                                     max_seq_len=cfg.model.max_seq_len, partial_rollout=r.partial_rollout,
                                     media=ctx.snapshot.load_media, new_weights=self._newer_weights,
                                     reload=self.sync_weights)
-        self.make_env = default_env_factory(r.max_turns)
+        # a custom env (rollout.env_fn) drives every sample; otherwise tasks with an env use it
+        self.make_env = load_env_fn(r.env_fn) if r.env_fn else default_env_factory(r.max_turns)
+        self.needs_env = (lambda _sample: True) if r.env_fn else needs_env
         self.api = None
         if r.api_port:
             try:
@@ -179,8 +185,8 @@ class RolloutRole:
 
     def _run(self, prompts: list) -> list[list[Trajectory]]:
         n = self.cfg.rollout.n_samples_per_prompt
-        single = [p for p in prompts if not needs_env(p[1])]
-        multi = [p for p in prompts if needs_env(p[1])]
+        single = [p for p in prompts if not self.needs_env(p[1])]
+        multi = [p for p in prompts if self.needs_env(p[1])]
         trajs = self.runner.single_turn(single, n) if single else []
         if multi:
             trajs += self.runner.agent(multi, n, self.make_env)

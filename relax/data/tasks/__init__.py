@@ -12,7 +12,7 @@ import difflib
 from relax.data.errors import DataError
 from relax.data.schema import Sample
 from relax.data.tasks import arithmetic, largest, shapes, tones, tool_lookup
-from relax.data.tasks.base import Env, RewardFn, TaskSpec, load_reward_fn, random_policy_score
+from relax.data.tasks.base import Env, RewardFn, TaskSpec, load_env_fn, load_reward_fn, random_policy_score
 
 TASKS: dict[str, TaskSpec] = {
     task.name: task for task in (arithmetic.TASK, largest.TASK, shapes.TASK, tones.TASK, tool_lookup.TASK)
@@ -25,6 +25,7 @@ __all__ = [
     "TaskSpec",
     "generate_suite",
     "get_task",
+    "load_env_fn",
     "load_reward_fn",
     "random_policy_score",
 ]

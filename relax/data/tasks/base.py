@@ -52,11 +52,14 @@ T = TypeVar("T")
 class Env(Protocol):
     """A multi-turn environment for agentic tasks, driven by the rollout loop.
 
-    ``reset(sample)`` starts an episode and returns the first observation (the prompt).
-    ``step(action_text)`` takes the policy's next message and returns
-    ``(observation, reward, done, info)``: the text to show the policy next (e.g. a tool
-    result), the reward for this step in ``[0, 1]``, whether the episode ended, and
-    JSON-serialisable diagnostics.
+    ``reset(sample)`` starts an episode and returns the first observation (the rollout shows
+    the policy the sample's own prompt). ``step(action_text)`` takes the policy's next message
+    and returns ``(observation, reward, done, info)``: what to show the policy next (e.g. a
+    tool result), the reward of the episode so far in ``[0, 1]`` (the last one counts), whether
+    the episode ended, and JSON-serialisable diagnostics. An observation is text, or
+    ``{"content": text with <image>/<audio> placeholders, "images": [PNG/JPEG bytes],
+    "audios": [WAV bytes]}`` for a multimodal model; it enters the context as a ``tool`` turn
+    and is never trained on.
     """
 
     def reset(self, sample: Sample) -> str: ...
@@ -207,7 +210,7 @@ def random_policy_score(task: TaskSpec, seed: int, n: int, difficulty: int) -> f
     return sum(task.reward(rng.choice(space), s) for s in samples) / len(samples)
 
 
-def _split_dotted(dotted: str) -> tuple[str, str]:
+def _split_dotted(dotted: str, what: str) -> tuple[str, str]:
     if ":" in dotted:
         module, _, attr = dotted.partition(":")
     else:
@@ -218,51 +221,58 @@ def _split_dotted(dotted: str) -> tuple[str, str]:
         or not all(part.isidentifier() for part in (*module.split("."), *attr.split(".")))
     ):
         raise DataError(
-            f"reward function path {dotted!r} is malformed; write it as 'package.module:function' "
+            f"{what} path {dotted!r} is malformed; write it as 'package.module:function' "
             f"(or 'package.module.function')"
         )
     return module, attr
 
 
-def load_reward_fn(dotted: str) -> RewardFn:
-    """Import the :data:`RewardFn` named by ``"pkg.mod:fn"`` or ``"pkg.mod.fn"``.
+def load_function(dotted: str, what: str, args: tuple[Any, ...], usage: str) -> Callable[..., Any]:
+    """Import the function named by ``"pkg.mod:fn"`` or ``"pkg.mod.fn"`` (an extension point).
 
     The module must be importable in every worker (installed, or on ``PYTHONPATH``). The
-    function is checked to accept ``(response, sample)``; its return value is not checked
-    here, the caller enforces ``[0, 1]``.
+    function is checked to accept ``args`` (placeholders of its documented parameters);
+    ``what`` and ``usage`` ("fn(response: str, sample: Sample) -> float") name it in errors.
     """
-    module_name, attr_path = _split_dotted(dotted.strip())
+    module_name, attr_path = _split_dotted(dotted.strip(), what)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         raise DataError(
-            f"reward function {dotted!r}: cannot import module {module_name!r} ({e}); check the spelling "
+            f"{what} {dotted!r}: cannot import module {module_name!r} ({e}); check the spelling "
             f"and that its package is installed or on PYTHONPATH"
         ) from None
     except Exception as e:  # the user's module raised while importing
-        raise DataError(
-            f"reward function {dotted!r}: importing {module_name!r} failed: {type(e).__name__}: {e}"
-        ) from e
+        raise DataError(f"{what} {dotted!r}: importing {module_name!r} failed: {type(e).__name__}: {e}") from e
     target: Any = module
     for part in attr_path.split("."):
         if not hasattr(target, part):
             raise DataError(
-                f"reward function {dotted!r}: {module_name!r} has no attribute {attr_path!r}; "
-                f"define 'def {part}(response: str, sample: Sample) -> float' there or fix the name"
+                f"{what} {dotted!r}: {module_name!r} has no attribute {attr_path!r}; "
+                f"define '{usage.replace('fn(', f'def {part}(', 1)}' there or fix the name"
             )
         target = getattr(target, part)
     if not callable(target):
-        raise DataError(
-            f"reward function {dotted!r} is a {type(target).__name__}, not a function; it must be "
-            f"callable as fn(response: str, sample: Sample) -> float"
-        )
+        raise DataError(f"{what} {dotted!r} is a {type(target).__name__}, not a function; it must be "
+                        f"callable as {usage}")
     try:
-        inspect.signature(target).bind("response", None)
+        inspect.signature(target).bind(*args)
     except TypeError:
         raise DataError(
-            f"reward function {dotted!r} cannot be called with (response, sample); "
-            f"its signature is {inspect.signature(target)}"
+            f"{what} {dotted!r} cannot be called as {usage.split(' ->')[0]}; its signature is "
+            f"{inspect.signature(target)}"
         ) from None
     except ValueError:  # builtins without a signature: trust them
         pass
     return target
+
+
+def load_reward_fn(dotted: str) -> RewardFn:
+    """The :data:`RewardFn` named by ``dotted``; its return value is checked by the caller (``[0, 1]``)."""
+    return load_function(dotted, "reward function", ("response", None), "fn(response: str, sample: Sample) -> float")
+
+
+def load_env_fn(dotted: str) -> Callable[[Sample], Env]:
+    """An env factory ``make_env(sample) -> Env`` named by ``dotted`` (``rollout.env_fn``): called
+    once per episode, so each gets a fresh :class:`Env`."""
+    return load_function(dotted, "env factory", (None,), "fn(sample: Sample) -> Env")

@@ -176,7 +176,7 @@ def test_load_reward_fn_good_paths() -> None:
         ("no_such_package_xyz.rewards:score", "cannot import module 'no_such_package_xyz.rewards'"),
         ("relax.data.verifiers:no_such_fn", "has no attribute 'no_such_fn'"),
         ("relax.data.verifiers:ANSWER_FORMAT_HINT", "is a str, not a function"),
-        ("relax.data.verifiers:normalize_answer", "cannot be called with \\(response, sample\\)"),
+        ("relax.data.verifiers:normalize_answer", "cannot be called as fn\\(response: str, sample: Sample\\)"),
         ("justaname", "malformed"),
         ("relax.data.verifiers:", "malformed"),
         ("relax..verifiers:fn", "malformed"),
