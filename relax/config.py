@@ -91,6 +91,14 @@ class DataConfig:
         "Dotted path 'package.module:function' of a custom reward(response, sample) -> float; empty = "
         "each task's own verifier.",
     )
+    judge_url: str = opt(
+        "", "Base URL of a judge model behind an OpenAI-compatible /v1/chat/completions (a native Relax engine, "
+        "SGLang, vLLM) that grades every response instead of the verifiers: it must answer <score>S</score> with "
+        "S in [0, 1]; an answer without one is a reward error (reward 0, zero weight). API key, if any, from "
+        "RELAX_JUDGE_API_KEY. Empty = no judge.")
+    judge_model: str = opt("judge", "The 'model' field sent to the judge server.")
+    judge_timeout_s: float = opt(60.0, "Seconds to wait for one judgement.", range=(0.1, 3600.0))
+    judge_concurrency: int = opt(16, "Judge requests in flight at once per rollout.", range=(1, 4096))
 
 
 @dataclass

@@ -116,6 +116,11 @@ def _cross_checks(cfg: RelaxConfig) -> None:
     if cfg.trainer.freeze_encoders and cfg.trainer.backend != "torch":
         raise ConfigError("trainer.freeze_encoders is supported by the torch backend only; "
                           "set trainer.backend=torch or remove it")
+    if cfg.data.judge_url and cfg.data.reward_fn:
+        raise ConfigError("data.judge_url and data.reward_fn both replace the task verifiers; set one of them")
+    if cfg.data.judge_url and not cfg.data.judge_url.startswith(("http://", "https://")):
+        raise ConfigError(f"data.judge_url {cfg.data.judge_url!r} must be an http(s) URL of an OpenAI-compatible "
+                          f"server (e.g. http://judge-host:30000)")
     ro = cfg.rollout
     if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
         raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "

@@ -132,7 +132,7 @@ class EpisodeRunner:
         self._generate(trajs, budget)
         for t in trajs:
             t.response = self.tokenizer.decode(t.tokens[t.prompt_len:], skip_special_tokens=True)
-            scored = self.rewards.score(t.response, t.sample)
+        for t, scored in zip(trajs, self.rewards.score_many([(t.response, t.sample) for t in trajs]), strict=True):
             t.reward, t.error, t.turns = scored.reward, scored.error, 1
         return trajs
 

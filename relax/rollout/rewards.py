@@ -10,8 +10,9 @@ error text, which is stored with the sample and counted in the metrics.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from relax.data.schema import Sample
 from relax.data.tasks import TASKS, load_reward_fn
@@ -25,13 +26,21 @@ class Scored:
 
 
 class RewardDispatcher:
-    """Scores ``(response, sample)`` pairs; never raises for a faulty reward function."""
+    """Scores ``(response, sample)`` pairs; never raises for a faulty reward function.
 
-    def __init__(self, reward_fn: str = ""):
+    ``judge`` (a :class:`~relax.rollout.judge.JudgeReward`, from ``data.judge_url``) replaces
+    the verifiers, and :meth:`score_many` sends its requests concurrently."""
+
+    def __init__(self, reward_fn: str = "", judge: Any = None):
         self.custom: Callable[[str, Sample], float] | None = load_reward_fn(reward_fn) if reward_fn else None
+        if judge is not None and self.custom is not None:
+            raise ValueError("set data.judge_url or data.reward_fn, not both")
+        self.judge = judge
         self.errors = 0
 
     def function_for(self, sample: Sample) -> Callable[[str, Sample], float]:
+        if self.judge is not None:
+            return self.judge
         if self.custom is not None:
             return self.custom
         task = TASKS.get(sample.task)
@@ -41,11 +50,25 @@ class RewardDispatcher:
         fn = self.function_for(sample)
         try:
             value = fn(response, sample)
+        except Exception as e:  # a user function: anything may come out of it
+            value = e
+        return self._checked(value, fn, sample)
+
+    def score_many(self, pairs: Sequence[tuple[str, Sample]]) -> list[Scored]:
+        """:meth:`score` for each pair; a judge grades them all concurrently."""
+        if self.judge is None:
+            return [self.score(r, s) for r, s in pairs]
+        return [self._checked(v, self.judge, s) for v, (_, s) in zip(self.judge.many(pairs), pairs, strict=True)]
+
+    def _checked(self, value: Any, fn: Any, sample: Sample) -> Scored:
+        try:
+            if isinstance(value, BaseException):
+                raise value
             reward = float(value)
             if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
                 raise ValueError(f"returned {value!r}; a reward must be a finite float in [0, 1]")
-        except Exception as e:  # a user function: anything may come out of it
+        except Exception as e:
             self.errors += 1
-            name = getattr(fn, "__qualname__", repr(fn))
+            name = getattr(fn, "__qualname__", None) or repr(fn)
             return Scored(0.0, f"reward function {name} failed on sample {sample.id}: {type(e).__name__}: {e}")
         return Scored(reward)
