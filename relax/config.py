@@ -113,6 +113,13 @@ class RolloutConfig:
         "the router; 0 = one engine inside the rollout process. An owned engine whose process dies or that turns "
         "unhealthy is replaced by a new one loaded with the current weights. Ignored with --engine-url: those "
         "engines are routed around when they fail, never replaced.", range=(0, 4096))
+    engine_launcher: str = opt(
+        "process", "Where engine processes the rollout owns run: 'process' = children of the rollout process on its "
+        "host; 'ray' = Ray actors placed by the Ray cluster (each holding engine_cpus and engine_gpus), so a "
+        "scale-out is refused when the cluster lacks the resources. 'ray' needs a Ray cluster and the model "
+        "folder at the same path on every node.", choices=("process", "ray"))
+    engine_cpus: float = opt(1.0, "CPUs each Ray engine actor holds (engine_launcher=ray).", range=(0.0, 1024.0))
+    engine_gpus: float = opt(0.0, "GPUs each Ray engine actor holds (engine_launcher=ray).", range=(0.0, 64.0))
     max_engine_processes: int = opt(
         0, "Most engine processes the rollout may own at once, replacements and REST API scale-outs included "
         "(a scale-out past it is refused as a whole); 0 = engine_processes.", range=(0, 4096))

@@ -35,6 +35,18 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the spawning thread's process dies, so an
+    engine never outlives a killed owner (a Ray actor). Only for owners that spawn from a
+    thread that lives as long as they do: the signal follows the thread, not the process."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the owner's stop() is the only way out
+        pass
+
+
 class NativeEngineProcess:
     """``python -m relax.engines.server`` on a free loopback port, serving a local HF model folder.
 
@@ -44,7 +56,7 @@ class NativeEngineProcess:
 
     def __init__(self, model_dir: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
                  max_batch_size: int = 16, weight_store_root: str | None = None, run_id: str | None = None,
-                 log_dir: str | Path | None = None, seed: int = 0):
+                 log_dir: str | Path | None = None, seed: int = 0, die_with_parent: bool = False):
         self.host = host
         self.port = port or _free_port(host)
         args = [sys.executable, "-m", "relax.engines.server", "--model-path", str(model_dir), "--host", host,
@@ -58,7 +70,8 @@ class NativeEngineProcess:
         # thread pools make every engine slower than one thread each.
         env = {"OMP_NUM_THREADS": "1", **os.environ}
         with log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         preexec_fn=_die_with_parent if die_with_parent else None)
 
     @classmethod
     def start(cls, model_dir: str | Path, timeout_s: float = 180.0, **kwargs) -> NativeEngineProcess:

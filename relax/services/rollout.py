@@ -24,7 +24,7 @@ import numpy as np
 from relax.config_loader import ConfigError
 from relax.data.tasks import load_env_fn
 from relax.engines.types import SamplingParams
-from relax.rollout.engines import EnginePool, LocalEngines, RemoteEngines
+from relax.rollout.engines import EngineLauncher, EnginePool, LocalEngines, RemoteEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
 from relax.rollout.judge import judge_from_config
 from relax.rollout.prompts import PromptStream
@@ -120,8 +120,7 @@ class RolloutRole:
         model.save_pretrained(self._model_dir)
         self.ctx.tokenizer.save_pretrained(self._model_dir)
         text_cfg = getattr(model.config, "text_config", None) or model.config
-        launcher = LocalProcessLauncher(self._model_dir, max_engines=max(n, self.cfg.rollout.max_engine_processes),
-                                        max_batch_size=slots, seed=self.cfg.seed)
+        launcher = self._launcher(max(n, self.cfg.rollout.max_engine_processes), slots)
         try:
             started = launcher.launch(n)  # a startup error quotes the engine log (in the system temp folder)
         except BaseException:
@@ -129,6 +128,24 @@ class RolloutRole:
             raise
         return RemoteEngines([], owned=started, launcher=launcher, store=self.store,
                              vocab_size=getattr(text_cfg, "vocab_size", None), **faults)
+
+    def _launcher(self, max_engines: int, slots: int) -> EngineLauncher:
+        r = self.cfg.rollout
+        if r.engine_launcher == "ray":
+            import ray
+
+            from relax.services.ray_launcher import RayEngineLauncher
+
+            if not ray.is_initialized():
+                try:  # a cluster started with `ray start --head` (or RAY_ADDRESS); never a new local one
+                    ray.init(address="auto", log_to_driver=False)
+                except ConnectionError as e:
+                    raise ConfigError(f"rollout.engine_launcher=ray needs a running Ray cluster ({e}); start one "
+                                      f"with `ray start --head`, or use engine_launcher=process") from None
+            return RayEngineLauncher(self._model_dir, max_engines, num_cpus=r.engine_cpus, num_gpus=r.engine_gpus,
+                                     max_batch_size=slots, seed=self.cfg.seed)
+        return LocalProcessLauncher(self._model_dir, max_engines=max_engines, max_batch_size=slots,
+                                    seed=self.cfg.seed)
 
     # -- weights ------------------------------------------------------------------------------
     def _newer_weights(self) -> bool:

@@ -1,0 +1,114 @@
+"""Engines as Ray actors on the session's Ray cluster (4 CPUs): each holds its CPUs while it
+lives, a launch the cluster cannot hold is refused whole, the elastic API answers 400 with the
+reason, and an engine dies with its actor."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from relax.engines.client import EngineClient
+from relax.rollout.engines import RemoteEngines
+from relax.services.api import ElasticRollout
+from relax.services.engine_launcher import CapacityError
+from tests.relax.engines.contract import save_tiny_model
+
+pytestmark = pytest.mark.ray
+
+
+def free_cpus(ray) -> float:
+    return float(ray.available_resources().get("CPU", 0.0))
+
+
+def settle(ray, expected: float, timeout_s: float = 30.0) -> float:
+    # Ray frees an actor's resources asynchronously after it is killed
+    deadline = time.monotonic() + timeout_s
+    while free_cpus(ray) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return free_cpus(ray)
+
+
+def stops_answering(url: str, timeout_s: float = 20.0) -> bool:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).close()
+        except OSError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def generates(url: str) -> bool:
+    async def go() -> dict:
+        async with EngineClient(url) as c:
+            return await c.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+    return len(asyncio.run(go())["output_ids"]) == 2
+
+
+def test_ray_engines_hold_cluster_resources_and_refuse_what_does_not_fit(ray_session, tmp_path):
+    from relax.services.ray_launcher import RayEngineLauncher
+
+    ray = ray_session
+    folder = save_tiny_model(Path(tmp_path) / "m")
+    launcher = RayEngineLauncher(folder, max_engines=8, num_cpus=1.0, max_batch_size=4)
+    before = free_cpus(ray)
+    assert before >= 2
+    engines = launcher.launch(2)
+    try:
+        assert all(e.alive and generates(e.url) for e in engines)
+        assert free_cpus(ray) == before - 2  # each actor holds its CPU
+
+        with pytest.raises(CapacityError, match=r"need \d+ CPU \(1 each\) and the Ray cluster has \d+ free"):
+            launcher.launch(int(before))  # more than what is left: nothing is created
+        assert free_cpus(ray) == before - 2 and len(launcher.running()) == 2
+
+        # the engine process dies with its actor
+        ray.kill(engines[0].actor)
+        assert not engines[0].alive
+        assert stops_answering(engines[0].url)
+        assert len(launcher.running()) == 1
+
+        # through the elastic API: a 400 naming the resources, the pool unchanged
+        pool = RemoteEngines([engines[1].url])
+        try:
+            elastic = ElasticRollout(pool, launcher=launcher)
+            op, _ = elastic.begin("scale_out", {"num_replicas": 5})  # within max_engines, past the CPUs
+            elastic.execute(op)
+            assert op.status == "failed" and op.http_status == 400 and "CPU" in op.error
+            assert len(pool.engines()) == 1 and settle(ray, before - 1) == before - 1
+        finally:
+            pool.close()  # stops the launcher's engines too
+
+    finally:
+        launcher.stop_all()
+    assert settle(ray, before) == before
+
+
+def test_a_rollout_owns_its_engines_as_ray_actors(ray_session, tmp_path):
+    from relax.services.actor import ActorRole
+    from relax.services.context import RunContext
+    from relax.services.rollout import RolloutRole
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    ray = ray_session
+    before = free_cpus(ray)
+    ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "rayeng", "rollout.engine_processes=1",
+                                 "rollout.engine_launcher=ray", "rollout.engine_cpus=1"))
+    ctx.ensure_run()
+    ActorRole(ctx).close()  # publishes weight version 0
+    rollout = RolloutRole(ctx)
+    try:
+        assert free_cpus(ray) == before - 1
+        rollout.step(timeout=60)
+        table = rollout.pool.engines()
+        assert len(table) == 1 and table[0]["healthy"]
+        assert rollout.pool.weight_version == 0
+    finally:
+        rollout.close()
+    assert settle(ray, before) == before  # the actor is gone with the rollout
