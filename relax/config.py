@@ -180,6 +180,10 @@ class AlgorithmConfig:
     kl_estimator: str = opt("k3", "KL estimator.", choices=("k1", "k2", "k3"))
     kl_in_reward: bool = opt(False, "Apply the KL as a per-token reward penalty -kl_coef * KL_t (computed by the "
                              "advantage role against policy version 0) instead of a loss term in the actor.")
+    reference_role: bool = opt(False, "Score the reference policy (version 0) in a role of its own: a fourth process "
+                               "(disaggregated) or Serve deployment (async) that commits ref_logprobs to the queue, "
+                               "so the actor and the advantage role hold no reference model. False = the role that "
+                               "needs the reference holds a copy. Needs kl_coef > 0.")
     entropy_coef: float = opt(0.0, "Entropy bonus weight.", range=(0.0, 10.0))
     off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples.",
                           choices=("none", "decoupled", "tis", "icepop"))

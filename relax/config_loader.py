@@ -121,6 +121,9 @@ def _cross_checks(cfg: RelaxConfig) -> None:
     if cfg.data.judge_url and not cfg.data.judge_url.startswith(("http://", "https://")):
         raise ConfigError(f"data.judge_url {cfg.data.judge_url!r} must be an http(s) URL of an OpenAI-compatible "
                           f"server (e.g. http://judge-host:30000)")
+    if cfg.algorithm.reference_role and cfg.algorithm.kl_coef == 0:
+        raise ConfigError("algorithm.reference_role=true scores a reference nobody uses: set algorithm.kl_coef > 0 "
+                          "or reference_role=false")
     ro = cfg.rollout
     if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
         raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "

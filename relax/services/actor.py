@@ -29,6 +29,12 @@ from relax.transfer.lineage import LineageRecord, ParentRef, code_version, write
 ACTOR_FIELDS = ["tokens", "loss_mask", "logprobs", "advantages", "prompt_len", "turn_media"]
 
 
+def actor_reads_reference(cfg: Any) -> bool:
+    """The actor's KL loss term takes the reference role's ``ref_logprobs`` column."""
+    a = cfg.algorithm
+    return a.reference_role and a.kl_coef > 0 and not a.kl_in_reward
+
+
 def run_checkpoint_ref(url: str) -> ParentRef | None:
     """``.../runs/<run>/checkpoints/<name>`` -> that checkpoint as a lineage parent; None for
     anything else (a warm-start folder is recorded in the record's ``extra`` instead)."""
@@ -76,7 +82,8 @@ class ActorRole:
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.store = ctx.weights()
         self.queue = ctx.queue()
-        self.consumer = ConsumerGroup(self.queue, ACTOR_GROUP, ACTOR_FIELDS,
+        fields = ACTOR_FIELDS + (["ref_logprobs"] if actor_reads_reference(cfg) else [])
+        self.consumer = ConsumerGroup(self.queue, ACTOR_GROUP, fields,
                                       batch_groups=cfg.rollout.prompts_per_step, max_staleness=cfg.queue.max_staleness)
         self.step_index, self.resumed_from = 0, None
         done = list_checkpoints(ctx)
@@ -99,9 +106,10 @@ class ActorRole:
         elif self.resumed_from is None:  # warm start done before a crash that preceded any checkpoint
             state, _ = self.store.load(0)
             self.actor.model.load_state_dict(state)
-        # with kl_in_reward the KL is in the advantages (the advantage role holds the reference)
+        # with kl_in_reward the KL is in the advantages (the advantage role holds the reference);
+        # with reference_role the rows bring ref_logprobs (relax.services.reference)
         use_ref = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward
-        self.reference = initial_reference(ctx)[0] if use_ref else None
+        self.reference = initial_reference(ctx)[0] if use_ref and not cfg.algorithm.reference_role else None
 
     @property
     def version(self) -> int:

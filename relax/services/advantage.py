@@ -105,9 +105,12 @@ class AdvantageRole:
 
             # the reference scores the row's tokens (and media) against its behaviour logprobs;
             # it is version 0, which the actor publishes (after any warm start) before its first step
-            needs += ["tokens", "logprobs", "prompt_len", "turn_media"]
-            self.reference, processor = initial_reference(ctx, wait_s)
-            self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
+            if alg.reference_role:  # the reference role scores the rows: read its column
+                needs += ["logprobs", "ref_logprobs"]
+            else:
+                needs += ["tokens", "logprobs", "prompt_len", "turn_media"]
+                self.reference, processor = initial_reference(ctx, wait_s)
+                self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.consumer = ConsumerGroup(self.queue, ADVANTAGE_GROUP, needs,
                                       batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10**9)
         self.producer = self.queue.producer(writer_id, ADVANTAGE_FIELDS + (RETURN_FIELDS if self.gae else ()),
@@ -129,8 +132,11 @@ class AdvantageRole:
         """Per-row KL to the reference on the loss mask (the same for a recomputed step: the
         reference is frozen and the behaviour logprobs are the committed ones)."""
         f = batch.fields
-        rows = to_rollout_batch(batch, self.media)
-        return rows_kl(f["logprobs"], self.reference.logprobs(rows), f["loss_mask"], self.alg.kl_estimator)
+        if self.reference is None:  # reference_role: the column is there
+            ref = [torch.tensor(r, dtype=torch.float32) for r in f["ref_logprobs"]]
+        else:
+            ref = self.reference.logprobs(to_rollout_batch(batch, self.media))
+        return rows_kl(f["logprobs"], ref, f["loss_mask"], self.alg.kl_estimator)
 
     def _commit(self, batch: Batch) -> dict[str, float]:
         """Compute and commit the batch's advantages; returns KL metrics (empty without kl_in_reward)."""

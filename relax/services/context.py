@@ -26,6 +26,9 @@ from relax.transfer.weights import WeightStore
 ROLLOUT_TOPIC = "rollouts"
 ADVANTAGE_GROUP = "advantage"
 ACTOR_GROUP = "actor_train"
+# algorithm.reference_role: the reference role's group, and the column it adds
+REFERENCE_GROUP = "reference"
+REFERENCE_FIELDS = (Field("ref_logprobs", "float32", (None,)),)
 # PPO with GAE: the critic's two groups (values for new rows; training on their returns)
 CRITIC_VALUES_GROUP = "critic_values"
 CRITIC_TRAIN_GROUP = "critic_train"

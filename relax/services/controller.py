@@ -99,6 +99,11 @@ def advantage_stage(ctx: RunContext, wait_s: float | None = 600.0) -> Any:
     return AdvantageRole(ctx)
 
 
+def role_names(cfg: RelaxConfig) -> tuple[str, ...]:
+    """The roles a run starts, in start order (the actor publishes version 0 the others wait for)."""
+    return ("actor", "advantage", "rollout") + (("reference",) if cfg.algorithm.reference_role else ())
+
+
 class RoleLogs:
     """One metrics log per role name, opened on its first record (a stage may report for two)."""
 
@@ -118,6 +123,11 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
     from relax.services.rollout import RolloutRole
 
     actor = ActorRole(ctx)
+    ref = None
+    if ctx.cfg.algorithm.reference_role:
+        from relax.services.reference import ReferenceRole
+
+        ref = ReferenceRole(ctx)
     adv = advantage_stage(ctx)
     rollout = RolloutRole(ctx, engine_urls)
     critic = adv.critic if ctx.cfg.algorithm.advantage == "gae" else None
@@ -131,7 +141,7 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
     try:
         while not finished():
             # whichever role can move without waiting does, downstream first
-            for role in (actor, adv):
+            for role in (actor, adv, *([ref] if ref is not None else [])):
                 if role is actor and actor.step_index >= stop_at:
                     continue
                 try:
@@ -151,7 +161,7 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
                 bar.rollout(m)
     finally:
         bar.close()
-        for role in (rollout, adv, actor):
+        for role in (rollout, adv, *([ref] if ref is not None else []), actor):
             role.close()
 
 
@@ -168,7 +178,7 @@ def run_disaggregated(ctx: RunContext, progress: bool = True) -> None:
             json.dump(config_to_dict(ctx.cfg), f)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # stderr to files, not pipes: a long run's warnings would fill a pipe nobody reads and block the role
-        logs = {role: os.path.join(tmp, f"{role}.log") for role in ("actor", "advantage", "rollout")}
+        logs = {role: os.path.join(tmp, f"{role}.log") for role in role_names(ctx.cfg)}
         procs = {role: subprocess.Popen(role_command(role, cfg_path), env=env, stdout=subprocess.DEVNULL,
                                         stderr=open(logs[role], "wb")) for role in logs}
         bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
@@ -203,13 +213,17 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
     from relax.services.rollout import RolloutRole
 
     # rollout and actor each get half the CPUs, so they overlap instead of contending
-    torch.set_num_threads(1 if role == "advantage" else max(1, cfg.resources.num_cpus // 2))
+    torch.set_num_threads(1 if role in ("advantage", "reference") else max(1, cfg.resources.num_cpus // 2))
     ctx = RunContext(cfg)
     total = cfg.trainer.total_steps
     if role == "rollout":
         obj: Any = RolloutRole(ctx, engine_urls)
     elif role == "actor":
         obj = ActorRole(ctx)
+    elif role == "reference":
+        from relax.services.reference import ReferenceRole
+
+        obj = ReferenceRole(ctx, wait_s=timeout_s)
     else:  # with PPO+GAE the critic runs in the advantage process (the same stage as colocated)
         obj = advantage_stage(ctx, wait_s=timeout_s)
     log = RoleLogs(ctx.run_url)
@@ -229,6 +243,6 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
 def _role_done(role: str, obj: Any, total: int) -> bool:
     if role == "actor":
         return obj.step_index >= total
-    if role == "advantage":
+    if role in ("advantage", "reference"):
         return obj.done
     return obj.batch >= total

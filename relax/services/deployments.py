@@ -21,7 +21,6 @@ from relax.config_loader import config_from_dict, config_to_dict
 from relax.services.context import RunContext
 
 APP_PREFIX = "relax"
-ROLE_ORDER = ("actor", "advantage", "rollout")
 
 
 class RoleRunner:
@@ -66,9 +65,11 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
     deployment = serve.deployment(RoleRunner, ray_actor_options={"num_cpus": 0.01}, max_ongoing_requests=8)
     body = config_to_dict(cfg)
     handles = {}
-    names = {role: f"{APP_PREFIX}-{cfg.run_id}-{role}" for role in ROLE_ORDER}
+    from relax.services.controller import role_names
+
+    names = {role: f"{APP_PREFIX}-{cfg.run_id}-{role}" for role in role_names(cfg)}
     try:
-        for role in ROLE_ORDER:  # the actor first: it publishes version 0 that the rollout waits for
+        for role in names:  # the actor first: it publishes version 0 that the rollout waits for
             app = deployment.options(name=role).bind(role, body, engine_urls if role == "rollout" else None)
             handles[role] = serve.run(app, name=names[role], route_prefix=None)
         bar = Progress(cfg.trainer.total_steps, 0, progress)

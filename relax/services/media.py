@@ -29,7 +29,8 @@ from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import Batch
 
 # queue field -> RolloutBatch field, for the per-token float fields a batch may carry
-_FLOAT_FIELDS = {"logprobs": "old_logprobs", "advantages": "advantages", "values": "values", "returns": "returns"}
+_FLOAT_FIELDS = {"logprobs": "old_logprobs", "advantages": "advantages", "values": "values", "returns": "returns",
+                 "ref_logprobs": "ref_logprobs"}
 
 
 def pack_media(images: Sequence[bytes], audios: Sequence[bytes]) -> bytes:

@@ -22,7 +22,8 @@ import google_crc32c
 from relax import objstore
 from relax.transfer.writers import RecordLog, new_incarnation, read_records
 
-ROLES = ("rollout", "advantage", "actor", "critic")  # critic: only when algorithm.advantage=gae
+# critic: only when algorithm.advantage=gae; reference: only with algorithm.reference_role
+ROLES = ("rollout", "advantage", "actor", "critic", "reference")
 
 
 class MetricsLog:

@@ -1,0 +1,73 @@
+"""The reference role (``algorithm.reference_role=true``): reference logprobs as a column.
+
+The KL anchor is a frozen copy of policy version 0. By default the role that needs it holds
+it: the actor for the KL loss term, the advantage role for ``kl_in_reward``. With
+``reference_role`` it runs on its own, in its own process (disaggregated) or Serve deployment
+(async), as the consumer group ``reference`` of the ``rollouts`` topic: each step takes
+``prompts_per_step`` complete groups, scores their tokens (and media) with the reference and
+commits ``ref_logprobs`` (float32, one per token, aligned with ``tokens`` like ``logprobs``).
+The actor and the advantage role then read that column and hold no second model, which is
+the memory and compute a large actor should not spend.
+
+The reference is frozen and the rows are immutable, so the column is a pure function of the
+row: a crash between recording a step and committing its column is repaired at start by
+computing the recorded step again (as the advantage role does).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from relax.services.context import REFERENCE_FIELDS, REFERENCE_GROUP, RunContext
+from relax.services.media import MediaInputs, to_rollout_batch
+from relax.transfer.consumer import Batch, ConsumerGroup
+
+ROW_FIELDS = ["tokens", "loss_mask", "prompt_len", "turn_media"]
+
+
+class ReferenceRole:
+    def __init__(self, ctx: RunContext, writer_id: str = "reference", wait_s: float | None = 600.0):
+        from relax.services.actor import initial_reference  # the actor publishes version 0 first
+
+        self.ctx = ctx
+        self.reference, processor = initial_reference(ctx, wait_s)
+        self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
+        self.queue = ctx.queue()
+        self.consumer = ConsumerGroup(self.queue, REFERENCE_GROUP, ROW_FIELDS,
+                                      batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10**9)
+        self.producer = self.queue.producer(writer_id, REFERENCE_FIELDS, tokens_field=None)
+        self.repaired = self._repair()
+
+    def _repair(self) -> int:
+        """Score again the recorded steps whose column never got committed (a crash in between)."""
+        self.queue.refresh()
+        n = 0
+        for step in sorted(self.consumer.state.steps):
+            ids = self.consumer.state.steps[step]["ids"]
+            if any("ref_logprobs" not in self.queue.state.samples[sid].locs for sid in ids):
+                self._commit(self.consumer.take(step, current_version=0))
+                n += 1
+        return n
+
+    def _commit(self, batch: Batch) -> None:
+        logprobs = self.reference.logprobs(to_rollout_batch(batch, self.media))
+        self.producer.add_fields({sid: {"ref_logprobs": lp.detach().float().cpu().numpy().astype(np.float32)}
+                                  for sid, lp in zip(batch.ids, logprobs, strict=True)}, meta={"step": batch.step})
+
+    @property
+    def done(self) -> bool:
+        return self.consumer.next_step >= self.ctx.cfg.trainer.total_steps
+
+    def step(self, timeout: float | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        batch = self.consumer.take(self.consumer.next_step, current_version=0, timeout=timeout)
+        self._commit(batch)
+        return {"role": "reference", "step": batch.step, "samples": len(batch),
+                "tokens": int(sum(len(t) for t in batch.fields["tokens"])), "time_s": time.perf_counter() - t0}
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close()
