@@ -235,9 +235,8 @@ class NativeEngine:
                 text = [(p, slots) for p, slots in admitted if not p.req.mm_inputs]
                 for start in range(0, len(text), 16):  # batched prefill, bounded memory
                     self._prefill(text[start:start + 16])
-                for p, slots in admitted:
-                    if p.req.mm_inputs:
-                        self._prefill([(p, slots)])
+                for same in _same_media_prompts([(p, slots) for p, slots in admitted if p.req.mm_inputs]):
+                    self._prefill(same, shared=True)
                 if self._running:
                     self._decode()
         except Exception as e:  # a bug or OOM must not leave callers waiting forever
@@ -246,9 +245,10 @@ class NativeEngine:
         self._retire()
         return True
 
-    def _prefill(self, group: list[tuple[_Pending, list[int]]]) -> None:
+    def _prefill(self, group: list[tuple[_Pending, list[int]]], shared: bool = False) -> None:
         """Prefill prompts together (right-padded; pad positions are masked and later overwritten),
-        then sample every request's first tokens; the n samples of a prompt share its prefill."""
+        then sample every request's first tokens; the n samples of a prompt share its prefill.
+        ``shared``: the requests are one prompt (same ids, same media), computed once for all."""
         todo = []
         for p, slots in group:
             req = p.req
@@ -263,6 +263,8 @@ class NativeEngine:
                 todo.append(p)
         if not todo:
             return
+        members, todo = todo, (todo[:1] if shared else todo)  # members' rows: all 0 when shared
+        row_of = {id(p): (0 if shared else i) for i, p in enumerate(members)}
         lengths = [len(p.req.input_ids) for p in todo]
         longest = max(lengths)
         ids = torch.zeros(len(todo), longest, dtype=torch.long)
@@ -282,8 +284,9 @@ class NativeEngine:
             last = logits[:, -1]
             deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
             delta = int(deltas.flatten()[0]) if isinstance(deltas, torch.Tensor) else 0
-            for s in todo[0].seqs:
-                s.rope_delta = delta
+            for p in members:
+                for s in p.seqs:
+                    s.rope_delta = delta
         elif self.fused is not None:
             last = fused_prefill(self.fused, ids, lengths, self.cache, [p.seqs[0].slot for p in todo])
         else:
@@ -297,10 +300,12 @@ class NativeEngine:
             else:  # a model that ignores logits_to_keep (the Qwen2.5-Omni thinker) returns every position
                 last = logits[torch.arange(len(todo)), torch.tensor(lengths) - 1]
         rows, params, gens, seqs = [], [], [], []
-        for i, p in enumerate(todo):
-            for s in p.seqs[1:]:
-                self.cache.copy_slot(p.seqs[0].slot, s.slot, lengths[i])
+        for p in members:
+            i = row_of[id(p)]
+            source = todo[i].seqs[0].slot
             for s in p.seqs:
+                if s.slot != source:
+                    self.cache.copy_slot(source, s.slot, lengths[i])
                 rows.append(i)
                 params.append(p.req.params)
                 gens.append(s.generator)
@@ -388,6 +393,16 @@ class NativeEngine:
 MEDIA_TOKEN_ATTRS = ("image_token_id", "image_token_index", "audio_token_id", "audio_token_index", "video_token_id",
                      "video_token_index", "vision_start_token_id", "vision_end_token_id", "audio_start_token_id",
                      "audio_end_token_id")
+
+
+def _same_media_prompts(admitted: list[tuple[_Pending, list[int]]]) -> list[list[tuple[_Pending, list[int]]]]:
+    """Media requests grouped by prompt, in arrival order: the same ids with the same media
+    tensors (the rollout sends a prompt's n samples as n requests sharing one encoding)."""
+    groups: dict[tuple, list[tuple[_Pending, list[int]]]] = {}
+    for p, slots in admitted:
+        key = (tuple(p.req.input_ids), tuple(sorted((k, id(v)) for k, v in p.req.mm_inputs.items())))
+        groups.setdefault(key, []).append((p, slots))
+    return list(groups.values())
 
 
 def input_only_token_ids(model: torch.nn.Module) -> torch.Tensor | None:

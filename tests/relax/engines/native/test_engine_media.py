@@ -69,3 +69,37 @@ def test_media_prompts_are_exact_and_matter(tokenizer, name, media, items):
     _, _, second = run(model, tokenizer, processor, media, items[1])
     # same text, same seed, other media: the model's distribution (hence logprobs or tokens) changes
     assert (second.output_ids, second.logprobs) != (first.output_ids, first.logprobs)
+
+
+def test_requests_of_one_media_prompt_share_one_prefill(tokenizer):
+    # the rollout sends a prompt's n samples as n requests holding the same encoding: the engine
+    # runs the vision tower and the prompt once for all of them, and each still samples exactly
+    # what it samples alone
+    model, processor = build_policy(load_config(None, ["model.name_or_path=tiny-omni"]).model, tokenizer, 0)
+    model.eval()
+    inputs = prepare_inputs("<image> what is it?", [png(3)], [], tokenizer, processor)
+    ids = inputs.pop("input_ids")[0].tolist()
+    inputs.pop("attention_mask")
+    mm = dict(inputs)
+    towers = []
+    model.model.visual.register_forward_hook(lambda *_: towers.append(1))
+
+    def reqs():
+        return [GenerateRequest(f"r{i}", ids, SamplingParams(max_new_tokens=5, temperature=1.0, sampling_seed=10 + i),
+                                mm_inputs=mm) for i in range(4)]
+
+    engine = NativeEngine(model, tokenizer, max_batch_size=8, background=False)
+    together = [engine.submit(r) for r in reqs()]
+    engine.run_until_idle()
+    assert len(towers) == 1  # one prefill for the four requests
+    alone = []
+    for r in reqs():
+        f = engine.submit(r)
+        engine.run_until_idle()
+        alone.append(f)
+    assert len(towers) == 5
+    for a, b in zip(together, alone, strict=True):
+        a, b = a.result()[0], b.result()[0]
+        assert a.output_ids == b.output_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert len({tuple(f.result()[0].output_ids) for f in together}) > 1  # their own sampling streams
