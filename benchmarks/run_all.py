@@ -9,7 +9,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 BENCHMARKS = [("bench_data.py", []), ("transfer_queue.py", ["--quick"]), ("trainer.py", ["--quick"]),
-              ("engine.py", ["--quick"]),
+              ("engine.py", ["--quick"]), ("rollout_media.py", ["--quick"]),
               ("async_vs_sync.py", ["--quick"])]
 
 if __name__ == "__main__":
