@@ -9,9 +9,9 @@
   nothing with the others but the run root (a folder or a bucket); on a cluster each is a
   Flyte Ray task.
 
-With ``algorithm.advantage=gae`` the critic (relax.services.critic) runs beside the advantage
-role, in the same process in every topology: the two form the stage that turns rollouts into
-advantages. The controller moves no data: it starts roles, follows the actor's metrics, and exports the
+With ``algorithm.advantage=gae`` the critic (relax.services.critic) is a role of its own: its
+own process (disaggregated) or deployment (async); colocated, it is stepped beside the
+advantage role as one stage. With ``algorithm.reference_role`` so is the reference. The controller moves no data: it starts roles, follows the actor's metrics, and exports the
 report (JSONL, TensorBoard events, PNG curves) at the end.
 """
 
@@ -88,8 +88,8 @@ def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine
 
 
 def advantage_stage(ctx: RunContext, wait_s: float | None = 600.0) -> Any:
-    """The role that puts advantages on the rows: the advantage role alone, or with PPO+GAE the
-    critic beside it (relax.services.critic.CriticAndAdvantage), stepped as one."""
+    """The colocated stage that puts advantages on the rows: the advantage role alone, or with
+    PPO+GAE the critic beside it (relax.services.critic.CriticAndAdvantage), stepped as one."""
     if ctx.cfg.algorithm.advantage == "gae":
         from relax.services.critic import CriticAndAdvantage
 
@@ -100,8 +100,11 @@ def advantage_stage(ctx: RunContext, wait_s: float | None = 600.0) -> Any:
 
 
 def role_names(cfg: RelaxConfig) -> tuple[str, ...]:
-    """The roles a run starts, in start order (the actor publishes version 0 the others wait for)."""
-    return ("actor", "advantage", "rollout") + (("reference",) if cfg.algorithm.reference_role else ())
+    """The roles a run starts as processes (disaggregated) or deployments (async), in start
+    order: the actor publishes version 0 that the others wait for. The critic (PPO with GAE)
+    and the reference (``algorithm.reference_role``) are roles of their own there."""
+    return (("actor", "advantage", "rollout") + (("critic",) if cfg.algorithm.advantage == "gae" else ())
+            + (("reference",) if cfg.algorithm.reference_role else ()))
 
 
 class RoleLogs:
@@ -213,7 +216,7 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
     from relax.services.rollout import RolloutRole
 
     # rollout and actor each get half the CPUs, so they overlap instead of contending
-    torch.set_num_threads(1 if role in ("advantage", "reference") else max(1, cfg.resources.num_cpus // 2))
+    torch.set_num_threads(1 if role in ("advantage", "reference", "critic") else max(1, cfg.resources.num_cpus // 2))
     ctx = RunContext(cfg)
     total = cfg.trainer.total_steps
     if role == "rollout":
@@ -224,8 +227,14 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
         from relax.services.reference import ReferenceRole
 
         obj = ReferenceRole(ctx, wait_s=timeout_s)
-    else:  # with PPO+GAE the critic runs in the advantage process (the same stage as colocated)
-        obj = advantage_stage(ctx, wait_s=timeout_s)
+    elif role == "critic":
+        from relax.services.critic import CriticRole
+
+        obj = CriticRole(ctx, wait_s=timeout_s)
+    else:  # with PPO+GAE the advantage role waits for the critic's values (the critic role's column)
+        from relax.services.advantage import AdvantageRole
+
+        obj = AdvantageRole(ctx)
     log = RoleLogs(ctx.run_url)
     done = 0
     try:
@@ -243,6 +252,6 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
 def _role_done(role: str, obj: Any, total: int) -> bool:
     if role == "actor":
         return obj.step_index >= total
-    if role in ("advantage", "reference"):
+    if role in ("advantage", "reference", "critic"):
         return obj.done
     return obj.batch >= total

@@ -15,9 +15,9 @@ N+1.. from the groups' records (the same samples), skips re-committing values th
 already in the queue, and continues. A fresh critic starts from policy version 0 (the run's
 starting point, warm start included) with a zero value head.
 
-:class:`CriticAndAdvantage` is the GAE advantage stage of a process: the critic and the
-advantage role stepping whichever can move, as the colocated topology and the ``advantage``
-process of the async and disaggregated topologies run them.
+Disaggregated and async, the critic is its own process / Serve deployment (``relax role
+critic``) running :class:`CriticRole` alone. :class:`CriticAndAdvantage` is the colocated
+topology's GAE stage: the critic and the advantage role stepping whichever can move.
 """
 
 from __future__ import annotations

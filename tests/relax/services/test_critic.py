@@ -124,3 +124,18 @@ def test_ppo_gae_learns_and_the_critic_resumes_from_its_checkpoint(tmp_path):
                          loss_mask=[torch.tensor(m, dtype=torch.float32) for m in fields["loss_mask"]])
     for got, want in zip(Critic(model, lr=0.0).values(batch), fields["values"], strict=True):
         torch.testing.assert_close(got, torch.from_numpy(np.array(want)), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_disaggregated_runs_the_critic_as_its_own_process(tmp_path):
+    from relax.services.controller import role_names
+
+    cfg = tiny_config(f"file://{tmp_path}", "ppo-dis", "algorithm.advantage=gae", "model.value_head=true",
+                      f"data.reward_fn={REWARD_PATH}", "trainer.total_steps=4", "topology=disaggregated")
+    assert role_names(cfg) == ("actor", "advantage", "rollout", "critic")
+    assert train(cfg, progress=False).steps == 4
+    log = read_metrics(RunContext(cfg).run_url, "critic")
+    assert [(m["kind"], m["step"]) for m in log] == [(k, s) for s in range(4) for k in ("values", "train")]
+    queue = RunContext(cfg).queue()
+    queue.refresh()
+    assert all({"values", "returns", "advantages"} <= set(m.locs) for m in queue.state.samples.values())
