@@ -14,6 +14,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from relax.rollout.engines import RemoteEngines
 from relax.services.api import TOKEN_ENV, ElasticRollout, create_rollout_app
@@ -39,14 +41,44 @@ def _check_port_free(host: str, port: int) -> None:
                                 f"(or rollout.api_port=0 to run without the REST API)") from None
 
 
-def preflight(host: str, port: int, token: str | None = None) -> str:
-    """The token to serve with, or APIStartError naming what is missing; run before any engine starts."""
+def preflight(host: str, port: int, token: str | None = None, check_port: bool = True) -> str:
+    """The token to serve with, or APIStartError naming what is missing; run before any engine
+    starts. ``check_port=False`` when Ray Serve's proxy owns the port (async topology)."""
     token = token or os.environ.get(TOKEN_ENV) or None
     if token is None:
         raise APIStartError(f"rollout.api_port={port} serves the elastic REST API, whose scale routes need a "
                             f"bearer token: set the {TOKEN_ENV} environment variable for the rollout process")
-    _check_port_free(host, port)
+    if check_port:
+        _check_port_free(host, port)
     return token
+
+
+def lazy_rollout_app(get_elastic: Callable[[], ElasticRollout | None]) -> Callable:
+    """An ASGI app for Ray Serve's ingress (async topology): 503 until the rollout role has its
+    engine pool (``get_elastic()`` returns None meanwhile), then the API on that pool."""
+    built: dict[str, Any] = {}
+
+    async def app(scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "lifespan":  # nothing to set up or tear down
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        elastic = get_elastic()
+        if elastic is None:
+            from fastapi.responses import JSONResponse
+
+            await JSONResponse({"detail": "the rollout is still starting its engines; retry in a few seconds"},
+                               status_code=503)(scope, receive, send)
+            return
+        if "app" not in built:
+            built["app"] = create_rollout_app(elastic)
+        await built["app"](scope, receive, send)
+
+    return app
 
 
 class RolloutAPIServer:

@@ -208,8 +208,9 @@ def run_disaggregated(ctx: RunContext, progress: bool = True) -> None:
 
 
 def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls: list[str] | None = None,
-             on_step: Any = None) -> int:
-    """The loop of one role in this process until the run's last step; returns steps done."""
+             on_step: Any = None, on_start: Any = None, api_mode: str = "thread") -> int:
+    """The loop of one role in this process until the run's last step; returns steps done.
+    ``on_start(role_object)`` once it is built; ``api_mode`` goes to the rollout role."""
     import torch
 
     from relax.services.actor import ActorRole
@@ -220,7 +221,7 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
     ctx = RunContext(cfg)
     total = cfg.trainer.total_steps
     if role == "rollout":
-        obj: Any = RolloutRole(ctx, engine_urls)
+        obj: Any = RolloutRole(ctx, engine_urls, api_mode=api_mode)
     elif role == "actor":
         obj = ActorRole(ctx)
     elif role == "reference":
@@ -235,6 +236,8 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
         from relax.services.advantage import AdvantageRole
 
         obj = AdvantageRole(ctx)
+    if on_start is not None:
+        on_start(obj)
     log = RoleLogs(ctx.run_url)
     done = 0
     try:

@@ -26,9 +26,12 @@ APP_PREFIX = "relax"
 class RoleRunner:
     """One role's loop on a thread, with a status a controller can poll (the deployment body)."""
 
+    api_mode = "thread"  # how a rollout with rollout.api_port serves its REST API
+
     def __init__(self, role: str, cfg: dict[str, Any], engine_urls: list[str] | None = None):
         self.role, self.cfg = role, config_from_dict(cfg)
         self.steps, self.done, self.error = 0, False, None
+        self.role_object: Any = None
         self.started = time.time()
         self._thread = threading.Thread(target=self._run, args=(engine_urls,), name=f"relax-{role}", daemon=True)
         self._thread.start()
@@ -37,10 +40,14 @@ class RoleRunner:
         from relax.services.controller import run_role
 
         try:
-            run_role(self.role, self.cfg, engine_urls=engine_urls, on_step=self._count)
+            run_role(self.role, self.cfg, engine_urls=engine_urls, on_step=self._count, on_start=self._started,
+                     api_mode=self.api_mode)
             self.done = True
         except Exception:
             self.error = traceback.format_exc()
+
+    def _started(self, role_object: Any) -> None:
+        self.role_object = role_object
 
     def _count(self, _metrics: dict[str, Any]) -> None:
         self.steps += 1
@@ -48,6 +55,18 @@ class RoleRunner:
     def status(self) -> dict[str, Any]:
         return {"role": self.role, "steps": self.steps, "done": self.done, "error": self.error,
                 "uptime_s": time.time() - self.started}
+
+
+class RolloutIngress(RoleRunner):
+    """The rollout deployment when ``rollout.api_port`` is set: Ray Serve's HTTP proxy serves the
+    elastic REST API at ``/<run_id>/rollout/...``, on the rollout's own engine pool."""
+
+    api_mode = "ingress"
+
+    def __serve_build_asgi_app__(self) -> Any:  # called by Serve after __init__, on the replica
+        from relax.services.api_server import lazy_rollout_app
+
+        return lazy_rollout_app(lambda: getattr(self.role_object, "elastic", None))
 
 
 def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | None = None,
@@ -62,7 +81,24 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
     if not ray.is_initialized():
         ray.init(num_cpus=cfg.resources.num_cpus, include_dashboard=False, log_to_driver=False,
                  ignore_reinit_error=True)
-    deployment = serve.deployment(RoleRunner, ray_actor_options={"num_cpus": 0.01}, max_ongoing_requests=8)
+    options = {"ray_actor_options": {"num_cpus": 0.01}, "max_ongoing_requests": 8}
+    deployment = serve.deployment(RoleRunner, **options)
+    api = cfg.rollout.api_port > 0
+    if api:  # the proxy's address is cluster-wide: a Serve already running keeps its own
+        import os
+
+        from relax.config_loader import ConfigError
+        from relax.services.api import TOKEN_ENV
+
+        token = os.environ.get(TOKEN_ENV)
+        if not token:
+            raise ConfigError(f"rollout.api_port={cfg.rollout.api_port} serves the elastic REST API, whose scale "
+                              f"routes need a bearer token: set {TOKEN_ENV} for relax train")
+        serve.start(http_options={"host": cfg.rollout.api_host, "port": cfg.rollout.api_port})
+        # the replica is another process: the token goes to it in its runtime environment
+        ingress = serve.deployment(serve.ingress()(RolloutIngress), **{
+            **options, "ray_actor_options": {**options["ray_actor_options"],
+                                             "runtime_env": {"env_vars": {TOKEN_ENV: token}}}})
     body = config_to_dict(cfg)
     handles = {}
     from relax.services.controller import role_names
@@ -70,8 +106,10 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
     names = {role: f"{APP_PREFIX}-{cfg.run_id}-{role}" for role in role_names(cfg)}
     try:
         for role in names:  # the actor first: it publishes version 0 that the rollout waits for
-            app = deployment.options(name=role).bind(role, body, engine_urls if role == "rollout" else None)
-            handles[role] = serve.run(app, name=names[role], route_prefix=None)
+            serves_api = api and role == "rollout"
+            app = (ingress if serves_api else deployment).options(name=role).bind(
+                role, body, engine_urls if role == "rollout" else None)
+            handles[role] = serve.run(app, name=names[role], route_prefix=f"/{cfg.run_id}" if serves_api else None)
         bar = Progress(cfg.trainer.total_steps, 0, progress)
         actor = MetricsReader(ctx.run_url, "actor")
         while True:

@@ -29,6 +29,7 @@ from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factor
 from relax.rollout.judge import judge_from_config
 from relax.rollout.prompts import PromptStream
 from relax.rollout.rewards import RewardDispatcher
+from relax.services.api import ElasticRollout
 from relax.services.api_server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import ACTOR_GROUP, ROLLOUT_FIELDS, RunContext
 from relax.services.engine_launcher import LocalProcessLauncher
@@ -53,7 +54,10 @@ class RolloutRole:
     """Owns the engines (in-process, engine processes it starts, or URLs behind the router) and
     the rollout producer. HTTP engines are supervised (docs/runtime.md, "Engine faults")."""
 
-    def __init__(self, ctx: RunContext, engine_urls: list[str] | None = None, writer_id: str = "rollout"):
+    def __init__(self, ctx: RunContext, engine_urls: list[str] | None = None, writer_id: str = "rollout",
+                 api_mode: str = "thread"):
+        """``api_mode`` (with ``rollout.api_port``): 'thread' serves the REST API from this process
+        (uvicorn on a thread); 'ingress' only builds ``self.elastic`` for Ray Serve's ingress."""
         cfg, r = ctx.cfg, ctx.cfg.rollout
         self.ctx, self.cfg = ctx, cfg
         if r.api_port:  # before the producer or any engine starts: a run that cannot serve its API fails at once
@@ -62,7 +66,7 @@ class RolloutRole:
                                   f"engine in-process; set rollout.engine_processes=N (or pass --engine-url), or "
                                   f"rollout.api_port=0")
             try:
-                preflight(r.api_host, r.api_port)
+                preflight(r.api_host, r.api_port, check_port=api_mode == "thread")
             except APIStartError as e:
                 raise ConfigError(str(e)) from None
         self.queue = ctx.queue()
@@ -72,6 +76,7 @@ class RolloutRole:
         meta = self.producer.last_meta() or {}
         self.batch = int(meta.get("batch", -1)) + 1  # the next batch index
         self.stream = PromptStream(ctx.split("train"), seed=cfg.seed, position=int(meta.get("next_prompt", 0)))
+        self.api_mode = api_mode
         try:
             self._start(engine_urls)
         except BaseException:
@@ -105,8 +110,10 @@ class RolloutRole:
         # a custom env (rollout.env_fn) drives every sample; otherwise tasks with an env use it
         self.make_env = load_env_fn(r.env_fn) if r.env_fn else default_env_factory(r.max_turns)
         self.needs_env = (lambda _sample: True) if r.env_fn else needs_env
-        self.api = None
-        if r.api_port:
+        self.api, self.elastic = None, None
+        if r.api_port and self.api_mode == "ingress":  # Serve's proxy serves it (relax.services.deployments)
+            self.elastic = ElasticRollout(self.pool, self.store, self.pool.launcher)
+        elif r.api_port:
             try:
                 self.api = RolloutAPIServer(self.pool, self.store, r.api_host, r.api_port).start()
             except BaseException:
