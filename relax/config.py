@@ -91,6 +91,10 @@ class DataConfig:
         "Dotted path 'package.module:function' of a custom reward(response, sample) -> float; empty = "
         "each task's own verifier.",
     )
+    reward_role: bool = opt(
+        False, "Score rewards in a role of its own (relax.services.reward): a process (disaggregated), Serve "
+        "deployment (async) or colocated stage that commits reward and error per row, so slow verifiers or judge "
+        "calls leave generation alone. Not with rollout.dynamic_sampling, agent tasks or algorithm.advantage=gae.")
     judge_url: str = opt(
         "", "Base URL of a judge model behind an OpenAI-compatible /v1/chat/completions (a native Relax engine, "
         "SGLang, vLLM) that grades every response instead of the verifiers: it must answer <score>S</score> with "

@@ -124,6 +124,14 @@ def _cross_checks(cfg: RelaxConfig) -> None:
     if cfg.algorithm.reference_role and cfg.algorithm.kl_coef == 0:
         raise ConfigError("algorithm.reference_role=true scores a reference nobody uses: set algorithm.kl_coef > 0 "
                           "or reference_role=false")
+    if cfg.data.reward_role:
+        clash = [name for name, on in (("rollout.dynamic_sampling", cfg.rollout.dynamic_sampling),
+                                       ("rollout.env_fn", bool(cfg.rollout.env_fn)),
+                                       ("algorithm.advantage=gae", cfg.algorithm.advantage == "gae")) if on]
+        if clash:
+            raise ConfigError(f"data.reward_role=true cannot run with {', '.join(clash)}: the rollout needs rewards "
+                              f"as it generates (to filter groups, from the env) or the critic's stage expects them; "
+                              f"turn those off or set data.reward_role=false")
     ro = cfg.rollout
     if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
         raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train)
 
     r = sub.add_parser("role", help="run one role of a run in this process (disaggregated topology)")
-    r.add_argument("name", choices=("rollout", "advantage", "actor", "reference", "critic"))
+    r.add_argument("name", choices=("rollout", "advantage", "actor", "reference", "critic", "reward"))
     r.add_argument("args", nargs="*", help="[preset or config file] then key=value overrides")
     r.set_defaults(func=_role)
 

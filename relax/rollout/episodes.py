@@ -73,7 +73,7 @@ Reloader = Callable[[], bool]
 class EpisodeRunner:
     """Runs a step's prompts to scored trajectories on an engine pool."""
 
-    def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher,
+    def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher | None,
                  params: SamplingParams, *, max_turns: int = 4, max_seq_len: int = 256,
                  partial_rollout: str = "wait", media: Callable[[Any], bytes] | None = None,
                  new_weights: Callable[[], bool] | None = None, reload: Reloader | None = None):
@@ -132,6 +132,10 @@ class EpisodeRunner:
         self._generate(trajs, budget)
         for t in trajs:
             t.response = self.tokenizer.decode(t.tokens[t.prompt_len:], skip_special_tokens=True)
+        if self.rewards is None:  # data.reward_role: scored later, by the reward role
+            for t in trajs:
+                t.turns = 1
+            return trajs
         for t, scored in zip(trajs, self.rewards.score_many([(t.response, t.sample) for t in trajs]), strict=True):
             t.reward, t.error, t.turns = scored.reward, scored.error, 1
         return trajs

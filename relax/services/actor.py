@@ -82,7 +82,8 @@ class ActorRole:
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.store = ctx.weights()
         self.queue = ctx.queue()
-        fields = ACTOR_FIELDS + (["ref_logprobs"] if actor_reads_reference(cfg) else [])
+        fields = (ACTOR_FIELDS + (["ref_logprobs"] if actor_reads_reference(cfg) else [])
+                  + (["error"] if cfg.data.reward_role else []))  # zero weight for failed rewards
         self.consumer = ConsumerGroup(self.queue, ACTOR_GROUP, fields,
                                       batch_groups=cfg.rollout.prompts_per_step, max_staleness=cfg.queue.max_staleness)
         self.step_index, self.resumed_from = 0, None

@@ -35,7 +35,7 @@ import torch
 
 from relax.algorithms import compute_advantages, masked_whiten, token_kl
 from relax.services.context import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS, RunContext
-from relax.services.media import MediaInputs, to_rollout_batch
+from relax.services.media import MediaInputs, effective_masks, to_rollout_batch
 from relax.transfer.consumer import Batch, ConsumerGroup
 
 SEQUENCE_LEVEL = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
@@ -99,6 +99,8 @@ class AdvantageRole:
         self.kl_in_reward = alg.kl_in_reward and alg.kl_coef > 0
         self.queue = ctx.queue()
         needs = ["reward", "loss_mask", "values"] if self.gae else ["reward", "loss_mask"]
+        if ctx.cfg.data.reward_role:  # rows whose reward failed train with zero weight
+            needs += ["error"]
         self.reference, self.media = None, None
         if self.kl_in_reward:
             from relax.services.actor import initial_reference  # the actor's module: only this mode needs it
@@ -140,6 +142,7 @@ class AdvantageRole:
 
     def _commit(self, batch: Batch) -> dict[str, float]:
         """Compute and commit the batch's advantages; returns KL metrics (empty without kl_in_reward)."""
+        batch.fields["loss_mask"] = effective_masks(batch.fields["loss_mask"], batch.fields.get("error"))
         kl = self._token_kl(batch) if self.kl_in_reward else None
         beta = self.alg.kl_coef if kl is not None else 0.0
         if self.gae:

@@ -26,6 +26,9 @@ from relax.transfer.weights import WeightStore
 ROLLOUT_TOPIC = "rollouts"
 ADVANTAGE_GROUP = "advantage"
 ACTOR_GROUP = "actor_train"
+# data.reward_role: the reward role's group, and the columns it adds (the rollout then omits them)
+REWARD_GROUP = "reward"
+REWARD_FIELDS = (Field("reward", "float32"), Field("error", kind="str"))
 # algorithm.reference_role: the reference role's group, and the column it adds
 REFERENCE_GROUP = "reference"
 REFERENCE_FIELDS = (Field("ref_logprobs", "float32", (None,)),)
@@ -46,6 +49,11 @@ ROLLOUT_FIELDS = (
     Field("turn_media", kind="bytes"),
 )
 ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
+
+
+def rollout_fields(reward_role: bool) -> tuple[Field, ...]:
+    """What the rollout commits: without ``reward``/``error`` when the reward role scores."""
+    return tuple(f for f in ROLLOUT_FIELDS if not reward_role or f.name not in ("reward", "error"))
 # with GAE the critic adds per-token values before the advantage role, which adds the returns
 VALUE_FIELDS = (Field("values", "float32", (None,)),)
 RETURN_FIELDS = (Field("returns", "float32", (None,)),)
@@ -161,6 +169,13 @@ class RunContext:
                 raise ConfigError(f"tasks {tasks} carry {kind}, but model.family={family!r} takes none; use a "
                                   f"family in {list(families)} (e.g. model.name_or_path=tiny-omni "
                                   f"model.family=qwen2_5_omni) or drop those tasks")
+        if self.cfg.data.reward_role:
+            from relax.data.tasks import TASKS
+
+            agents = sorted({s.task for s in train if TASKS.get(s.task) and TASKS[s.task].make_env})
+            if agents:
+                raise ConfigError(f"data.reward_role=true: tasks {agents} are agent episodes whose reward comes from "
+                                  f"their env during the rollout; drop them or set data.reward_role=false")
         media = sorted({s.task for s in train if s.images or s.audios})
         if media and self.cfg.trainer.backend != "torch":
             raise ConfigError(f"tasks {media} carry images/audio; trainer.backend={self.cfg.trainer.backend!r} "

@@ -104,7 +104,8 @@ def role_names(cfg: RelaxConfig) -> tuple[str, ...]:
     order: the actor publishes version 0 that the others wait for. The critic (PPO with GAE)
     and the reference (``algorithm.reference_role``) are roles of their own there."""
     return (("actor", "advantage", "rollout") + (("critic",) if cfg.algorithm.advantage == "gae" else ())
-            + (("reference",) if cfg.algorithm.reference_role else ()))
+            + (("reference",) if cfg.algorithm.reference_role else ())
+            + (("reward",) if cfg.data.reward_role else ()))
 
 
 class RoleLogs:
@@ -126,11 +127,15 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
     from relax.services.rollout import RolloutRole
 
     actor = ActorRole(ctx)
-    ref = None
+    extra: list[Any] = []  # roles of their own (reference, reward), stepped after the advantage stage
     if ctx.cfg.algorithm.reference_role:
         from relax.services.reference import ReferenceRole
 
-        ref = ReferenceRole(ctx)
+        extra.append(ReferenceRole(ctx))
+    if ctx.cfg.data.reward_role:
+        from relax.services.reward import RewardRole
+
+        extra.append(RewardRole(ctx))
     adv = advantage_stage(ctx)
     rollout = RolloutRole(ctx, engine_urls)
     critic = adv.critic if ctx.cfg.algorithm.advantage == "gae" else None
@@ -144,7 +149,7 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
     try:
         while not finished():
             # whichever role can move without waiting does, downstream first
-            for role in (actor, adv, *([ref] if ref is not None else [])):
+            for role in (actor, adv, *extra):
                 if role is actor and actor.step_index >= stop_at:
                     continue
                 try:
@@ -164,7 +169,7 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
                 bar.rollout(m)
     finally:
         bar.close()
-        for role in (rollout, adv, *([ref] if ref is not None else []), actor):
+        for role in (rollout, adv, *extra, actor):
             role.close()
 
 
@@ -217,7 +222,8 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
     from relax.services.rollout import RolloutRole
 
     # rollout and actor each get half the CPUs, so they overlap instead of contending
-    torch.set_num_threads(1 if role in ("advantage", "reference", "critic") else max(1, cfg.resources.num_cpus // 2))
+    torch.set_num_threads(1 if role in ("advantage", "reference", "critic", "reward")
+                          else max(1, cfg.resources.num_cpus // 2))
     ctx = RunContext(cfg)
     total = cfg.trainer.total_steps
     if role == "rollout":
@@ -228,6 +234,10 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
         from relax.services.reference import ReferenceRole
 
         obj = ReferenceRole(ctx, wait_s=timeout_s)
+    elif role == "reward":
+        from relax.services.reward import RewardRole
+
+        obj = RewardRole(ctx)
     elif role == "critic":
         from relax.services.critic import CriticRole
 
@@ -255,6 +265,6 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
 def _role_done(role: str, obj: Any, total: int) -> bool:
     if role == "actor":
         return obj.step_index >= total
-    if role in ("advantage", "reference", "critic"):
+    if role in ("advantage", "reference", "critic", "reward"):
         return obj.done
     return obj.batch >= total

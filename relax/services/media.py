@@ -114,6 +114,14 @@ class MediaInputs:
         return media
 
 
+def effective_masks(masks: Sequence[Any], errors: Sequence[str] | None) -> list[Any]:
+    """Loss masks with the rows whose reward failed zeroed (zero weight). The rollout zeroes
+    them itself when it scores; with the reward role (relax.services.reward) the consumers do."""
+    if errors is None:
+        return list(masks)
+    return [m * 0 if e else m for m, e in zip(masks, errors, strict=True)]
+
+
 def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutBatch:
     """A consumer group's batch as the trainer's RolloutBatch: tokens, loss mask and policy
     versions, each row's media rebuilt by ``media``, and whichever of ``logprobs`` (as
@@ -127,7 +135,8 @@ def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutB
                                                                    strict=True)]
     floats = {dst: [torch.tensor(x, dtype=torch.float32) for x in f[src]]
               for src, dst in _FLOAT_FIELDS.items() if src in f}
+    masks = effective_masks(f["loss_mask"], f.get("error"))  # a failed reward (reward role): zero weight
     return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
-                        loss_mask=[torch.tensor(m, dtype=torch.float32) for m in f["loss_mask"]],
+                        loss_mask=[torch.tensor(m, dtype=torch.float32) for m in masks],
                         media=rows if rows is not None and any(r is not None for r in rows) else None,
                         policy_versions=list(batch.policy_versions), **floats)

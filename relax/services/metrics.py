@@ -23,7 +23,7 @@ from relax import objstore
 from relax.transfer.writers import RecordLog, new_incarnation, read_records
 
 # critic: only when algorithm.advantage=gae; reference: only with algorithm.reference_role
-ROLES = ("rollout", "advantage", "actor", "critic", "reference")
+ROLES = ("rollout", "advantage", "actor", "critic", "reference", "reward")
 
 
 class MetricsLog:
@@ -57,7 +57,16 @@ def read_metrics(run_url: str, role: str) -> list[dict[str, Any]]:
 
 
 def read_all_metrics(run_url: str) -> dict[str, list[dict[str, Any]]]:
-    return {role: read_metrics(run_url, role) for role in ROLES}
+    """Every role's records. With the reward role (data.reward_role) each rollout batch gets the
+    reward figures the reward role measured for it (its step s is rollout batch s), so reports
+    and curves read rewards in one place whoever scored them."""
+    out = {role: read_metrics(run_url, role) for role in ROLES}
+    scored = {m["step"]: m for m in out["reward"]}
+    for m in out["rollout"]:
+        r = scored.get(m["batch"])
+        if r is not None and "reward" not in m:
+            m.update({k: v for k, v in r.items() if k == "reward_errors" or k.startswith("reward")})
+    return out
 
 
 # -- TensorBoard event file -------------------------------------------------------------------

@@ -31,23 +31,27 @@ from relax.rollout.prompts import PromptStream
 from relax.rollout.rewards import RewardDispatcher
 from relax.services.api import ElasticRollout
 from relax.services.api_server import APIStartError, RolloutAPIServer, preflight
-from relax.services.context import ACTOR_GROUP, ROLLOUT_FIELDS, RunContext
+from relax.services.context import ACTOR_GROUP, RunContext, rollout_fields
 from relax.services.engine_launcher import LocalProcessLauncher
 from relax.services.media import pack_media
 from relax.transfer.consumer import GroupView, wait_for_capacity
 
 
-def trajectory_row(t: Trajectory, group_size: int) -> dict[str, Any]:
-    """A queue row; a sample whose reward failed keeps its tokens but trains with zero weight."""
+def trajectory_row(t: Trajectory, group_size: int, scored: bool = True) -> dict[str, Any]:
+    """A queue row; a sample whose reward failed keeps its tokens but trains with zero weight.
+    ``scored=False`` (data.reward_role): no reward or error yet, the reward role adds them."""
     mask = np.asarray(t.mask, dtype=np.int8)
     if t.error:
         mask[:] = 0
-    return {"id": f"{t.sample.id}@{t.position}.{t.index}", "group": f"p{t.position}", "group_size": group_size,
+    row = {"id": f"{t.sample.id}@{t.position}.{t.index}", "group": f"p{t.position}", "group_size": group_size,
             "policy_version": t.policy_version, "tokens": np.asarray(t.tokens, dtype=np.int64), "loss_mask": mask,
             "logprobs": np.asarray(t.logprobs, dtype=np.float32), "reward": np.float32(t.reward),
             "prompt_len": np.int32(t.prompt_len), "task": t.sample.task, "response": t.response, "error": t.error,
             # the prompt's media come back from the snapshot; those of later turns only from here
             "turn_media": pack_media(t.images[len(t.sample.images):], t.audios[len(t.sample.audios):])}
+    if not scored:
+        del row["reward"], row["error"]
+    return row
 
 
 class RolloutRole:
@@ -70,7 +74,8 @@ class RolloutRole:
             except APIStartError as e:
                 raise ConfigError(str(e)) from None
         self.queue = ctx.queue()
-        self.producer = self.queue.producer(writer_id, ROLLOUT_FIELDS, tokens_field="tokens")
+        self.scores = not cfg.data.reward_role  # else the reward role does (relax.services.reward)
+        self.producer = self.queue.producer(writer_id, rollout_fields(not self.scores), tokens_field="tokens")
         self.store = ctx.weights()
         self.actor_view = GroupView(self.queue, ACTOR_GROUP)  # incremental: read new cursor records only
         meta = self.producer.last_meta() or {}
@@ -100,7 +105,7 @@ class RolloutRole:
             model, processor = ctx.build_model()
             self.pool = LocalEngines(model, tok, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
                                      seed=cfg.seed)
-        self.rewards = RewardDispatcher(cfg.data.reward_fn, judge_from_config(cfg.data))
+        self.rewards = RewardDispatcher(cfg.data.reward_fn, judge_from_config(cfg.data)) if self.scores else None
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                 top_k=r.top_k, stop=list(r.stop))
         self.runner = EpisodeRunner(self.pool, tok, processor, self.rewards, params, max_turns=r.max_turns,
@@ -190,7 +195,7 @@ class RolloutRole:
                 kept.append(group)
             if generated >= 8 * r.prompts_per_step and len(kept) < r.prompts_per_step:
                 break  # dynamic sampling found too few informative groups; ship what there is
-        rows = [trajectory_row(t, r.n_samples_per_prompt) for g in kept for t in g]
+        rows = [trajectory_row(t, r.n_samples_per_prompt, self.scores) for g in kept for t in g]
         self.producer.put(rows, meta={"next_prompt": self.stream.position, "batch": self.batch})
         self.batch += 1
         trajs = [t for g in kept for t in g]
@@ -204,6 +209,10 @@ class RolloutRole:
                    "samples_per_s": len(rows) / max(elapsed, 1e-9), "epoch": self.stream.epoch}
         if isinstance(self.pool, RemoteEngines):
             metrics.update(self.pool.fault_counts())  # engine retries, unhealthy marks, replacements
+        if not self.scores:  # the reward role reports them (merged by batch in the run's report)
+            for key in ("reward", "reward_errors"):
+                metrics.pop(key)
+            return metrics
         for task in sorted({t.sample.task for t in trajs}):
             metrics[f"reward/{task}"] = float(np.mean([t.reward for t in trajs if t.sample.task == task]))
         return metrics

@@ -1,0 +1,83 @@
+"""The reward role (``data.reward_role=true``): rewards as a column, scored off the rollout.
+
+By default the rollout scores each response as it finishes (verifier, ``data.reward_fn`` or
+the judge, relax.rollout.rewards). With ``reward_role`` it commits rows without ``reward``
+and ``error``, and this role, in its own process (disaggregated) or Serve deployment (async),
+is the consumer group ``reward``: each step takes ``prompts_per_step`` complete groups, scores
+every row's ``response`` against its sample (found by the row id in the snapshot) and commits
+``reward`` and ``error``. Slow verifiers and judge round-trips then leave generation alone.
+
+A reward that fails is reward 0 with its error text, as in the rollout; a row with an error
+trains with zero weight because its consumers zero its loss mask (``media.effective_masks``).
+Rewards are a pure function of the row, so a crash between recording a step and committing
+it is repaired at start by scoring the recorded step again.
+
+Not with ``rollout.dynamic_sampling`` (the rollout filters groups by reward) nor with agent
+episodes (their reward comes from the env, during the rollout).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from relax.rollout.judge import judge_from_config
+from relax.rollout.rewards import RewardDispatcher
+from relax.services.context import REWARD_FIELDS, REWARD_GROUP, RunContext
+from relax.services.media import sample_id_of
+from relax.transfer.consumer import Batch, ConsumerGroup
+
+ROW_FIELDS = ["response"]
+
+
+class RewardRole:
+    def __init__(self, ctx: RunContext, writer_id: str = "reward"):
+        self.ctx = ctx
+        self.samples = {s.id: s for s in ctx.split("train")}
+        self.rewards = RewardDispatcher(ctx.cfg.data.reward_fn, judge_from_config(ctx.cfg.data))
+        self.queue = ctx.queue()
+        self.consumer = ConsumerGroup(self.queue, REWARD_GROUP, ROW_FIELDS,
+                                      batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10**9)
+        self.producer = self.queue.producer(writer_id, REWARD_FIELDS, tokens_field=None)
+        self.repaired = self._repair()
+
+    def _repair(self) -> int:
+        """Score again the recorded steps whose rewards never got committed (a crash in between)."""
+        self.queue.refresh()
+        n = 0
+        for step in sorted(self.consumer.state.steps):
+            ids = self.consumer.state.steps[step]["ids"]
+            if any("reward" not in self.queue.state.samples[sid].locs for sid in ids):
+                self._commit(self.consumer.take(step, current_version=0))
+                n += 1
+        return n
+
+    def _commit(self, batch: Batch) -> list[tuple[str, float, str]]:
+        pairs = [(str(r), self.samples[sample_id_of(sid)]) for sid, r in zip(batch.ids, batch.fields["response"],
+                                                                              strict=True)]
+        scored = self.rewards.score_many(pairs)
+        self.producer.add_fields({sid: {"reward": np.float32(s.reward), "error": s.error}
+                                  for sid, s in zip(batch.ids, scored, strict=True)}, meta={"step": batch.step})
+        return [(sample.task, s.reward, s.error) for (_, sample), s in zip(pairs, scored, strict=True)]
+
+    @property
+    def done(self) -> bool:
+        return self.consumer.next_step >= self.ctx.cfg.trainer.total_steps
+
+    def step(self, timeout: float | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        batch = self.consumer.take(self.consumer.next_step, current_version=0, timeout=timeout)
+        scored = self._commit(batch)
+        metrics: dict[str, Any] = {"role": "reward", "step": batch.step, "samples": len(batch),
+                                   "reward": float(np.mean([r for _, r, _ in scored])),
+                                   "reward_errors": sum(bool(e) for _, _, e in scored),
+                                   "time_s": time.perf_counter() - t0}
+        for task in sorted({t for t, _, _ in scored}):
+            metrics[f"reward/{task}"] = float(np.mean([r for t, r, _ in scored if t == task]))
+        return metrics
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close()
