@@ -121,14 +121,10 @@ class AdvantageRole:
 
     def _repair(self) -> int:
         """Recompute recorded steps whose advantages never got committed (a crash in between)."""
-        self.queue.refresh()
-        n = 0
-        for step in sorted(self.consumer.state.steps):
-            ids = self.consumer.state.steps[step]["ids"]
-            if any("advantages" not in self.queue.state.samples[sid].locs for sid in ids):
-                self._commit(self.consumer.take(step, current_version=0))
-                n += 1
-        return n
+        missing = self.consumer.steps_missing("advantages")
+        for step in missing:
+            self._commit(self.consumer.take(step, current_version=0))
+        return len(missing)
 
     def _token_kl(self, batch: Batch) -> list[np.ndarray]:
         """Per-row KL to the reference on the loss mask (the same for a recomputed step: the

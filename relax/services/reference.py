@@ -43,14 +43,10 @@ class ReferenceRole:
 
     def _repair(self) -> int:
         """Score again the recorded steps whose column never got committed (a crash in between)."""
-        self.queue.refresh()
-        n = 0
-        for step in sorted(self.consumer.state.steps):
-            ids = self.consumer.state.steps[step]["ids"]
-            if any("ref_logprobs" not in self.queue.state.samples[sid].locs for sid in ids):
-                self._commit(self.consumer.take(step, current_version=0))
-                n += 1
-        return n
+        missing = self.consumer.steps_missing("ref_logprobs")
+        for step in missing:
+            self._commit(self.consumer.take(step, current_version=0))
+        return len(missing)
 
     def _commit(self, batch: Batch) -> None:
         logprobs = self.reference.logprobs(to_rollout_batch(batch, self.media))

@@ -45,14 +45,10 @@ class RewardRole:
 
     def _repair(self) -> int:
         """Score again the recorded steps whose rewards never got committed (a crash in between)."""
-        self.queue.refresh()
-        n = 0
-        for step in sorted(self.consumer.state.steps):
-            ids = self.consumer.state.steps[step]["ids"]
-            if any("reward" not in self.queue.state.samples[sid].locs for sid in ids):
-                self._commit(self.consumer.take(step, current_version=0))
-                n += 1
-        return n
+        missing = self.consumer.steps_missing("reward")
+        for step in missing:
+            self._commit(self.consumer.take(step, current_version=0))
+        return len(missing)
 
     def _commit(self, batch: Batch) -> list[tuple[str, float, str]]:
         pairs = [(str(r), self.samples[sample_id_of(sid)]) for sid, r in zip(batch.ids, batch.fields["response"],

@@ -147,6 +147,14 @@ class ConsumerGroup:
                                    f"{self.fields} within {timeout} s ({self.pending_count()} samples pending)")
             self.queue.wait_for_new(min(left, 1.0) if left is not None else 1.0)
 
+    def steps_missing(self, field: str) -> list[int]:
+        """Recorded steps with a sample that still lacks ``field``: the output of a role that
+        died between recording a step and committing its column. Taking such a step again
+        hands back the same samples, so the role recomputes and commits what was lost."""
+        self.queue.refresh()
+        return [step for step in sorted(self.state.steps)
+                if any(field not in self.queue.state.samples[sid].locs for sid in self.state.steps[step]["ids"])]
+
     def pending_count(self) -> int:
         """Committed samples this group has neither consumed nor dropped."""
         done = self.state.consumed.keys() | self.state.dropped.keys()

@@ -77,3 +77,37 @@ def test_batch_gae_returns_carry_the_kl_penalty():
     _, returns = batch_gae([1.0], [mask], [zeros], gamma=1.0, lam=1.0, kl=[np.array([0, 0.2, 0.1], np.float32)],
                            kl_coef=0.5)
     np.testing.assert_allclose(returns[0], [0.85, 0.85, 0.95], atol=1e-6)
+
+
+@pytest.mark.parametrize("role", ["advantage", "reward"])
+def test_a_step_recorded_but_never_committed_is_recomputed_at_start(tmp_path, role):
+    # a role that dies between recording step 0 (its consumer's cursor) and committing the
+    # column: the next incarnation finds the step by the missing field and commits it
+    from relax.services.actor import ActorRole
+    from relax.services.advantage import AdvantageRole
+    from relax.services.context import RunContext
+    from relax.services.reward import RewardRole
+    from relax.services.rollout import RolloutRole
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    ctx = RunContext(tiny_config(f"file://{tmp_path}", "repair", *(["data.reward_role=true"] if role == "reward"
+                                                                    else [])))
+    ctx.ensure_run()
+    ActorRole(ctx).close()
+    rollout = RolloutRole(ctx)
+    rollout.step(timeout=60)
+    rollout.close()
+    make, field = (RewardRole, "reward") if role == "reward" else (AdvantageRole, "advantages")
+    dead = make(ctx)
+    assert dead.repaired == 0
+    batch = dead.consumer.take(0, current_version=0)  # recorded ...
+    dead.close()  # ... and never committed
+    assert dead.consumer.steps_missing(field) == [0]
+    again = make(ctx)
+    try:
+        assert again.repaired == 1 and again.consumer.steps_missing(field) == []
+        queue = ctx.queue()
+        queue.refresh()
+        assert all(field in queue.state.samples[sid].locs for sid in batch.ids)
+    finally:
+        again.close()
