@@ -34,9 +34,10 @@ import numpy as np
 import torch
 
 from relax.algorithms import compute_advantages, masked_whiten, token_kl
+from relax.services.column import ColumnStage
 from relax.services.context import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS, RunContext
 from relax.services.media import MediaInputs, effective_masks, to_rollout_batch
-from relax.transfer.consumer import Batch, ConsumerGroup
+from relax.transfer.consumer import Batch
 
 SEQUENCE_LEVEL = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 
@@ -94,10 +95,9 @@ class AdvantageRole:
         if alg.advantage not in (*SEQUENCE_LEVEL, "gae"):
             raise ValueError(f"algorithm.advantage={alg.advantage!r} is not run by the advantage role; choose one "
                              f"of {(*SEQUENCE_LEVEL, 'gae')}")
-        self.ctx, self.name, self.alg = ctx, alg.advantage, alg
+        self.name, self.alg = alg.advantage, alg
         self.gae = alg.advantage == "gae"
         self.kl_in_reward = alg.kl_in_reward and alg.kl_coef > 0
-        self.queue = ctx.queue()
         needs = ["reward", "loss_mask", "values"] if self.gae else ["reward", "loss_mask"]
         if ctx.cfg.data.reward_role:  # rows whose reward failed train with zero weight
             needs += ["error"]
@@ -113,18 +113,10 @@ class AdvantageRole:
                 needs += ["tokens", "logprobs", "prompt_len", "turn_media"]
                 self.reference, processor = initial_reference(ctx, wait_s)
                 self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
-        self.consumer = ConsumerGroup(self.queue, ADVANTAGE_GROUP, needs,
-                                      batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10**9)
-        self.producer = self.queue.producer(writer_id, ADVANTAGE_FIELDS + (RETURN_FIELDS if self.gae else ()),
-                                            tokens_field=None)
-        self.repaired = self._repair()
-
-    def _repair(self) -> int:
-        """Recompute recorded steps whose advantages never got committed (a crash in between)."""
-        missing = self.consumer.steps_missing("advantages")
-        for step in missing:
-            self._commit(self.consumer.take(step, current_version=0))
-        return len(missing)
+        self.stage = ColumnStage(ctx, ADVANTAGE_GROUP, needs, writer_id,
+                                 ADVANTAGE_FIELDS + (RETURN_FIELDS if self.gae else ()), "advantages")
+        self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
+        self.repaired = self.stage.repair(self._commit)
 
     def _token_kl(self, batch: Batch) -> list[np.ndarray]:
         """Per-row KL to the reference on the loss mask (the same for a recomputed step: the
@@ -164,19 +156,18 @@ class AdvantageRole:
 
     @property
     def done(self) -> bool:
-        return self.consumer.next_step >= self.ctx.cfg.trainer.total_steps
+        return self.stage.done
 
     def step(self, timeout: float | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
-        batch = self.consumer.take(self.consumer.next_step, current_version=0, timeout=timeout)
+        batch = self.stage.next_batch(timeout)
         extra = self._commit(batch)
         rewards = np.asarray(batch.fields["reward"], dtype=np.float32)
         return {"role": "advantage", "step": batch.step, "samples": len(batch), "reward": float(rewards.mean()),
                 **extra, "time_s": time.perf_counter() - t0}
 
     def close(self) -> None:
-        self.consumer.close()
-        self.producer.close()
+        self.stage.close()
 
 
 def kl_metrics(kl: list[np.ndarray] | None, masks: list[np.ndarray]) -> dict[str, float]:

@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from relax.services.column import ColumnStage
 from relax.services.context import REFERENCE_FIELDS, REFERENCE_GROUP, RunContext
 from relax.services.media import MediaInputs, to_rollout_batch
-from relax.transfer.consumer import Batch, ConsumerGroup
+from relax.transfer.consumer import Batch
 
 ROW_FIELDS = ["tokens", "loss_mask", "prompt_len", "turn_media"]
 
@@ -32,21 +33,11 @@ class ReferenceRole:
     def __init__(self, ctx: RunContext, writer_id: str = "reference", wait_s: float | None = 600.0):
         from relax.services.actor import initial_reference  # the actor publishes version 0 first
 
-        self.ctx = ctx
         self.reference, processor = initial_reference(ctx, wait_s)
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
-        self.queue = ctx.queue()
-        self.consumer = ConsumerGroup(self.queue, REFERENCE_GROUP, ROW_FIELDS,
-                                      batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10**9)
-        self.producer = self.queue.producer(writer_id, REFERENCE_FIELDS, tokens_field=None)
-        self.repaired = self._repair()
-
-    def _repair(self) -> int:
-        """Score again the recorded steps whose column never got committed (a crash in between)."""
-        missing = self.consumer.steps_missing("ref_logprobs")
-        for step in missing:
-            self._commit(self.consumer.take(step, current_version=0))
-        return len(missing)
+        self.stage = ColumnStage(ctx, REFERENCE_GROUP, ROW_FIELDS, writer_id, REFERENCE_FIELDS, "ref_logprobs")
+        self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
+        self.repaired = self.stage.repair(self._commit)
 
     def _commit(self, batch: Batch) -> None:
         logprobs = self.reference.logprobs(to_rollout_batch(batch, self.media))
@@ -55,15 +46,14 @@ class ReferenceRole:
 
     @property
     def done(self) -> bool:
-        return self.consumer.next_step >= self.ctx.cfg.trainer.total_steps
+        return self.stage.done
 
     def step(self, timeout: float | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
-        batch = self.consumer.take(self.consumer.next_step, current_version=0, timeout=timeout)
+        batch = self.stage.next_batch(timeout)
         self._commit(batch)
         return {"role": "reference", "step": batch.step, "samples": len(batch),
                 "tokens": int(sum(len(t) for t in batch.fields["tokens"])), "time_s": time.perf_counter() - t0}
 
     def close(self) -> None:
-        self.consumer.close()
-        self.producer.close()
+        self.stage.close()

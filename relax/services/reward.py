@@ -25,30 +25,21 @@ import numpy as np
 
 from relax.rollout.judge import judge_from_config
 from relax.rollout.rewards import RewardDispatcher
+from relax.services.column import ColumnStage
 from relax.services.context import REWARD_FIELDS, REWARD_GROUP, RunContext
 from relax.services.media import sample_id_of
-from relax.transfer.consumer import Batch, ConsumerGroup
+from relax.transfer.consumer import Batch
 
 ROW_FIELDS = ["response"]
 
 
 class RewardRole:
     def __init__(self, ctx: RunContext, writer_id: str = "reward"):
-        self.ctx = ctx
         self.samples = {s.id: s for s in ctx.split("train")}
         self.rewards = RewardDispatcher(ctx.cfg.data.reward_fn, judge_from_config(ctx.cfg.data))
-        self.queue = ctx.queue()
-        self.consumer = ConsumerGroup(self.queue, REWARD_GROUP, ROW_FIELDS,
-                                      batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10**9)
-        self.producer = self.queue.producer(writer_id, REWARD_FIELDS, tokens_field=None)
-        self.repaired = self._repair()
-
-    def _repair(self) -> int:
-        """Score again the recorded steps whose rewards never got committed (a crash in between)."""
-        missing = self.consumer.steps_missing("reward")
-        for step in missing:
-            self._commit(self.consumer.take(step, current_version=0))
-        return len(missing)
+        self.stage = ColumnStage(ctx, REWARD_GROUP, ROW_FIELDS, writer_id, REWARD_FIELDS, "reward")
+        self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
+        self.repaired = self.stage.repair(self._commit)
 
     def _commit(self, batch: Batch) -> list[tuple[str, float, str]]:
         pairs = [(str(r), self.samples[sample_id_of(sid)]) for sid, r in zip(batch.ids, batch.fields["response"],
@@ -60,11 +51,11 @@ class RewardRole:
 
     @property
     def done(self) -> bool:
-        return self.consumer.next_step >= self.ctx.cfg.trainer.total_steps
+        return self.stage.done
 
     def step(self, timeout: float | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
-        batch = self.consumer.take(self.consumer.next_step, current_version=0, timeout=timeout)
+        batch = self.stage.next_batch(timeout)
         scored = self._commit(batch)
         metrics: dict[str, Any] = {"role": "reward", "step": batch.step, "samples": len(batch),
                                    "reward": float(np.mean([r for _, r, _ in scored])),
@@ -75,5 +66,4 @@ class RewardRole:
         return metrics
 
     def close(self) -> None:
-        self.consumer.close()
-        self.producer.close()
+        self.stage.close()
