@@ -5,8 +5,9 @@ The image processor and audio feature extractor are the families' own transforme
 classes, constructed from a settings dict (never ``from_pretrained`` on a hub name):
 
 * images: ``Qwen2VLImageProcessor`` (the PIL backend; torchvision is not needed), patch 14,
-  temporal patch 2, merge 2, with ``min_pixels = 56*56`` and ``max_pixels = 224*224``, so a
-  56x56 task image is 4x4 patches = 4 image tokens and nothing exceeds 64 tokens.
+  temporal patch 2, with ``min_pixels = 56*56`` and ``max_pixels = 224*224``, and the model's
+  own spatial merge: a 56x56 task image is 4x4 patches = 16 image tokens for the built-in tiny
+  towers (merge 1) and 4 for Qwen's own merge 2; nothing exceeds 256 and 64 tokens.
 * audio: ``WhisperFeatureExtractor`` with as many mel bins as the audio encoder
   (``num_mel_bins``), 16 kHz, hop 160, and a window of ``2 * max_source_positions`` frames
   (2 s for the tiny encoder, Whisper's 30 s for a real one). Longer clips are truncated.

@@ -71,7 +71,7 @@ def test_image_changes_logits(tok, models, suite, key: str) -> None:
     ka = prepare_inputs(msgs, [img_a], [], tok, proc)
     kb = prepare_inputs(msgs, [img_b], [], tok, proc)
     assert torch.equal(ka["input_ids"], kb["input_ids"])
-    assert int((ka["input_ids"] == proc.image_token_id).sum()) == 4  # 56x56 -> 4x4 patches -> merge 2 -> 4
+    assert int((ka["input_ids"] == proc.image_token_id).sum()) == 16  # 56x56 -> 4x4 patches, no merge -> 16
     assert not torch.allclose(_last_logits(model, ka), _last_logits(model, kb))
 
 
