@@ -2,14 +2,18 @@
 
 Same tiny Qwen2 (built from a config, seed 0), same prompts, same number of new tokens
 (EOS ignored so every sequence runs to the end), sampling at temperature 1, batch sizes
-1, 8, 32, 64, in one run. Tokens/s counts generated tokens over wall time. Then the
+1, 8, 32, 64, in one run, for two models: ``main``, the decoder the CPU presets build
+(hidden 64, 2 layers, the 512-token bpe-tiny vocabulary: what the engine serves in
+``make run`` and the tests), and ``3m``, a 3.4M-parameter one (hidden 256, 4 layers,
+vocab 2048) whose decode steps are bound by matmul compute on 2 cores. Tokens/s counts generated tokens over wall time. Then the
 native engine is served over HTTP (``relax.engines.server``, a real uvicorn subprocess)
 and 64 clients send concurrent /generate requests: p50/p95 latency.
 
     python benchmarks/engine.py [--quick]
 
 Writes benchmarks/results/engine.json and the engine table in docs/benchmarks.md; the
-last line is one JSON object with speedup_vs_hf_b32, tokens_per_s_b32, p95_latency_ms.
+last line is one JSON object with speedup_vs_hf_b32, tokens_per_s_b32, p95_latency_ms (the
+``main`` model) and the same figures of the ``3m`` model with a ``_3m`` suffix.
 """
 
 from __future__ import annotations
@@ -35,18 +39,23 @@ from relax.engines.native.engine import NativeEngine
 from relax.engines.types import GenerateRequest, SamplingParams
 
 HERE = Path(__file__).resolve().parent
-CFG = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-           num_key_value_heads=2, max_position_embeddings=512)
+MODELS = {
+    # the text decoder relax.models.builders makes for tiny-cpu / omni-cpu (hidden 64, 2 layers, bpe-tiny)
+    "main": dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, max_position_embeddings=512),
+    "3m": dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=512),
+}
 
 
-def build() -> Qwen2ForCausalLM:
+def build(name: str) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(**CFG)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**MODELS[name])).eval()
 
 
-def prompts(batch: int, seed: int = 0) -> list[list[int]]:
+def prompts(batch: int, vocab: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, CFG["vocab_size"], (int(torch.randint(16, 33, (1,), generator=g)),),
+    return [torch.randint(3, vocab, (int(torch.randint(16, 33, (1,), generator=g)),),
                           generator=g).tolist() for _ in range(batch)]
 
 
@@ -94,7 +103,7 @@ def native_generate(engine: NativeEngine, batch: list[list[int]], new: int | lis
     return sum(wanted) / seconds
 
 
-def http_latency(requests: int, concurrency: int, new: int) -> dict | None:
+def http_latency(name: str, requests: int, concurrency: int, new: int) -> dict | None:
     """p50/p95 of /generate under ``concurrency`` concurrent clients (None if no server module)."""
     try:
         import aiohttp  # noqa: F401
@@ -104,7 +113,7 @@ def http_latency(requests: int, concurrency: int, new: int) -> dict | None:
         print(f"http latency skipped: {e}", file=sys.stderr)
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        build().save_pretrained(tmp)
+        build(name).save_pretrained(tmp)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -118,18 +127,18 @@ def http_latency(requests: int, concurrency: int, new: int) -> dict | None:
                     break
                 except OSError:
                     time.sleep(0.2)
-            return asyncio.run(_fire(url, requests, concurrency, new))
+            return asyncio.run(_fire(url, requests, concurrency, new, MODELS[name]["vocab_size"]))
         finally:
             proc.terminate()
             proc.wait(timeout=30)
 
 
-async def _fire(url: str, requests: int, concurrency: int, new: int) -> dict:
+async def _fire(url: str, requests: int, concurrency: int, new: int, vocab: int) -> dict:
     import aiohttp
 
     sem = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
-    batch = prompts(requests, seed=1)
+    batch = prompts(requests, vocab, seed=1)
 
     async def one(client, ids):
         async with sem:
@@ -151,16 +160,53 @@ async def _fire(url: str, requests: int, concurrency: int, new: int) -> dict:
 
 
 def write_table(result: dict) -> None:
-    rows = ["| batch (varied = new tokens uniform in [N/4, N]) | HF generate useful tokens/s | native tokens/s | "
-            "native / HF |", "|---|---|---|---|"]
-    for b, r in result["batches"].items():
-        rows.append(f"| {b} | {r['hf']:,.0f} | {r['native']:,.0f} | {r['native'] / r['hf']:.2f}x |")
-    lat = result.get("http")
-    if lat:
-        rows += ["", f"HTTP /generate, {lat['requests']} requests from {lat['concurrency']} concurrent clients, "
-                 f"{lat['new_tokens']} new tokens each: p50 {lat['p50_ms']:.0f} ms, p95 {lat['p95_ms']:.0f} ms, "
-                 f"{lat['tokens_per_s']:,.0f} tokens/s."]
+    rows = ["| model | batch (varied = new tokens uniform in [N/4, N]) | HF generate useful tokens/s | "
+            "native tokens/s | native / HF |", "|---|---|---|---|---|"]
+    for name, m in result["models"].items():
+        for b, r in m["batches"].items():
+            rows.append(f"| {name} | {b} | {r['hf']:,.0f} | {r['native']:,.0f} | {r['native'] / r['hf']:.2f}x |")
+    for name, m in result["models"].items():
+        lat = m.get("http")
+        if lat:
+            rows += ["", f"{name}: HTTP /generate, {lat['requests']} requests from {lat['concurrency']} concurrent "
+                     f"clients, {lat['new_tokens']} new tokens each: p50 {lat['p50_ms']:.0f} ms, p95 "
+                     f"{lat['p95_ms']:.0f} ms, {lat['tokens_per_s']:,.0f} tokens/s."]
     update_table('engine', rows, f"## Native engine (`benchmarks/engine.py`, results/engine.json)\n\n{result['setup']}")
+
+
+def bench_model(name: str, new: int, repeats: int) -> dict:
+    """Tokens/s of HF generate() and the native engine, interleaved, at every batch size."""
+    model, vocab = build(name), MODELS[name]["vocab_size"]
+    engine = NativeEngine(model, None, max_batch_size=64, background=False)
+    batches = {}
+    try:
+        native_generate(engine, prompts(4, vocab), 4)  # warm-up
+        hf_generate(model, prompts(4, vocab), 4)
+        for varied in (False, True):
+            for b in (1, 8, 32, 64):
+                batch, wanted = prompts(b, vocab), lengths_for(b, new, varied)
+                hf, nat = [], []
+                for _ in range(repeats):  # interleaved
+                    hf.append(hf_generate(model, batch, wanted))
+                    nat.append(native_generate(engine, batch, wanted))
+                key = f"{b}{'-varied' if varied else ''}"
+                batches[key] = {"hf": statistics.median(hf), "native": statistics.median(nat)}
+                print(f"{name} batch {key}: HF {batches[key]['hf']:,.0f} tok/s, "
+                      f"native {batches[key]['native']:,.0f} tok/s", file=sys.stderr)
+    finally:
+        engine.stop()
+    return {"parameters": sum(p.numel() for p in model.parameters()), "batches": batches}
+
+
+def summary(m: dict, suffix: str = "") -> dict:
+    ratio = lambda k: round(m["batches"][k]["native"] / m["batches"][k]["hf"], 3)  # noqa: E731
+    http = m.get("http")
+    out = {"speedup_vs_hf_b32": ratio("32"), "tokens_per_s_b32": round(m["batches"]["32"]["native"]),
+           "speedup_vs_hf_b32_varied": ratio("32-varied"), "speedup_vs_hf_b1": ratio("1"),
+           "speedup_vs_hf_b64": ratio("64"), "speedup_vs_hf_b64_varied": ratio("64-varied"),
+           "p95_latency_ms": round(http["p95_ms"], 1) if http else None,
+           "p50_latency_ms": round(http["p50_ms"], 1) if http else None}
+    return {k + suffix: v for k, v in out.items()}
 
 
 def main() -> None:
@@ -170,40 +216,18 @@ def main() -> None:
     args = parser.parse_args()
     new = 16 if args.quick else 32
     repeats = 1 if args.quick else 3
-    model = build()
-    engine = NativeEngine(model, None, max_batch_size=64, background=False)
-    batches = {}
-    try:
-        native_generate(engine, prompts(4), 4)  # warm-up
-        hf_generate(model, prompts(4), 4)
-        for varied in (False, True):
-            for b in (1, 8, 32, 64):
-                batch, wanted = prompts(b), lengths_for(b, new, varied)
-                hf, nat = [], []
-                for _ in range(repeats):  # interleaved
-                    hf.append(hf_generate(model, batch, wanted))
-                    nat.append(native_generate(engine, batch, wanted))
-                key = f"{b}{'-varied' if varied else ''}"
-                batches[key] = {"hf": statistics.median(hf), "native": statistics.median(nat)}
-                print(f"batch {key}: HF {batches[key]['hf']:,.0f} tok/s, native {batches[key]['native']:,.0f} tok/s",
-                      file=sys.stderr)
-    finally:
-        engine.stop()
-    http = http_latency(64 if args.quick else 128, 64, new)
-    params = sum(p.numel() for p in model.parameters())
-    setup = (f"Tiny Qwen2 ({params / 1e6:.1f}M parameters: hidden {CFG['hidden_size']}, {CFG['num_hidden_layers']} "
-             f"layers, vocab {CFG['vocab_size']}), prompts of 16-32 tokens, {new} new tokens, temperature 1, EOS "
-             f"ignored, median of {repeats} interleaved runs, {os.cpu_count()} CPU cores, float32.")
-    result = {"quick": args.quick, "setup": setup, "batches": batches, "http": http}
+    models = {}
+    for name in MODELS:
+        models[name] = bench_model(name, new, repeats)
+        models[name]["http"] = http_latency(name, 64 if args.quick else 128, 64, new)
+    sizes = ", ".join(f"{name} {m['parameters'] / 1e6:.2f}M parameters" for name, m in models.items())
+    setup = (f"Tiny Qwen2 decoders ({sizes}; see MODELS in the script), prompts of 16-32 tokens, {new} new tokens, "
+             f"temperature 1, EOS ignored, median of {repeats} interleaved runs, {os.cpu_count()} CPU cores, float32.")
+    result = {"quick": args.quick, "setup": setup, "models": models}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     write_table(result)
-    ratio = lambda k: round(batches[k]["native"] / batches[k]["hf"], 3)  # noqa: E731
-    print(json.dumps({"speedup_vs_hf_b32": ratio("32"), "tokens_per_s_b32": round(batches["32"]["native"]),
-                      "speedup_vs_hf_b32_varied": ratio("32-varied"), "speedup_vs_hf_b1": ratio("1"),
-                      "speedup_vs_hf_b64": ratio("64"), "speedup_vs_hf_b64_varied": ratio("64-varied"),
-                      "p95_latency_ms": round(http["p95_ms"], 1) if http else None,
-                      "p50_latency_ms": round(http["p50_ms"], 1) if http else None}))
+    print(json.dumps({**summary(models["main"]), **summary(models["3m"], "_3m")}))
 
 
 if __name__ == "__main__":
