@@ -7,7 +7,7 @@ classes, constructed from a settings dict (never ``from_pretrained`` on a hub na
 * images: ``Qwen2VLImageProcessor`` (the PIL backend; torchvision is not needed), patch 14,
   temporal patch 2, with ``min_pixels = 56*56`` and ``max_pixels = 224*224``, and the model's
   own spatial merge: a 56x56 task image is 4x4 patches = 16 image tokens for the built-in tiny
-  towers (merge 1) and 4 for Qwen's own merge 2; nothing exceeds 256 and 64 tokens.
+  towers (merge 1) and 4 for Qwen's merge 2; an image is at most 256 tokens (merge 1) or 64 (merge 2).
 * audio: ``WhisperFeatureExtractor`` with as many mel bins as the audio encoder
   (``num_mel_bins``), 16 kHz, hop 160, and a window of ``2 * max_source_positions`` frames
   (2 s for the tiny encoder, Whisper's 30 s for a real one). Longer clips are truncated.
