@@ -3,9 +3,10 @@
 Same tiny Qwen2 (built from a config, seed 0), same prompts, same number of new tokens
 (EOS ignored so every sequence runs to the end), sampling at temperature 1, batch sizes
 1, 8, 32, 64, in one run, for two models: ``main``, the decoder the CPU presets build
-(hidden 64, 2 layers, the 512-token bpe-tiny vocabulary: what the engine serves in
-``make run`` and the tests), and ``3m``, a 3.4M-parameter one (hidden 256, 4 layers,
-vocab 2048) whose decode steps are bound by matmul compute on 2 cores. Tokens/s counts generated tokens over wall time. Then the
+(``relax.models.builders.tiny_config`` of the default ModelConfig: hidden 64, 2 layers, the
+512-token bpe-tiny vocabulary; what the engine serves in ``make run`` and the tests), and
+``3m``, a 3.4M-parameter one (hidden 256, 4 layers, vocab 2048) whose decode steps are bound
+by matmul compute on 2 cores. Tokens/s counts generated tokens over wall time. Then the
 native engine is served over HTTP (``relax.engines.server``, a real uvicorn subprocess)
 and 64 clients send concurrent /generate requests: p50/p95 latency.
 
@@ -35,22 +36,30 @@ import torch
 from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from relax.config import ModelConfig
 from relax.engines.native.engine import NativeEngine
 from relax.engines.types import GenerateRequest, SamplingParams
+from relax.models import build_tokenizer
+from relax.models.builders import tiny_config
 
 HERE = Path(__file__).resolve().parent
+
+
+def main_config() -> Qwen2Config:
+    """The text decoder the CPU presets build (tiny-cpu's model, omni-cpu's decoder), tied LM head included."""
+    return tiny_config(ModelConfig(), build_tokenizer(ModelConfig().tokenizer))
+
+
 MODELS = {
-    # the text decoder relax.models.builders makes for tiny-cpu / omni-cpu (hidden 64, 2 layers, bpe-tiny)
-    "main": dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=4, max_position_embeddings=512),
-    "3m": dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=512),
+    "main": main_config,
+    "3m": lambda: Qwen2Config(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
 }
 
 
 def build(name: str) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(**MODELS[name])).eval()
+    return Qwen2ForCausalLM(MODELS[name]()).eval()
 
 
 def prompts(batch: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -113,7 +122,8 @@ def http_latency(name: str, requests: int, concurrency: int, new: int) -> dict |
         print(f"http latency skipped: {e}", file=sys.stderr)
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        build(name).save_pretrained(tmp)
+        model = build(name)
+        model.save_pretrained(tmp)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -127,7 +137,7 @@ def http_latency(name: str, requests: int, concurrency: int, new: int) -> dict |
                     break
                 except OSError:
                     time.sleep(0.2)
-            return asyncio.run(_fire(url, requests, concurrency, new, MODELS[name]["vocab_size"]))
+            return asyncio.run(_fire(url, requests, concurrency, new, model.config.vocab_size))
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -176,7 +186,8 @@ def write_table(result: dict) -> None:
 
 def bench_model(name: str, new: int, repeats: int) -> dict:
     """Tokens/s of HF generate() and the native engine, interleaved, at every batch size."""
-    model, vocab = build(name), MODELS[name]["vocab_size"]
+    model = build(name)
+    vocab = model.config.vocab_size
     engine = NativeEngine(model, None, max_batch_size=64, background=False)
     batches = {}
     try:
