@@ -24,7 +24,7 @@ from relax.trainers.torch.actor import Actor, Reference
 from relax.trainers.torch.checkpoint import load_checkpoint, read_meta
 from relax.trainers.torch.sft import format_warmup
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
-from relax.transfer.lineage import LineageRecord, ParentRef, code_version, write_record
+from relax.transfer.lineage import LineageRecord, ParentRef, code_version, record_url, write_record
 
 ACTOR_FIELDS = ["tokens", "loss_mask", "logprobs", "advantages", "prompt_len", "turn_media"]
 
@@ -60,11 +60,18 @@ def checkpoint_name(step: int) -> str:
 
 
 def list_checkpoints(ctx: RunContext) -> list[int]:
-    """Steps with a complete checkpoint (its meta.json exists), oldest first."""
+    """Steps with a complete checkpoint, oldest first: its meta.json (written after the weights)
+    and its lineage record (written after meta.json) both exist.
+
+    A process killed between the two leaves a checkpoint without a record; resuming from it would
+    make the next record name a parent that has none and break the chain, so it does not count.
+    The rerun resumes one checkpoint earlier, replays the steps after it from the queue's records
+    and rewrites that checkpoint, record included."""
     url = objstore.join(ctx.run_url, "checkpoints")
     steps = []
     for name in objstore.list_dir(url):
-        if name.startswith("step-") and objstore.exists(objstore.join(url, name, "meta.json")):
+        if (name.startswith("step-") and objstore.exists(objstore.join(url, name, "meta.json"))
+                and objstore.exists(record_url(ctx.root, ctx.cfg.run_id, name))):
             steps.append(int(name[5:]))
     return sorted(steps)
 

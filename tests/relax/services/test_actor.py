@@ -1,16 +1,21 @@
-"""The actor role's proximal-policy shortcut: on-policy rows from the native float32 engine
-reuse their behaviour logprobs instead of a recomputing forward pass, and train the same."""
+"""The actor role: on-policy rows from the native float32 engine reuse their behaviour logprobs
+instead of a recomputing forward pass, and train the same; a checkpoint without its lineage record
+(a kill between the two writes) is not resumed from but redone."""
 
 from __future__ import annotations
+
+import io
 
 import pytest
 import torch
 
 import relax.services.actor as actor_role
+from relax import objstore
 from relax.services.actor import behaviour_is_proximal
 from relax.services.context import RunContext
 from relax.services.controller import train
 from relax.trainers.torch.actor import Actor
+from relax.transfer.lineage import ParentRef, chain, read_record, record_url
 from tests.relax.services.runtime_helpers import tiny_config
 
 
@@ -49,3 +54,33 @@ def test_reusing_behaviour_logprobs_trains_like_recomputing_them(tmp_path, monke
     assert forwards_recomputed == 3 and forwards_reused == 0  # colocated steps are on-policy
     for name, w in recomputed.items():
         torch.testing.assert_close(torch.as_tensor(reused[name]), torch.as_tensor(w), atol=1e-4, rtol=0)
+
+
+def _checkpoint_weights(url: str) -> dict[str, torch.Tensor]:
+    return torch.load(io.BytesIO(objstore.read_bytes(url)), weights_only=False)["model"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_killed_before_its_lineage_record_is_redone_and_the_chain_stays_whole(tmp_path):
+    # a kill between ActorRole.checkpoint's meta.json and its lineage record leaves exactly this
+    # state: the checkpoint's files complete, its record absent
+    cfg = tiny_config(f"file://{tmp_path}", "k", "trainer.total_steps=4", "trainer.checkpoint_every=2")
+    train(cfg, progress=False)
+    ctx = RunContext(cfg)
+    before = read_record(ctx.root, "k", "step-000003")
+    weights_url = f"{ctx.run_url}/checkpoints/step-000003/trainer.pt"
+    final = _checkpoint_weights(weights_url)
+    objstore.delete(record_url(ctx.root, "k", "step-000003"))
+    assert objstore.exists(f"{ctx.run_url}/checkpoints/step-000003/meta.json")
+    assert actor_role.list_checkpoints(ctx) == [1]  # the record-less checkpoint is not resumable
+
+    train(cfg, progress=False)  # resumes from step 1, replays steps 2 and 3 from the queue's records
+
+    assert actor_role.list_checkpoints(ctx) == [1, 3]
+    after = read_record(ctx.root, "k", "step-000003")
+    assert after.parent == ParentRef("k", "step-000001")  # not a parent without a record
+    assert after.samples_by_policy_version == before.samples_by_policy_version  # steps 2-3, counted once
+    assert [r.checkpoint for r in chain(ctx.root, "k")] == ["step-000003", "step-000001"]
+    replayed = _checkpoint_weights(weights_url)  # rewritten by the replay
+    for name, w in final.items():  # the replay trains the same batches to the same weights
+        torch.testing.assert_close(torch.as_tensor(replayed[name]), torch.as_tensor(w), atol=1e-6, rtol=0)
