@@ -23,7 +23,7 @@ import torch
 from relax.engines.native.fused_decode import FusedDecoder
 from relax.engines.native.fused_decode import prefill as fused_prefill
 from relax.engines.native.kv_cache import cache_for
-from relax.engines.native.sampling import generator_for, sample
+from relax.engines.native.sampling import UniformStream, sample
 from relax.engines.types import Completion, EngineError, GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class _Seq:
     index: int
     slot: int
     prompt_len: int
-    generator: torch.Generator
+    uniforms: UniformStream
     out_ids: list[int] = field(default_factory=list)
     out_lps: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
@@ -254,7 +254,7 @@ class NativeEngine:
             req = p.req
             # a request's samples draw from their own streams: (sampling_seed or rid, index)
             base = f"seed:{req.params.sampling_seed}" if req.params.sampling_seed is not None else f"rid:{req.rid}"
-            p.seqs = [_Seq(p, i, slots[i], len(req.input_ids), generator_for(_seed_of(f"{base}:{i}", self.seed)))
+            p.seqs = [_Seq(p, i, slots[i], len(req.input_ids), UniformStream(_seed_of(f"{base}:{i}", self.seed)))
                       for i in range(req.params.n)]
             if req.params.max_new_tokens == 0:
                 for s in p.seqs:
@@ -299,7 +299,7 @@ class NativeEngine:
                 last = logits[torch.arange(len(todo)), torch.tensor([keep.index(n - 1) for n in lengths])]
             else:  # a model that ignores logits_to_keep (the Qwen2.5-Omni thinker) returns every position
                 last = logits[torch.arange(len(todo)), torch.tensor(lengths) - 1]
-        rows, params, gens, seqs = [], [], [], []
+        rows, params, draws, seqs = [], [], [], []
         for p in members:
             i = row_of[id(p)]
             source = todo[i].seqs[0].slot
@@ -308,9 +308,9 @@ class NativeEngine:
                     self.cache.copy_slot(source, s.slot, lengths[i])
                 rows.append(i)
                 params.append(p.req.params)
-                gens.append(s.generator)
+                draws.append(s.uniforms.next())
                 seqs.append(s)
-        tokens, lps = sample(last[rows], params, gens, self.banned)
+        tokens, lps = sample(last[rows], params, draws, self.banned)
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
         with self._cond:
@@ -324,7 +324,8 @@ class NativeEngine:
         if self.fused is not None and not any(s.rope_delta for s in seqs):
             logits = self.fused.step(torch.tensor([s.out_ids[-1] for s in seqs]), torch.tensor(pos), self.cache,
                                      [s.slot for s in seqs], span)
-            tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.generator for s in seqs], self.banned)
+            tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
+                                 self.banned)
             for s, t, lp in zip(seqs, tokens, lps, strict=True):
                 self._append(s, t, lp)
             return
@@ -332,7 +333,7 @@ class NativeEngine:
         logits = self.model(input_ids=torch.tensor([[s.out_ids[-1]] for s in seqs]),
                             position_ids=rope, attention_mask=mask[:, None, None, :],
                             cache=self.cache.view([s.slot for s in seqs], pos, span), use_cache=True).logits[:, -1]
-        tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.generator for s in seqs], self.banned)
+        tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs], self.banned)
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
 

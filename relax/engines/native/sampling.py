@@ -1,6 +1,6 @@
 """Token sampling with per-sequence parameters and generators.
 
-Each sequence owns a ``torch.Generator`` seeded from its request, so what it samples does
+Each sequence owns a ``UniformStream`` seeded from its request, so what it samples does
 not depend on which other requests share the batch (continuous batching stays
 deterministic). The returned logprob is log softmax(logits / T) of the sampled token: the
 behaviour policy's probability before top-k/top-p truncation, which a trainer can
@@ -14,9 +14,10 @@ import torch
 from relax.engines.types import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float],
            banned: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
-    """logits (b, V) float -> (token ids, logprobs) for each row. ``banned`` ids (media
+    """logits (b, V) float -> (token ids, logprobs) for each row, row i drawn by inverse CDF at
+    ``uniforms[i]`` in [0, 1) (its sequence's ``UniformStream.next()``). ``banned`` ids (media
     placeholders: input-only tokens a tiny or early policy could otherwise emit) are never
     chosen; like top-k/top-p this truncates the sampling distribution, not the logprob."""
     logits = logits.float()
@@ -30,9 +31,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     for i, p in enumerate(params):  # truncation only for the rows that ask for it
         if not p.greedy and (p.top_k > 0 or p.top_p < 1.0):
             probs[i] = _truncate(probs[i], p.top_k, p.top_p)
-    # inverse-CDF sampling: one uniform per row from the row's own generator, then one
-    # vectorised search (a torch.multinomial call per row cost more than the model's step)
-    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators]).to(probs.dtype)
+    # inverse-CDF sampling: one uniform per row, then one vectorised search (a torch.multinomial
+    # call per row cost more than the model's step)
+    u = torch.tensor(uniforms, dtype=torch.float64).to(probs.dtype)
     cdf = torch.cumsum(probs, dim=-1)
     chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
     greedy = torch.tensor([p.greedy for p in params])
@@ -58,3 +59,23 @@ def _truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 def generator_for(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+class UniformStream:
+    """One sequence's uniforms in [0, 1), float64, from its own generator, ``chunk`` at a time.
+
+    torch's CPU generator fills a tensor's elements in draw order, so these are the same numbers
+    as one ``torch.rand(())`` per token (tested), without a generator call per sequence per
+    decode step (about 0.05 of the 0.86 ms a batch-32 step took on the presets' model)."""
+
+    def __init__(self, seed: int, chunk: int = 64):
+        self.generator, self.chunk = generator_for(seed), chunk
+        self._buf: list[float] = []
+        self._next = 0
+
+    def next(self) -> float:
+        if self._next == len(self._buf):
+            self._buf = torch.rand(self.chunk, generator=self.generator, dtype=torch.float64).tolist()
+            self._next = 0
+        self._next += 1
+        return self._buf[self._next - 1]

@@ -1,4 +1,5 @@
-"""Sampling: banned (input-only) token ids are never chosen, and the logprob stays the model's."""
+"""Sampling: inverse-CDF draws from per-sequence uniform streams; banned (input-only) token ids are
+never chosen, and the logprob stays the model's."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import torch
 
-from relax.engines.native.sampling import generator_for, sample
+from relax.engines.native.sampling import UniformStream, generator_for, sample
 from relax.engines.types import SamplingParams
 
 
@@ -18,7 +19,7 @@ def test_banned_ids_are_never_sampled_and_logprobs_are_unmasked():
     banned = torch.tensor([1])
     seen = set()
     for seed in range(40):
-        (tok,), (lp,) = sample(logits, [SamplingParams(temperature=1.0)], [generator_for(seed)], banned)
+        (tok,), (lp,) = sample(logits, [SamplingParams(temperature=1.0)], [UniformStream(seed).next()], banned)
         seen.add(tok)
         assert math.isclose(lp, -math.log(math.exp(5.0) + 2.0), rel_tol=1e-5)
     assert seen == {0, 2}
@@ -26,8 +27,25 @@ def test_banned_ids_are_never_sampled_and_logprobs_are_unmasked():
 
 def test_greedy_skips_a_banned_argmax():
     # argmax is id 1 (banned); the best allowed id is 2 (logit 1 > 0)
-    (tok,), _ = sample(torch.tensor([[0.0, 5.0, 1.0]]), [SamplingParams(temperature=0.0)], [generator_for(0)],
+    (tok,), _ = sample(torch.tensor([[0.0, 5.0, 1.0]]), [SamplingParams(temperature=0.0)], [0.5],
                        torch.tensor([1]))
     assert tok == 2
-    (tok,), _ = sample(torch.tensor([[0.0, 5.0, 1.0]]), [SamplingParams(temperature=0.0)], [generator_for(0)])
+    (tok,), _ = sample(torch.tensor([[0.0, 5.0, 1.0]]), [SamplingParams(temperature=0.0)], [0.5])
     assert tok == 1  # without the ban the argmax wins
+
+
+def test_inverse_cdf_picks_the_token_whose_cumulative_mass_covers_the_uniform():
+    # probs (3,) = [0.2, 0.3, 0.5] -> cdf [0.2, 0.5, 1.0]; u = 0.1 falls in [0, 0.2) -> id 0,
+    # u = 0.25 in [0.2, 0.5) -> id 1, u = 0.6 in [0.5, 1.0) -> id 2; logprobs log 0.2, log 0.3, log 0.5
+    logits = torch.tensor([[0.2, 0.3, 0.5]]).log().expand(3, -1)
+    tokens, lps = sample(logits, [SamplingParams(temperature=1.0)] * 3, [0.1, 0.25, 0.6])
+    assert tokens == [0, 1, 2]
+    assert [round(x, 5) for x in lps] == [round(math.log(p), 5) for p in (0.2, 0.3, 0.5)]
+
+
+def test_a_uniform_stream_yields_one_draw_per_call_of_its_generator_across_chunks():
+    # chunks of 4 over 10 draws: the same numbers as ten single draws from the same seed, so
+    # drawing ahead does not change what a seeded request samples
+    stream, g = UniformStream(7, chunk=4), generator_for(7)
+    assert [stream.next() for _ in range(10)] == [torch.rand((), generator=g, dtype=torch.float64).item()
+                                                  for _ in range(10)]
