@@ -320,15 +320,15 @@ class NativeEngine:
         seqs = sorted(self._running, key=lambda s: s.slot)  # consecutive slots read the cache without a copy
         pos = [s.last_pos for s in seqs]
         span = max(pos) + 1
-        mask = torch.arange(span)[None, :] <= torch.tensor(pos)[:, None]
         if self.fused is not None and not any(s.rope_delta for s in seqs):
-            logits = self.fused.step(torch.tensor([s.out_ids[-1] for s in seqs]), torch.tensor(pos), self.cache,
+            logits = self.fused.step(torch.tensor([s.out_ids[-1] for s in seqs]), pos, self.cache,
                                      [s.slot for s in seqs], span)
             tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
                                  self.banned)
             for s, t, lp in zip(seqs, tokens, lps, strict=True):
                 self._append(s, t, lp)
             return
+        mask = torch.arange(span)[None, :] <= torch.tensor(pos)[:, None]
         rope = torch.tensor([p + s.rope_delta for p, s in zip(pos, seqs, strict=True)])[:, None]
         logits = self.model(input_ids=torch.tensor([[s.out_ids[-1]] for s in seqs]),
                             position_ids=rope, attention_mask=mask[:, None, None, :],

@@ -39,6 +39,11 @@ class SlotCache:
         self._range = slice(first, first + len(slots)) if slots == list(range(first, first + len(slots))) else None
         return self
 
+    @property
+    def positions(self) -> torch.Tensor:
+        """(b,) long: where each selected row writes first (its decode position), from ``view``."""
+        return self._start
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """key/value (b, kv_heads, q, d) for the selected rows -> (b, kv_heads, span, d) to attend over."""
         q = key_states.shape[2]

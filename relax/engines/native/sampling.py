@@ -21,8 +21,11 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
     placeholders: input-only tokens a tiny or early policy could otherwise emit) are never
     chosen; like top-k/top-p this truncates the sampling distribution, not the logprob."""
     logits = logits.float()
-    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype)
-    scaled = logits / temps[:, None]
+    temps = [p.temperature if not p.greedy else 1.0 for p in params]
+    if all(t == temps[0] for t in temps):  # the common case: one division by a scalar (same result)
+        scaled = logits / temps[0]
+    else:
+        scaled = logits / torch.tensor(temps, dtype=logits.dtype)[:, None]
     logp = torch.log_softmax(scaled, dim=-1)
     probs = logp.exp()
     if banned is not None:
@@ -36,9 +39,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
     u = torch.tensor(uniforms, dtype=torch.float64).to(probs.dtype)
     cdf = torch.cumsum(probs, dim=-1)
     chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
-    greedy = torch.tensor([p.greedy for p in params])
-    if greedy.any():
-        chosen = torch.where(greedy, logits.argmax(-1), chosen)
+    if any(p.greedy for p in params):
+        chosen = torch.where(torch.tensor([p.greedy for p in params]), logits.argmax(-1), chosen)
     tokens = chosen.tolist()
     lps = logp.gather(-1, chosen[:, None]).squeeze(-1)
     return tokens, lps.tolist()
