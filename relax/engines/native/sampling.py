@@ -21,7 +21,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
     placeholders: input-only tokens a tiny or early policy could otherwise emit) are never
     chosen; like top-k/top-p this truncates the sampling distribution, not the logprob."""
     logits = logits.float()
-    temps = [p.temperature if not p.greedy else 1.0 for p in params]
+    temps, greedy, truncated = [], [], []
+    for i, p in enumerate(params):  # one pass: per-row Python work is a visible part of a small step
+        g = p.temperature < 1e-6  # SamplingParams.greedy, inlined
+        temps.append(1.0 if g else p.temperature)
+        greedy.append(g)
+        if not g and (p.top_k > 0 or p.top_p < 1.0):
+            truncated.append(i)
     if all(t == temps[0] for t in temps):  # the common case: one division by a scalar (same result)
         scaled = logits / temps[0]
     else:
@@ -31,16 +37,15 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
     if banned is not None:
         probs[:, banned] = 0.0
         logits = logits.index_fill(-1, banned, float("-inf"))
-    for i, p in enumerate(params):  # truncation only for the rows that ask for it
-        if not p.greedy and (p.top_k > 0 or p.top_p < 1.0):
-            probs[i] = _truncate(probs[i], p.top_k, p.top_p)
+    for i in truncated:  # truncation only for the rows that ask for it
+        probs[i] = _truncate(probs[i], params[i].top_k, params[i].top_p)
     # inverse-CDF sampling: one uniform per row, then one vectorised search (a torch.multinomial
     # call per row cost more than the model's step)
-    u = torch.tensor(uniforms, dtype=torch.float64).to(probs.dtype)
+    u = torch.tensor(uniforms, dtype=probs.dtype)  # rounds each double as .to() would
     cdf = torch.cumsum(probs, dim=-1)
     chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
-    if any(p.greedy for p in params):
-        chosen = torch.where(torch.tensor([p.greedy for p in params]), logits.argmax(-1), chosen)
+    if any(greedy):
+        chosen = torch.where(torch.tensor(greedy), logits.argmax(-1), chosen)
     tokens = chosen.tolist()
     lps = logp.gather(-1, chosen[:, None]).squeeze(-1)
     return tokens, lps.tolist()
