@@ -228,6 +228,10 @@ class TrainerConfig:
         [], "Media encoders held fixed during RL: 'vision' and/or 'audio' (the policy's visual / audio_tower "
         "modules). The LM still learns to read their features; a small encoder trained by the noisy RL "
         "gradient can lose what its features carried (docs/models.md).")
+    encoder_lr_scale: float = opt(
+        1.0, "Multiplier of lr for the media encoders' parameters (the policy's visual / audio_tower modules). "
+        "A tiny encoder trained from scratch gets a weak, noisy share of the RL gradient through the LM.",
+        range=(0.0, 1000.0))
     ppo_epochs: int = opt(1, "Passes over each rollout batch (each pass makes mini_batches updates).", range=(1, 64))
     checkpoint_every: int = opt(20, "Save a checkpoint every k steps.", range=(1, 100_000_000))
     data_parallel: int = opt(1, "Data-parallel processes (gloo on CPU, NCCL on GPU).", range=(1, 100_000))

@@ -15,7 +15,7 @@ import torch
 
 from relax.algorithms import compute_policy_loss, kl_estimate, off_policy_correction
 from relax.config import AlgorithmConfig, RelaxConfig
-from relax.models.builders import freeze_encoders
+from relax.models.builders import ENCODER_MODULES, freeze_encoders
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.forward import compute_logprobs
@@ -84,7 +84,8 @@ class Actor:
                                     pad_id=pad_id, aggregation=cfg.algorithm.loss_agg,
                                     agg_norm=float(cfg.rollout.max_new_tokens), nan_policy=t.nan_policy,
                                     temperature=cfg.rollout.temperature,
-                                    autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None)
+                                    autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None,
+                                    lr_scales={module: t.encoder_lr_scale for module in ENCODER_MODULES.values()})
         self.loss = PolicyLoss(cfg.algorithm)
 
     @property

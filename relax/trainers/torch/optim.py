@@ -27,12 +27,26 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "c
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int,
-                    schedule: str = "constant") -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    # no weight decay on biases and norms: decaying them only hurts small models
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.999), eps=1e-8)
+                    schedule: str = "constant", lr_scales: dict[str, float] | None = None,
+                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``model``'s trainable parameters and its LR schedule.
+
+    ``lr_scales`` maps a module name (one component of a parameter's dotted name, e.g. "visual")
+    to a multiplier of ``lr`` for every parameter under it; the schedule scales all groups alike.
+    Groups: decayed, then not decayed (biases and norms), then the scaled ones, so a run without
+    scales keeps the two-group layout its checkpoints were saved with."""
+    groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {(1.0, True): [], (1.0, False): []}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        parts = name.split(".")
+        scale = next((s for module, s in (lr_scales or {}).items() if module in parts), 1.0)
+        # no weight decay on biases and norms: decaying them only hurts small models
+        groups.setdefault((scale, p.ndim >= 2), []).append(p)
+    optimizer = torch.optim.AdamW(
+        [{"params": params, "lr": lr * scale, "weight_decay": weight_decay if decay else 0.0}
+         for (scale, decay), params in groups.items() if params or scale == 1.0],
+        lr=lr, betas=(0.9, 0.999), eps=1e-8)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, schedule))
     return optimizer, scheduler
