@@ -109,3 +109,18 @@ def test_ppo_epochs_repeat_the_mini_batches():
     a = actor("algorithm.off_policy=none", "trainer.mini_batches=3", "trainer.ppo_epochs=2")
     a.train_step(on_policy(a))
     assert a.trainer.steps_done == 6  # 2 passes x 3 parts
+
+
+def test_encoder_lr_scale_reaches_the_vision_and_audio_towers_only():
+    from relax.models import build_policy, build_tokenizer
+
+    cfg = load_config("omni-cpu", ["trainer.encoder_lr_scale=3", "trainer.warmup_steps=0"])
+    model, _ = build_policy(cfg.model, build_tokenizer(cfg.model.tokenizer), seed=0)
+    a = Actor(model, cfg)
+    group_of = {id(p): g for g in a.trainer.optimizer.param_groups for p in g["params"]}
+    lrs = {name: group_of[id(p)]["lr"] for name, p in model.named_parameters()}
+    towers = {n: lr for n, lr in lrs.items() if ".visual." in f".{n}" or ".audio_tower." in f".{n}"}
+    assert {n.split(".")[1] for n in towers} == {"visual", "audio_tower"}
+    # the cosine schedule starts at factor 1 without warm-up: 3 x 2e-3 on the towers, 2e-3 elsewhere
+    assert sorted(set(towers.values())) == pytest.approx([3 * cfg.trainer.lr])
+    assert sorted({lr for n, lr in lrs.items() if n not in towers}) == pytest.approx([cfg.trainer.lr])
