@@ -34,6 +34,7 @@ def test_encoder_parameters_get_the_scaled_lr_and_the_schedule_scales_every_grou
                                                     "lm.weight": 5e-4, "lm.bias": 5e-4})
     decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
     assert decay[id(model.visual.weight)] == 0.1 and decay[id(model.visual.bias)] == 0.0  # biases never decay
+    optimizer.step()  # no gradients yet: moves nothing, but keeps the scheduler's call order
     scheduler.step()  # step 1: factor 2 / 2 = 1
     assert _lrs(optimizer, model)["visual.weight"] == pytest.approx(3e-3)
 
