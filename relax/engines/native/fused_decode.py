@@ -158,7 +158,7 @@ def rope_tables(inv_freq: torch.Tensor, scale: float, length: int) -> tuple[torc
     (..., d) at position p is ``x * cos[p] + x.roll(d // 2, -1) * sin[p]``: HF's
     ``x * cos + rotate_half(x) * sin`` with rotate_half's negation moved into sin's first half
     (exact: a sign flip does not round)."""
-    freqs = torch.arange(length).float()[:, None] * inv_freq[None, :]
+    freqs = torch.arange(length, device=inv_freq.device).float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     half = inv_freq.shape[0]
     sin = emb.sin() * scale
