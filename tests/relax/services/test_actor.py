@@ -4,8 +4,6 @@ instead of a recomputing forward pass, and train the same; a checkpoint without 
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 
@@ -15,6 +13,7 @@ from relax.services.actor import behaviour_is_proximal
 from relax.services.context import RunContext
 from relax.services.controller import train
 from relax.trainers.torch.actor import Actor
+from relax.trainers.torch.checkpoint import load_checkpoint
 from relax.transfer.lineage import ParentRef, chain, read_record, record_url
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -56,8 +55,10 @@ def test_reusing_behaviour_logprobs_trains_like_recomputing_them(tmp_path, monke
         torch.testing.assert_close(torch.as_tensor(reused[name]), torch.as_tensor(w), atol=1e-4, rtol=0)
 
 
-def _checkpoint_weights(url: str) -> dict[str, torch.Tensor]:
-    return torch.load(io.BytesIO(objstore.read_bytes(url)), weights_only=False)["model"]
+def _checkpoint_weights(ctx: RunContext, url: str) -> dict[str, torch.Tensor]:
+    model, _ = ctx.build_model()
+    load_checkpoint(url, model, restore_rng=False)  # the project's reader: checks the sha256 too
+    return model.state_dict()
 
 
 @pytest.mark.slow
@@ -68,8 +69,8 @@ def test_a_checkpoint_killed_before_its_lineage_record_is_redone_and_the_chain_s
     train(cfg, progress=False)
     ctx = RunContext(cfg)
     before = read_record(ctx.root, "k", "step-000003")
-    weights_url = f"{ctx.run_url}/checkpoints/step-000003/trainer.pt"
-    final = _checkpoint_weights(weights_url)
+    checkpoint_url = f"{ctx.run_url}/checkpoints/step-000003"
+    final = _checkpoint_weights(ctx, checkpoint_url)
     objstore.delete(record_url(ctx.root, "k", "step-000003"))
     assert objstore.exists(f"{ctx.run_url}/checkpoints/step-000003/meta.json")
     assert actor_role.list_checkpoints(ctx) == [1]  # the record-less checkpoint is not resumable
@@ -81,6 +82,6 @@ def test_a_checkpoint_killed_before_its_lineage_record_is_redone_and_the_chain_s
     assert after.parent == ParentRef("k", "step-000001")  # not a parent without a record
     assert after.samples_by_policy_version == before.samples_by_policy_version  # steps 2-3, counted once
     assert [r.checkpoint for r in chain(ctx.root, "k")] == ["step-000003", "step-000001"]
-    replayed = _checkpoint_weights(weights_url)  # rewritten by the replay
+    replayed = _checkpoint_weights(ctx, checkpoint_url)  # rewritten by the replay
     for name, w in final.items():  # the replay trains the same batches to the same weights
         torch.testing.assert_close(torch.as_tensor(replayed[name]), torch.as_tensor(w), atol=1e-6, rtol=0)
