@@ -56,11 +56,12 @@ def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int |
             continue
         report = evaluate(cfg, ckpt, limit=eval_limit)
         curve.append({"step": m["step"] + 1, "minutes": (m["time"] - start) / 60, **report.by_modality})
+    last_kinds = report.by_kind  # of the last checkpoint: which kind of question is behind a modality's mean
     after = curve[-1]
     reached = {mod: next((c["minutes"] for c in curve if c[mod] >= target), None) for mod in before.by_modality}
     return {"max_staleness": staleness, "topology": topology, "steps": steps, "warm_start_s": warm_s, "train_s": train_s,
             "before": before.by_modality, "after": {k: after[k] for k in before.by_modality},
-            "per_task_before": before.accuracy, "minutes_to_target": reached, "curve": curve,
+            "per_task_before": before.accuracy, "per_kind_after": last_kinds, "minutes_to_target": reached, "curve": curve,
             "reward_first": summary.reward_first, "reward_last": summary.reward_last}
 
 

@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy answers to the eval split, accuracy per task and per modality.
+"""Held-out evaluation: greedy answers to the eval split, accuracy per task, per kind of
+question (for tasks that declare ``TaskSpec.kind``) and per modality.
 
 The same engine, prompt encoding, agent loop and reward functions as training, with
 temperature 0 and one response per prompt, so "accuracy" here is exactly the training
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from relax.data.schema import Sample
+from relax.data.tasks import TASKS
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import LocalEngines
 from relax.rollout.episodes import EpisodeRunner, default_env_factory, needs_env
@@ -38,6 +40,9 @@ class EvalReport:
     by_modality: dict[str, float] = field(default_factory=dict)  # text/image/audio -> mean over its tasks
     n: dict[str, int] = field(default_factory=dict)  # task -> eval prompts
     errors: int = 0  # responses whose reward function raised (scored 0)
+    # "task:kind" -> mean reward, e.g. "shapes:colour"; only tasks that declare TaskSpec.kind
+    by_kind: dict[str, float] = field(default_factory=dict)
+    n_by_kind: dict[str, int] = field(default_factory=dict)  # "task:kind" -> eval prompts
 
     def table(self, other: EvalReport | None = None) -> str:
         """A printable table; with ``other`` (an earlier report) a before -> after table."""
@@ -48,6 +53,13 @@ class EvalReport:
                              f"{self.accuracy[task]:.3f}"))
             else:
                 rows.append((task, str(self.n[task]), f"{self.accuracy[task]:.3f}"))
+            for key in sorted(k for k in self.by_kind if k.split(":", 1)[0] == task):
+                label = "  " + key.split(":", 1)[1]  # indented under its task
+                if other:
+                    rows.append((label, str(self.n_by_kind[key]), f"{other.by_kind.get(key, float('nan')):.3f}",
+                                 f"{self.by_kind[key]:.3f}"))
+                else:
+                    rows.append((label, str(self.n_by_kind[key]), f"{self.by_kind[key]:.3f}"))
         for mod in sorted(self.by_modality):
             if other:
                 rows.append((f"[{mod}]", "", f"{other.by_modality.get(mod, float('nan')):.3f}",
@@ -70,6 +82,7 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
                            max_turns=max_turns, max_seq_len=max_seq_len, media=media_loader)
     make_env = default_env_factory(max_turns)
     scores: dict[str, list[float]] = defaultdict(list)
+    kind_scores: dict[str, list[float]] = defaultdict(list)
     kinds: dict[str, str] = {}
     errors = 0
     try:
@@ -83,6 +96,9 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
                 trajs += runner.agent(multi, 1, make_env)
             for t in trajs:
                 scores[t.sample.task].append(t.reward)
+                kind = kind_of(t.sample)
+                if kind:
+                    kind_scores[f"{t.sample.task}:{kind}"].append(t.reward)
                 kinds[t.sample.task] = modality_of(t.sample)
                 errors += bool(t.error)
     finally:
@@ -93,7 +109,15 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
         tasks = [t for t in accuracy if kinds[t] == mod]
         if tasks:
             by_modality[mod] = sum(accuracy[t] for t in tasks) / len(tasks)
-    return EvalReport("", accuracy, by_modality, {t: len(v) for t, v in scores.items()}, errors)
+    return EvalReport("", accuracy, by_modality, {t: len(v) for t, v in scores.items()}, errors,
+                      by_kind={k: sum(v) / len(v) for k, v in kind_scores.items()},
+                      n_by_kind={k: len(v) for k, v in kind_scores.items()})
+
+
+def kind_of(sample: Sample) -> str:
+    """The kind of question ``sample`` asks ("count", "colour"), "" for a task without kinds."""
+    spec = TASKS.get(sample.task)
+    return spec.kind(sample) if spec is not None and spec.kind is not None else ""
 
 
 def per_task_limit(samples: Sequence[Sample], limit: int | None) -> list[Sample]:

@@ -47,6 +47,13 @@ def test_evaluate_reports_every_task_and_modality(cfg):
     assert report.by_modality["text"] == pytest.approx((report.accuracy["arithmetic"] +
                                                         report.accuracy["tool_lookup"]) / 2)
     assert "tones" in report.table() and "before" in report.table(report)
+    # per kind of question: shapes and tones declare kinds, and their kinds split each task's prompts
+    assert {k.split(":")[0] for k in report.by_kind} == {"shapes", "tones"}
+    for task in ("shapes", "tones"):
+        kinds = [k for k in report.by_kind if k.startswith(task + ":")]
+        assert sum(report.n_by_kind[k] for k in kinds) == report.n[task]
+        weighted = sum(report.by_kind[k] * report.n_by_kind[k] for k in kinds) / report.n[task]
+        assert weighted == pytest.approx(report.accuracy[task])
 
 
 def test_evaluation_is_greedy_and_deterministic(cfg):
@@ -87,6 +94,21 @@ def test_per_task_limit_keeps_split_order():
     assert [s.task for s in picked].count("arithmetic") == 2 and len(picked) == 4
     assert picked == [s for s in samples if s in picked]
     assert isinstance(EvalReport().table(), str)
+
+
+def test_table_lists_each_kind_of_question_under_its_task():
+    # shapes: 1 of 3 count questions right (0.333), 3 of 3 colour questions right (1.0): task mean 4/6
+    before = EvalReport(accuracy={"shapes": 0.5}, n={"shapes": 6}, by_kind={"shapes:count": 0.0, "shapes:colour": 1.0},
+                        n_by_kind={"shapes:count": 3, "shapes:colour": 3})
+    after = EvalReport(accuracy={"largest": 0.25, "shapes": 4 / 6}, n={"largest": 4, "shapes": 6},
+                       by_kind={"shapes:count": 1 / 3, "shapes:colour": 1.0},
+                       n_by_kind={"shapes:count": 3, "shapes:colour": 3})
+    lines = after.table(before).splitlines()
+    names = [line.split()[0] for line in lines[1:]]
+    assert names == ["largest", "shapes", "colour", "count"]  # kinds sorted, right under their task
+    assert lines[3].startswith("  colour") and lines[3].split()[1:] == ["3", "1.000", "1.000"]
+    assert lines[4].split()[1:] == ["3", "0.000", "0.333"]
+    assert lines[2].split()[1:] == ["6", "0.500", "0.667"]
 
 
 def test_a_text_model_on_media_tasks_fails_before_any_work(tmp_path):

@@ -77,7 +77,10 @@ class TaskSpec:
     it. ``make_env`` builds a fresh :class:`Env` for tasks that need several turns; for
     those, ``reward`` scores a single-shot transcript and the agent loop uses the env.
     ``oracle`` writes a response that earns full reward (for SFT warm-up and self-checks);
-    by default it is ``<answer>{sample.answer}</answer>``.
+    by default it is ``<answer>{sample.answer}</answer>``. ``kind``, for a task that asks
+    several kinds of question about one input (count or colour of the same picture), names a
+    sample's kind: evaluation reports accuracy per kind, because a policy can learn one kind
+    and stay at chance on the other while the task's mean looks half-way there.
     """
 
     name: str
@@ -89,6 +92,7 @@ class TaskSpec:
     make_env: Callable[[], Env] | None = None
     difficulties: tuple[int, ...] = (1, 2, 3)
     oracle: Callable[[Sample], str] | None = None
+    kind: Callable[[Sample], str] | None = None
 
     def __post_init__(self) -> None:
         if self.modality not in ("text", "image", "audio"):
@@ -101,6 +105,11 @@ class TaskSpec:
         if self.oracle is not None:
             return self.oracle(sample)
         return f"<answer>{sample.answer}</answer>"
+
+
+def question_kind(sample: Sample) -> str:
+    """``sample.metadata["question"]``: the ``kind`` of the built-in tasks that ask several questions."""
+    return str(sample.metadata["question"])
 
 
 def derive_seed(*parts: object) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 
 from relax.data.errors import DataError
 from relax.data.schema import AUDIO_PLACEHOLDER, MediaRef, Message, Sample
-from relax.data.tasks.base import TaskSpec, check_generate_args, generate_split
+from relax.data.tasks.base import TaskSpec, check_generate_args, generate_split, question_kind
 from relax.data.verifiers import ANSWER_FORMAT_HINT, exact_match_reward
 
 NAME = "tones"
@@ -198,4 +198,5 @@ TASK = TaskSpec(
     reward=exact_match_reward,
     answer_space=answer_space,
     difficulties=tuple(CONFIGS),
+    kind=question_kind,
 )

@@ -104,6 +104,20 @@ def test_tool_table_never_appears_in_messages(suite: dict[str, list[Sample]]) ->
         assert f'"{sample.answer}"' not in text
 
 
+def test_kind_names_the_question_a_sample_asks(suite: dict[str, list[Sample]]) -> None:
+    from relax.data.tasks import shapes, tones
+
+    with_kinds = {name for name, spec in TASKS.items() if spec.kind is not None}
+    assert with_kinds == {"shapes", "tones"}  # the tasks that ask two questions about one input
+    seen: dict[str, set[str]] = {"shapes": set(), "tones": set()}
+    for sample in (s for s in suite["train"] if s.task in seen):
+        kind = TASKS[sample.task].kind(sample)
+        questions = shapes.QUESTIONS if sample.task == "shapes" else tones.QUESTIONS
+        assert questions[kind] in sample.prompt_text  # the kind is the question the prompt asks
+        seen[sample.task].add(kind)
+    assert seen == {"shapes": {"count", "colour"}, "tones": {"count", "pitch"}}
+
+
 @pytest.mark.parametrize("difficulty", DIFFICULTIES)
 @pytest.mark.parametrize("name", ALL)
 def test_random_policy_stays_below_0_3(name: str, difficulty: int) -> None:
