@@ -46,26 +46,19 @@ class EvalReport:
 
     def table(self, other: EvalReport | None = None) -> str:
         """A printable table; with ``other`` (an earlier report) a before -> after table."""
+        def row(label: str, n: str, after: float, before: float | None) -> tuple[str, ...]:
+            nan = float("nan")
+            return (label, n, f"{nan if before is None else before:.3f}", f"{after:.3f}") if other else \
+                (label, n, f"{after:.3f}")
+
         rows = [("task", "n", "before", "after") if other else ("task", "n", "accuracy")]
         for task in sorted(self.accuracy):
-            if other:
-                rows.append((task, str(self.n[task]), f"{other.accuracy.get(task, float('nan')):.3f}",
-                             f"{self.accuracy[task]:.3f}"))
-            else:
-                rows.append((task, str(self.n[task]), f"{self.accuracy[task]:.3f}"))
+            rows.append(row(task, str(self.n[task]), self.accuracy[task], other and other.accuracy.get(task)))
             for key in sorted(k for k in self.by_kind if k.split(":", 1)[0] == task):
                 label = "  " + key.split(":", 1)[1]  # indented under its task
-                if other:
-                    rows.append((label, str(self.n_by_kind[key]), f"{other.by_kind.get(key, float('nan')):.3f}",
-                                 f"{self.by_kind[key]:.3f}"))
-                else:
-                    rows.append((label, str(self.n_by_kind[key]), f"{self.by_kind[key]:.3f}"))
+                rows.append(row(label, str(self.n_by_kind[key]), self.by_kind[key], other and other.by_kind.get(key)))
         for mod in sorted(self.by_modality):
-            if other:
-                rows.append((f"[{mod}]", "", f"{other.by_modality.get(mod, float('nan')):.3f}",
-                             f"{self.by_modality[mod]:.3f}"))
-            else:
-                rows.append((f"[{mod}]", "", f"{self.by_modality[mod]:.3f}"))
+            rows.append(row(f"[{mod}]", "", self.by_modality[mod], other and other.by_modality.get(mod)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
