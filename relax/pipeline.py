@@ -22,6 +22,7 @@ from relax.models.builders import BUILTIN_MODELS, BUILTIN_VERSION
 from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
 from relax.services.context import RunContext
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint
+from relax.trainers.torch.sft import FORMAT_RECIPE
 from relax.transfer.lineage import chain, chain_to_json, chain_to_text, list_records, list_runs
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ def warm_start_key(cfg: RelaxConfig, snapshot_id: str) -> str:
              "difficulty": cfg.data.difficulty, "snapshot": snapshot_id}
     if cfg.model.name_or_path in BUILTIN_MODELS:
         parts["builtin_version"] = BUILTIN_VERSION
+    if cfg.trainer.sft_steps:
+        parts["recipe"] = FORMAT_RECIPE
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -5,13 +5,24 @@ a *random* answer drawn from the task's answer space (``TaskSpec.answer_space``)
 ``<answer>13</answer>`` for "What is 3 + 4?". The targets are independent of the correct
 answer, so the warm-started policy emits well-formed answers at chance accuracy, and any
 accuracy above chance after RL was learned by RL.
+
+Random labels also teach the model to ignore its input, which RL must then undo. Two choices
+keep that damage small (measured with linear probes on the shapes task, docs/benchmarks.md):
+
+* balanced answers: a prompt is demonstrated with several *distinct* answers in the same step
+  (its whole answer space when that is small), so each prompt's target is close to the uniform
+  distribution over answers and the step carries no per-prompt label noise to fit;
+* frozen media encoders: random labels carry nothing about a picture or a sound, so the vision
+  and audio towers are left as initialised (the warm-start without this halved how well a
+  linear probe reads the shapes' colour off the vision tower).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -19,18 +30,38 @@ import torch
 from relax.data.schema import Sample
 from relax.data.tasks import TASKS
 from relax.data.tasks.base import derive_seed
+from relax.models.builders import ENCODER_MODULES
 from relax.models.processors import prepare_inputs
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.trainer import StepResult, TorchTrainer, sft_loss
 
 IM_END = "<|im_end|>"
+# Recipe version of the warm-start: cached warm-starts (relax.pipeline.warm_start_key) are keyed
+# on it. 2: balanced answers per prompt and frozen media encoders.
+FORMAT_RECIPE = 2
 
 
-def format_demonstration(sample: Sample, rng: random.Random, difficulty: int) -> str:
-    """The oracle response of ``sample`` with its answer replaced by a random one."""
+def demonstration_answers(sample: Sample, rng: random.Random, difficulty: int, per_prompt: int) -> list[str]:
+    """``min(per_prompt, |space|)`` distinct answers drawn at random from the task's answer space."""
+    space = TASKS[sample.task].answer_space(difficulty)
+    return rng.sample(space, min(per_prompt, len(space)))
+
+
+def demonstration_plan(samples: Sequence[Sample], rng: random.Random, difficulty: int, batch_size: int,
+                       answers_per_prompt: int) -> list[tuple[Sample, str]]:
+    """One step's (prompt, answer) pairs: random prompts, each with its distinct random answers
+    (:func:`demonstration_answers`), until there are at least ``batch_size``."""
+    plan: list[tuple[Sample, str]] = []
+    while len(plan) < batch_size:
+        s = samples[rng.randrange(len(samples))]
+        plan += [(s, a) for a in demonstration_answers(s, rng, difficulty, answers_per_prompt)]
+    return plan
+
+
+def format_demonstration(sample: Sample, answer: str) -> str:
+    """The oracle response of ``sample`` with its answer replaced by ``answer``."""
     task = TASKS[sample.task]
-    fake = dataclasses.replace(sample, answer=rng.choice(task.answer_space(difficulty)))
-    return task.oracle_response(fake)
+    return task.oracle_response(dataclasses.replace(sample, answer=answer))
 
 
 def demonstration_tokens(sample: Sample, response: str, tokenizer: Any, processor: Any = None,
@@ -49,27 +80,46 @@ def demonstration_tokens(sample: Sample, response: str, tokenizer: Any, processo
     return ids, mask, inputs or None
 
 
+@contextmanager
+def frozen_media_encoders(model: torch.nn.Module) -> Iterator[int]:
+    """Stop gradients into the model's vision and audio encoders for the block; yields how many
+    parameters were frozen (0 for a text model) and restores ``requires_grad`` afterwards."""
+    modules = set(ENCODER_MODULES.values())
+    params = [p for n, p in model.named_parameters() if p.requires_grad and modules & set(n.split("."))]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield sum(p.numel() for p in params)
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
 def format_warmup(model: torch.nn.Module, tokenizer: Any, samples: Sequence[Sample], steps: int, *, lr: float,
-                  batch_size: int = 64, seed: int = 0, difficulty: int = 1, micro_batch_tokens: int = 4096,
-                  processor: Any = None, media_loader: Callable[[Any], bytes] | None = None) -> list[StepResult]:
+                  batch_size: int = 64, answers_per_prompt: int = 16, seed: int = 0, difficulty: int = 1,
+                  micro_batch_tokens: int = 4096, processor: Any = None,
+                  media_loader: Callable[[Any], bytes] | None = None) -> list[StepResult]:
     """``steps`` SFT steps on format-only demonstrations of ``samples`` (built-in tasks; image and
-    audio prompts too when the model's ``processor`` and a ``media_loader`` are given)."""
+    audio prompts too when the model's ``processor`` and a ``media_loader`` are given).
+
+    A step holds at least ``batch_size`` demonstrations: random prompts, each with
+    ``answers_per_prompt`` distinct random answers (all of a smaller answer space)."""
     usable = [s for s in samples if s.task in TASKS and (processor is not None or not (s.images or s.audios))]
     if not usable:
         raise ValueError("format warm-start needs samples of built-in tasks (text ones, or media ones with a "
                          "multimodal model); set trainer.sft_steps=0 for custom data")
-    trainer = TorchTrainer(model, lr=lr, warmup_steps=0, total_steps=max(steps, 1),
-                           micro_batch_tokens=micro_batch_tokens, layout="pack",
-                           pad_id=tokenizer.pad_token_id or 0)
     rng = random.Random(derive_seed(seed, "format-warmup"))
     results = []
-    for step in range(steps):
-        picked = [usable[rng.randrange(len(usable))] for _ in range(batch_size)]
-        demos = [demonstration_tokens(s, format_demonstration(s, rng, difficulty), tokenizer, processor, media_loader)
-                 for s in picked]
-        media = [d[2] for d in demos]
-        batch = RolloutBatch(ids=[f"sft-{step}-{i}" for i in range(len(demos))], input_ids=[d[0] for d in demos],
-                             loss_mask=[d[1] for d in demos], media=media if any(media) else None)
-        results.append(trainer.step(batch, sft_loss))
+    with frozen_media_encoders(model):
+        trainer = TorchTrainer(model, lr=lr, warmup_steps=0, total_steps=max(steps, 1),
+                               micro_batch_tokens=micro_batch_tokens, layout="pack",
+                               pad_id=tokenizer.pad_token_id or 0)
+        for step in range(steps):
+            demos = [demonstration_tokens(s, format_demonstration(s, a), tokenizer, processor, media_loader)
+                     for s, a in demonstration_plan(usable, rng, difficulty, batch_size, answers_per_prompt)]
+            media = [d[2] for d in demos]
+            batch = RolloutBatch(ids=[f"sft-{step}-{i}" for i in range(len(demos))], input_ids=[d[0] for d in demos],
+                                 loss_mask=[d[1] for d in demos], media=media if any(media) else None)
+            results.append(trainer.step(batch, sft_loss))
     model.eval()
     return results

@@ -1,0 +1,81 @@
+"""The format warm-start: answers independent of the truth, balanced per prompt, media encoders untouched."""
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from relax.config import ModelConfig
+from relax.data.tasks import TASKS, generate_suite
+from relax.models import build_policy, build_tokenizer
+from relax.trainers.torch.sft import (
+    demonstration_answers,
+    demonstration_plan,
+    format_demonstration,
+    format_warmup,
+    frozen_media_encoders,
+)
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return generate_suite(["largest", "shapes", "tones"], seed=0, train_per_task=6, eval_per_task=1)["train"]
+
+
+@pytest.fixture(scope="module")
+def omni():
+    tokenizer = build_tokenizer("bpe-tiny")
+    model, processor = build_policy(ModelConfig(name_or_path="tiny-omni", family="qwen2_5_omni"), tokenizer, seed=0)
+    return model, processor, tokenizer
+
+
+def test_demonstration_answers_are_distinct_draws_from_the_answer_space(suite):
+    shapes = next(s for s in suite if s.task == "shapes")
+    rng = random.Random(0)
+    # shapes' space at difficulty 1 is the counts 1..4 and six colours: 10 answers, so a cap of
+    # 16 takes all of them (in random order), and a cap of 3 takes 3 different ones
+    everything = demonstration_answers(shapes, rng, 1, 16)
+    assert sorted(everything) == sorted(["1", "2", "3", "4", "red", "green", "blue", "yellow", "purple", "orange"])
+    three = demonstration_answers(shapes, rng, 1, 3)
+    assert len(set(three)) == 3 and set(three) <= set(everything)
+
+
+def test_a_plan_gives_every_prompt_its_whole_small_answer_space(suite):
+    plan = demonstration_plan(suite, random.Random(1), 1, batch_size=20, answers_per_prompt=16)
+    # largest and tones have 8 answers, shapes 10: three prompts reach 20 demonstrations (24-30)
+    assert 20 <= len(plan) <= 30
+    by_prompt: dict[str, list[str]] = {}
+    for sample, answer in plan:
+        by_prompt.setdefault(sample.id, []).append(answer)
+    for sid, answers in by_prompt.items():
+        task = next(s.task for s in suite if s.id == sid)
+        # each answer once: the prompt's targets are uniform, whatever its true answer is
+        assert Counter(answers) == Counter(TASKS[task].answer_space(1))
+
+
+def test_a_demonstration_is_the_oracle_response_for_the_given_answer(suite):
+    shapes = next(s for s in suite if s.task == "shapes")
+    assert format_demonstration(shapes, "purple") == "<answer>purple</answer>"
+
+
+def test_media_encoders_are_frozen_only_inside_the_block(omni):
+    model, _, _ = omni
+    encoder = [p for n, p in model.named_parameters() if {"visual", "audio_tower"} & set(n.split("."))]
+    with frozen_media_encoders(model) as frozen:
+        assert frozen == sum(p.numel() for p in encoder) > 0
+        assert not any(p.requires_grad for p in encoder)
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_format_warmup_trains_the_decoder_and_leaves_the_encoders(omni, suite):
+    model, processor, tokenizer = omni
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    results = format_warmup(model, tokenizer, suite, 2, lr=1e-2, batch_size=8, processor=processor,
+                            media_loader=lambda ref: ref.data)
+    assert len(results) == 2 and all(not r.skipped for r in results)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    encoder = {n for n in before if {"visual", "audio_tower"} & set(n.split("."))}
+    assert encoder and not changed & encoder  # random answers say nothing about pictures or sounds
+    assert any(n.endswith("embed_tokens.weight") for n in changed)  # the decoder learned
+    assert all(p.requires_grad for p in model.parameters())
