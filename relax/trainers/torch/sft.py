@@ -13,8 +13,8 @@ keep that damage small (measured with linear probes on the shapes task, docs/ben
   (its whole answer space when that is small), so each prompt's target is close to the uniform
   distribution over answers and the step carries no per-prompt label noise to fit;
 * frozen media encoders: random labels carry nothing about a picture or a sound, so the vision
-  and audio towers are left as initialised (the warm-start without this halved how well a
-  linear probe reads the shapes' colour off the vision tower).
+  and audio towers are left as initialised (trained, they lost colour: a linear probe read it
+  off the vision tower at 0.70 before the warm-start and 0.52 after).
 """
 
 from __future__ import annotations
