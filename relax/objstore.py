@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,9 @@ from fsspec import AbstractFileSystem
 # Local writes go out in 1 MiB pieces: on our machines one 8 MiB write() into the page
 # cache measured 10x slower than the same bytes in 1 MiB writes (benchmarks/transfer_queue.py).
 WRITE_CHUNK = 1 << 20
+# Suffix of write_bytes' temporary files: <name>.tmp-<8 hex digits>.
+TMP_MARK = ".tmp-"
+_TMP_NAME = re.compile(re.escape(TMP_MARK) + r"[0-9a-f]{8}$")
 
 
 def open_fs(url: str) -> tuple[AbstractFileSystem, str]:
@@ -63,7 +67,7 @@ def write_bytes(url: str, data: bytes | list, fsync: bool = True) -> None:
     fs, path = open_fs(url)
     if _is_local(fs):
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp = f"{path}{TMP_MARK}{uuid.uuid4().hex[:8]}"
         with open(tmp, "wb") as fh:
             for piece in _chunks(parts):
                 fh.write(piece)
@@ -114,14 +118,19 @@ def delete(url: str) -> None:
 
 
 def list_dir(url: str) -> list[str]:
-    """Names (not paths) of the entries directly under ``url``; empty if it does not exist."""
+    """Names (not paths) of the entries directly under ``url``; empty if it does not exist.
+
+    A local :func:`write_bytes` in flight, or killed before its rename, leaves a partial
+    ``<name>.tmp-<hex>`` file; it is not an object, so it is not listed (a reader that opened
+    it would see torn bytes)."""
     fs, path = open_fs(url)
     _forget_listing(fs, path)
     try:
         entries: list[Any] = fs.ls(path, detail=False)
     except FileNotFoundError:
         return []
-    return sorted(posixpath.basename(e.rstrip("/")) for e in entries)
+    names = (posixpath.basename(e.rstrip("/")) for e in entries)
+    return sorted(n for n in names if not _TMP_NAME.search(n))
 
 
 def _is_local(fs: AbstractFileSystem) -> bool:

@@ -34,3 +34,13 @@ def test_listing_delete_and_no_temp_files_left(tmp_path):
     objstore.delete(objstore.join(base, "a", "missing"))  # deleting nothing is fine
     assert objstore.list_dir(objstore.join(base, "a")) == ["y"]
     assert objstore.list_dir(objstore.join(base, "nowhere")) == []
+
+
+def test_a_write_in_flight_or_killed_before_its_rename_is_not_listed(tmp_path):
+    # write_bytes writes <name>.tmp-<8 hex> and renames it; a reader listing the folder in
+    # between (or after a SIGKILL between the two) must not see the partial file
+    base = f"file://{tmp_path}"
+    objstore.write_bytes(objstore.join(base, "schema", "a.json"), b"{}")
+    (tmp_path / "schema" / "b.json.tmp-0123abcd").write_bytes(b"")  # what a killed writer leaves
+    (tmp_path / "schema" / "notes.tmp-draft").write_bytes(b"x")  # not our pattern: a real object
+    assert objstore.list_dir(objstore.join(base, "schema")) == ["a.json", "notes.tmp-draft"]
