@@ -163,6 +163,11 @@ def tiny_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Pretrai
 ENCODER_MODULES = {"vision": "visual", "audio": "audio_tower"}
 
 
+def encoder_parameters(model: torch.nn.Module, kind: str) -> list[torch.nn.Parameter]:
+    """The parameters of the model's ``kind`` ('vision' or 'audio') encoder; empty if it has none."""
+    return [p for n, p in model.named_parameters() if ENCODER_MODULES[kind] in n.split(".")]
+
+
 def freeze_encoders(model: torch.nn.Module, which: list[str]) -> int:
     """Stop gradients into the named media encoders ('vision', 'audio'); returns the parameters frozen.
 
@@ -172,7 +177,7 @@ def freeze_encoders(model: torch.nn.Module, which: list[str]) -> int:
     for kind in which:
         if kind not in ENCODER_MODULES:
             raise ValueError(f"trainer.freeze_encoders: unknown encoder {kind!r}; choose from {sorted(ENCODER_MODULES)}")
-        params = [p for n, p in model.named_parameters() if ENCODER_MODULES[kind] in n.split(".")]
+        params = encoder_parameters(model, kind)
         if not params:
             raise ValueError(f"trainer.freeze_encoders: the model has no {kind} encoder "
                              f"(no '{ENCODER_MODULES[kind]}' module); remove {kind!r}")

@@ -30,7 +30,7 @@ import torch
 from relax.data.schema import Sample
 from relax.data.tasks import TASKS
 from relax.data.tasks.base import derive_seed
-from relax.models.builders import ENCODER_MODULES
+from relax.models.builders import ENCODER_MODULES, encoder_parameters
 from relax.models.processors import prepare_inputs
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.trainer import StepResult, TorchTrainer, sft_loss
@@ -84,8 +84,7 @@ def demonstration_tokens(sample: Sample, response: str, tokenizer: Any, processo
 def frozen_media_encoders(model: torch.nn.Module) -> Iterator[int]:
     """Stop gradients into the model's vision and audio encoders for the block; yields how many
     parameters were frozen (0 for a text model) and restores ``requires_grad`` afterwards."""
-    modules = set(ENCODER_MODULES.values())
-    params = [p for n, p in model.named_parameters() if p.requires_grad and modules & set(n.split("."))]
+    params = [p for kind in ENCODER_MODULES for p in encoder_parameters(model, kind) if p.requires_grad]
     for p in params:
         p.requires_grad_(False)
     try:
