@@ -46,11 +46,9 @@ def warm_start_key(cfg: RelaxConfig, snapshot_id: str) -> str:
     """Everything a format warm-start depends on: model, tokenizer, seed, SFT settings, data."""
     parts = {"model": {k: v for k, v in config_to_dict(cfg)["model"].items() if k != "init_checkpoint"},
              "seed": cfg.seed, "sft_steps": cfg.trainer.sft_steps, "sft_lr": cfg.trainer.sft_lr,
-             "difficulty": cfg.data.difficulty, "snapshot": snapshot_id}
+             "difficulty": cfg.data.difficulty, "snapshot": snapshot_id, "recipe": FORMAT_RECIPE}
     if cfg.model.name_or_path in BUILTIN_MODELS:
         parts["builtin_version"] = BUILTIN_VERSION
-    if cfg.trainer.sft_steps:
-        parts["recipe"] = FORMAT_RECIPE
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

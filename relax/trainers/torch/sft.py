@@ -64,20 +64,29 @@ def format_demonstration(sample: Sample, answer: str) -> str:
     return task.oracle_response(dataclasses.replace(sample, answer=answer))
 
 
-def demonstration_tokens(sample: Sample, response: str, tokenizer: Any, processor: Any = None,
-                         load: Callable[[Any], bytes] | None = None,
-                         ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor] | None]:
-    """(input_ids (L,), loss_mask (L,), media inputs or None): the chat prompt with its media
-    placeholders expanded, then ``response`` + end-of-turn, trained."""
+def prompt_inputs(sample: Sample, tokenizer: Any, processor: Any = None, load: Callable[[Any], bytes] | None = None,
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """(prompt ids (P,), media inputs or None): the chat prompt with its media placeholders expanded."""
     load = load or (lambda ref: ref.data)
     inputs = prepare_inputs(sample, [load(r) for r in sample.images], [load(r) for r in sample.audios],
                             tokenizer, processor)
     prompt = inputs.pop("input_ids")[0]
     inputs.pop("attention_mask", None)
+    return prompt, inputs or None
+
+
+def demonstration_tokens(sample: Sample, response: str, tokenizer: Any, processor: Any = None,
+                         load: Callable[[Any], bytes] | None = None,
+                         encoded: tuple[torch.Tensor, dict[str, torch.Tensor] | None] | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor] | None]:
+    """(input_ids (L,), loss_mask (L,), media inputs or None): the chat prompt with its media
+    placeholders expanded, then ``response`` + end-of-turn, trained. ``encoded`` is the
+    prompt's :func:`prompt_inputs` when the caller already has them."""
+    prompt, media = encoded or prompt_inputs(sample, tokenizer, processor, load)
     reply = torch.tensor(tokenizer(response + IM_END, add_special_tokens=False)["input_ids"], dtype=torch.long)
     ids = torch.cat([prompt, reply])
     mask = torch.cat([torch.zeros(len(prompt)), torch.ones(len(reply))])
-    return ids, mask, inputs or None
+    return ids, mask, media
 
 
 @contextmanager
@@ -114,8 +123,12 @@ def format_warmup(model: torch.nn.Module, tokenizer: Any, samples: Sequence[Samp
                                micro_batch_tokens=micro_batch_tokens, layout="pack",
                                pad_id=tokenizer.pad_token_id or 0)
         for step in range(steps):
-            demos = [demonstration_tokens(s, format_demonstration(s, a), tokenizer, processor, media_loader)
-                     for s, a in demonstration_plan(usable, rng, difficulty, batch_size, answers_per_prompt)]
+            plan = demonstration_plan(usable, rng, difficulty, batch_size, answers_per_prompt)
+            # a prompt comes with several answers: decode and process its media once
+            prompts = {s.id: s for s, _ in plan}
+            encoded = {sid: prompt_inputs(s, tokenizer, processor, media_loader) for sid, s in prompts.items()}
+            demos = [demonstration_tokens(s, format_demonstration(s, a), tokenizer, encoded=encoded[s.id])
+                     for s, a in plan]
             media = [d[2] for d in demos]
             batch = RolloutBatch(ids=[f"sft-{step}-{i}" for i in range(len(demos))], input_ids=[d[0] for d in demos],
                                  loss_mask=[d[1] for d in demos], media=media if any(media) else None)
