@@ -211,8 +211,11 @@ class TrainerConfig:
     grad_clip: float = opt(1.0, "Max global gradient norm; 0 disables clipping.", range=(0.0, 1e6))
     micro_batch_tokens: int = opt(4096, "Token budget of one micro-batch (pads included).", range=(16, 1 << 30))
     micro_batch_layout: str = opt("pack", "'pack': samples concatenated padding-free with per-sample attention; "
-                                  "'bucket': sorted by length, then padded; 'pad': input order, padded.",
-                                  choices=("pack", "bucket", "pad"))
+                                  "'bucket': sorted by length, then padded; 'pad': input order, padded; "
+                                  "'prefix': each prompt group's shared prompt (and image/audio) runs once and "
+                                  "its responses attend to it through a KV cache, the fastest when prompts are "
+                                  "long against answers (actor and reference; the critic uses 'bucket').",
+                                  choices=("pack", "bucket", "pad", "prefix"))
     lr_schedule: str = opt("constant", "After warm-up: constant, or cosine down to 10% at total_steps.",
                            choices=("constant", "cosine"))
     nan_policy: str = opt("skip", "A non-finite loss or gradient: 'skip' the step (logged with the sample ids) "

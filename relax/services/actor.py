@@ -88,7 +88,8 @@ def initial_reference(ctx: RunContext, wait_s: float | None = None) -> tuple[Ref
     finally:
         store.close()
     model.load_state_dict(state)
-    return Reference(model, ctx.cfg.trainer.micro_batch_tokens, ctx.cfg.rollout.temperature), processor
+    return Reference(model, ctx.cfg.trainer.micro_batch_tokens, ctx.cfg.rollout.temperature,
+                     ctx.cfg.trainer.micro_batch_layout), processor
 
 
 class ActorRole:

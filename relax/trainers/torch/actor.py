@@ -19,8 +19,8 @@ from relax.models.builders import ENCODER_MODULES, freeze_encoders
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.forward import compute_logprobs
-from relax.trainers.torch.packing import MicroBatch, micro_batches
-from relax.trainers.torch.trainer import StepResult, TorchTrainer
+from relax.trainers.torch.packing import MicroBatch
+from relax.trainers.torch.trainer import StepResult, TorchTrainer, plan_micro_batches
 
 
 def pad(values: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -126,11 +126,14 @@ def merge_results(results: Sequence[StepResult]) -> StepResult:
 class Reference:
     """A frozen copy of the initial policy: reference logprobs for the KL term."""
 
-    def __init__(self, model: torch.nn.Module, micro_batch_tokens: int = 4096, temperature: float = 1.0):
+    def __init__(self, model: torch.nn.Module, micro_batch_tokens: int = 4096, temperature: float = 1.0,
+                 layout: str = "bucket"):
         self.model = model.eval().requires_grad_(False)
         self.micro_batch_tokens = micro_batch_tokens
         self.temperature = temperature
+        # 'prefix' scores each shared prompt once; the row layouts stay in buckets (no packed kernel here)
+        self.layout = layout if layout == "prefix" else "bucket"
 
     def logprobs(self, batch: RolloutBatch) -> list[torch.Tensor]:
-        mbs = micro_batches(batch.input_ids, self.micro_batch_tokens, "bucket", media=batch.media)
+        mbs = plan_micro_batches(batch, self.micro_batch_tokens, self.layout)
         return compute_logprobs(self.model, mbs, len(batch), self.temperature)

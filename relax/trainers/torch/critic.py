@@ -63,6 +63,12 @@ def span_values(model: nn.Module, mb: MicroBatch) -> list[torch.Tensor]:
     return out
 
 
+def critic_layout(layout: str) -> str:
+    """The critic's micro-batch layout for the run's: values are read at every position of full
+    rows, so the actor's shared-prefix layout becomes length buckets."""
+    return "bucket" if layout == "prefix" else layout
+
+
 class Critic:
     """Value model + optimizer: ``values`` reads V for a batch, ``train_step`` fits it to returns."""
 
@@ -79,7 +85,7 @@ class Critic:
         return cls(model, lr=t.critic_lr or t.lr, value_clip=cfg.algorithm.value_clip,
                    micro_batch_tokens=t.micro_batch_tokens, weight_decay=t.weight_decay,
                    warmup_steps=t.warmup_steps, total_steps=t.total_steps, schedule=t.lr_schedule,
-                   grad_clip=t.grad_clip, layout=t.micro_batch_layout, pad_id=pad_id, aggregation="token-mean",
+                   grad_clip=t.grad_clip, layout=critic_layout(t.micro_batch_layout), pad_id=pad_id, aggregation="token-mean",
                    nan_policy=t.nan_policy,
                    autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None)
 

@@ -12,6 +12,7 @@ import torch
 
 from relax.trainers.torch.attention import NAME as PACKED
 from relax.trainers.torch.packing import MicroBatch
+from relax.trainers.torch.prefix import PrefixMicroBatch, prefix_logprobs
 
 
 def model_inputs(model: torch.nn.Module, mb: MicroBatch) -> dict[str, object]:
@@ -47,13 +48,22 @@ def span_logprobs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0
     return out, ent
 
 
+def token_logprobs(model: torch.nn.Module, mb: MicroBatch | PrefixMicroBatch, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per-sample logprobs (and entropies) of a micro-batch of either kind: full rows, or shared
+    prompts with their responses (``prefix.PrefixMicroBatch``, whose prompt positions are 0)."""
+    if isinstance(mb, PrefixMicroBatch):
+        return prefix_logprobs(model, mb, temperature, with_entropy)
+    return span_logprobs(logits_of(model, mb), mb, temperature, with_entropy)
+
+
 @torch.no_grad()
-def compute_logprobs(model: torch.nn.Module, batches: Sequence[MicroBatch], n: int,
+def compute_logprobs(model: torch.nn.Module, batches: Sequence[MicroBatch | PrefixMicroBatch], n: int,
                      temperature: float = 1.0) -> list[torch.Tensor]:
     """Logprobs of every sample under ``model`` without gradients (reference, proximal policy)."""
     result: list[torch.Tensor | None] = [None] * n
     for mb in batches:
-        lps, _ = span_logprobs(logits_of(model, mb), mb, temperature)
+        lps, _ = token_logprobs(model, mb, temperature)
         for s, lp in zip(mb.spans, lps, strict=True):
             result[s.index] = lp
     return result  # type: ignore[return-value]

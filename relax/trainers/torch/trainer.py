@@ -21,9 +21,10 @@ import torch.distributed as dist
 from relax.trainers.torch.attention import enable_packed_attention
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
-from relax.trainers.torch.forward import logits_of, span_logprobs
+from relax.trainers.torch.forward import token_logprobs
 from relax.trainers.torch.optim import build_optimizer
 from relax.trainers.torch.packing import MicroBatch, micro_batches
+from relax.trainers.torch.prefix import PrefixMicroBatch, plan_prefix
 
 log = logging.getLogger(__name__)
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -65,6 +66,15 @@ def token_weights(masks: Sequence[torch.Tensor], agg: str, norm: float | None = 
     if norm is None:
         raise ValueError("seq-mean-token-sum-norm needs a constant normalizer (e.g. max response length)")
     return [m.double() / (norm * max(seqs, 1.0)) for m in masks]
+
+
+def plan_micro_batches(batch: RolloutBatch, token_budget: int, layout: str,
+                       pad_id: int = 0) -> list[MicroBatch] | list[PrefixMicroBatch]:
+    """``batch`` in micro-batches of ``layout``: one of ``packing.LAYOUTS``, or ``prefix`` (prompt
+    groups whose shared prompt runs once, ``prefix.plan_prefix``)."""
+    if layout == "prefix":
+        return plan_prefix(batch.input_ids, batch.loss_mask, batch.media, token_budget, pad_id)
+    return micro_batches(batch.input_ids, token_budget, layout, pad_id, batch.media)
 
 
 def has_media_encoder(model: torch.nn.Module) -> bool:
@@ -128,8 +138,8 @@ class TorchTrainer:
             return dist.get_rank(), dist.get_world_size()
         return 0, 1
 
-    def micro_batches(self, batch: RolloutBatch) -> list[MicroBatch]:
-        return micro_batches(batch.input_ids, self.micro_batch_tokens, self.layout, self.pad_id, batch.media)
+    def micro_batches(self, batch: RolloutBatch) -> list[MicroBatch] | list[PrefixMicroBatch]:
+        return plan_micro_batches(batch, self.micro_batch_tokens, self.layout, self.pad_id)
 
     def step(self, batch: RolloutBatch, token_loss: TokenLoss, with_entropy: bool = False,
              forward: Callable[[torch.nn.Module, MicroBatch], list[torch.Tensor]] | None = None) -> StepResult:
@@ -149,7 +159,7 @@ class TorchTrainer:
             ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else _null()
             with ctx, self._precision():
                 if forward is None:
-                    logprobs, entropies = span_logprobs(logits_of(self.model, mb), mb, self.temperature, with_entropy)
+                    logprobs, entropies = token_logprobs(self.model, mb, self.temperature, with_entropy)
                 else:
                     logprobs, entropies = forward(self.model, mb), None
                 losses, m = token_loss(mb, logprobs, entropies, batch)

@@ -165,3 +165,32 @@ def test_freezing_an_encoder_the_model_lacks_names_it(tmp_path):
     model = RunContext(tiny_config(f"file://{tmp_path}/root", "text")).build_model()[0]
     with pytest.raises(ValueError, match="no vision encoder"):
         freeze_encoders(model, ["vision"])
+
+
+def test_shared_prefix_training_scores_media_rows_as_the_engine_did(tmp_path):
+    from relax.services.controller import run_colocated
+    from relax.trainers.torch.prefix import PrefixMicroBatch
+
+    ctx = _ctx(tmp_path, "trainer.micro_batch_layout=prefix", "algorithm.kl_coef=0.1", "algorithm.entropy_coef=0.01")
+    actor, adv, rollout = ActorRole(ctx), AdvantageRole(ctx), RolloutRole(ctx)
+    try:
+        rollout.step(timeout=30)
+        adv.step(timeout=30)
+        group = ConsumerGroup(ctx.queue(), "probe", ["tokens", "loss_mask", "logprobs", "advantages", "prompt_len"],
+                              batch_groups=6, max_staleness=5)
+        batch = to_rollout_batch(group.take(0, current_version=0, timeout=10), actor.media)
+        group.close()
+    finally:
+        rollout.close()
+        adv.close()
+    mbs = actor.actor.trainer.micro_batches(batch)
+    assert all(isinstance(mb, PrefixMicroBatch) for mb in mbs)
+    assert sum(len(mb.prompts) for mb in mbs) == 6 and len(batch) == 12  # 6 prompts x 2 answers, each prompt once
+    mine = compute_logprobs(actor.actor.model, mbs, len(batch))
+    for sid, lp, old, mask in zip(batch.ids, mine, batch.old_logprobs, batch.loss_mask, strict=True):
+        m = mask.bool()
+        torch.testing.assert_close(lp[m], old[m], atol=1e-4, rtol=0, msg=sid)
+    actor.close()
+    # the whole loop (reference KL and entropy included) trains on the shared-prefix layout
+    run_colocated(ctx, progress=False, max_steps=2)
+    assert ActorRole(ctx).step_index == 2
