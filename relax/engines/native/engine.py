@@ -232,11 +232,12 @@ class NativeEngine:
                 admitted.append((p, [self._free.pop() for _ in range(p.req.params.n)]))
         try:
             with torch.no_grad():
-                text = [(p, slots) for p, slots in admitted if not p.req.mm_inputs]
-                for start in range(0, len(text), 16):  # batched prefill, bounded memory
-                    self._prefill(text[start:start + 16])
-                for same in _same_media_prompts([(p, slots) for p, slots in admitted if p.req.mm_inputs]):
-                    self._prefill(same, shared=True)
+                # one row per distinct prompt: a text request, or a media prompt's n requests
+                text = [[(p, slots)] for p, slots in admitted if not p.req.mm_inputs]
+                media = _same_media_prompts([(p, slots) for p, slots in admitted if p.req.mm_inputs])
+                for rows in (text, media):
+                    for start in range(0, len(rows), 16):  # batched prefill, bounded memory
+                        self._prefill(rows[start:start + 16])
                 if self._running:
                     self._decode()
         except Exception as e:  # a bug or OOM must not leave callers waiting forever
@@ -245,12 +246,17 @@ class NativeEngine:
         self._retire()
         return True
 
-    def _prefill(self, group: list[tuple[_Pending, list[int]]], shared: bool = False) -> None:
+    def _prefill(self, groups: list[list[tuple[_Pending, list[int]]]]) -> None:
         """Prefill prompts together (right-padded; pad positions are masked and later overwritten),
-        then sample every request's first tokens; the n samples of a prompt share its prefill.
-        ``shared``: the requests are one prompt (same ids, same media), computed once for all."""
-        todo = []
-        for p, slots in group:
+        then sample every request's first tokens. Each of ``groups`` is one prompt row: its
+        requests (one, or a media prompt's n with the same ids and media) share its prefill."""
+        todo, row_of = [], {}
+        for group in groups:
+            for p, _ in group:
+                row_of[id(p)] = len(todo)
+            todo.append(group[0][0])
+        members = []
+        for p, slots in (x for group in groups for x in group):
             req = p.req
             # a request's samples draw from their own streams: (sampling_seed or rid, index)
             base = f"seed:{req.params.sampling_seed}" if req.params.sampling_seed is not None else f"rid:{req.rid}"
@@ -260,11 +266,9 @@ class NativeEngine:
                 for s in p.seqs:
                     s.finish = {"type": "length", "length": 0}
             else:
-                todo.append(p)
-        if not todo:
+                members.append(p)
+        if not members:
             return
-        members, todo = todo, (todo[:1] if shared else todo)  # members' rows: all 0 when shared
-        row_of = {id(p): (0 if shared else i) for i, p in enumerate(members)}
         lengths = [len(p.req.input_ids) for p in todo]
         longest = max(lengths)
         ids = torch.zeros(len(todo), longest, dtype=torch.long)
@@ -273,18 +277,21 @@ class NativeEngine:
         causal = torch.ones(longest, longest, dtype=torch.bool).tril_()
         valid = torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]
         mask = (causal[None] & valid[:, None, :])[:, None]
-        mm = (todo[0].req.mm_inputs or {}) if len(todo) == 1 else {}  # media prompts prefill alone
         view = self.cache.view([p.seqs[0].slot for p in todo], [0] * len(todo), longest)
-        if mm:
-            # a media prompt prefills alone and lets the model place its media and positions itself
-            # (Qwen2.5-VL's 3-D rope, audio feature merging need a plain 2-D mask); decode then
-            # continues its text positions from the offset the model reports (rope_deltas)
-            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=view, use_cache=True,
-                                logits_to_keep=1, **mm).logits
-            last = logits[:, -1]
+        if todo[0].req.mm_inputs:
+            # media prompts let the model place their media and positions itself (Qwen2.5-VL's
+            # 3-D rope, audio feature merging take a plain 2-D padding mask); decode then
+            # continues each row's text positions from the offset the model reports (rope_deltas)
+            mm: dict[str, list[torch.Tensor]] = {}
+            for p in todo:
+                for key, value in p.req.mm_inputs.items():
+                    mm.setdefault(key, []).append(value)
+            logits = self.model(input_ids=ids, attention_mask=valid.long(), cache=view, use_cache=True,
+                                **{key: torch.cat(values) for key, values in mm.items()}).logits
+            last = logits[torch.arange(len(todo)), torch.tensor(lengths) - 1]
             deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
-            delta = int(deltas.flatten()[0]) if isinstance(deltas, torch.Tensor) else 0
             for p in members:
+                delta = int(deltas.flatten()[row_of[id(p)]]) if isinstance(deltas, torch.Tensor) else 0
                 for s in p.seqs:
                     s.rope_delta = delta
         elif self.fused is not None:

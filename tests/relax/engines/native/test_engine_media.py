@@ -103,3 +103,37 @@ def test_requests_of_one_media_prompt_share_one_prefill(tokenizer):
         assert a.output_ids == b.output_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     assert len({tuple(f.result()[0].output_ids) for f in together}) > 1  # their own sampling streams
+
+
+def test_distinct_media_prompts_prefill_as_one_batch_and_sample_what_they_sample_alone(tokenizer):
+    # prompts of different lengths, an image and an audio clip, in one right-padded prefill:
+    # each row keeps its own 3-D rope offset and its tokens and logprobs equal a lone prefill's
+    model, processor = build_policy(load_config(None, ["model.name_or_path=tiny-omni"]).model, tokenizer, 0)
+    model.eval()
+    prompts = [("<image> what is it?", [png(4)], []), ("<audio> which note is this, low or high?", [], [wav(880)]),
+               ("<image> and this one?", [png(5)], [])]
+    requests = []
+    for i, (text, images, audios) in enumerate(prompts):
+        inputs = prepare_inputs(text, images, audios, tokenizer, processor)
+        ids = inputs.pop("input_ids")[0].tolist()
+        inputs.pop("attention_mask")
+        requests.append((f"p{i}", ids, dict(inputs)))
+    assert len({len(ids) for _, ids, _ in requests}) == 3
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+
+    def submit(engine, rid, ids, mm):
+        return engine.submit(GenerateRequest(rid, ids, SamplingParams(max_new_tokens=5, temperature=1.0,
+                                                                      sampling_seed=7, n=2), mm_inputs=mm))
+
+    engine = NativeEngine(model, tokenizer, max_batch_size=8, background=False)
+    together = [submit(engine, *r) for r in requests]
+    engine.step()  # admits all three: one prefill forward, then the first decode forward
+    assert len(calls) == 2
+    engine.run_until_idle()
+    for r, f in zip(requests, together, strict=True):
+        alone = submit(engine, *r)
+        engine.run_until_idle()
+        for a, b in zip(f.result(), alone.result(), strict=True):
+            assert a.output_ids == b.output_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
