@@ -128,18 +128,31 @@ def collate(input_ids: Sequence[torch.Tensor], indices: Sequence[int], packed: b
         positions = torch.cat([torch.arange(int(s.shape[0]), device=device) for s in seqs])
         cu = torch.tensor([0] + [sp.start + sp.length for sp in spans], dtype=torch.int32, device=device)
         return MicroBatch(torch.cat(seqs)[None], positions[None], None, spans, cu)
-    longest = max(int(input_ids[i].shape[0]) for i in indices)
-    device = input_ids[indices[0]].device
-    ids = torch.full((len(indices), longest), pad_id, dtype=torch.long, device=device)
-    pad_mask = torch.zeros(len(indices), longest, dtype=torch.long, device=device)
-    spans = []
-    for row, i in enumerate(indices):
-        n = int(input_ids[i].shape[0])
-        ids[row, :n] = input_ids[i]
-        pad_mask[row, :n] = 1
-        spans.append(Span(i, row, 0, n))
-    positions = torch.arange(longest, device=device).expand(len(indices), longest).clone()
+    ids, pad_mask = right_pad([input_ids[i] for i in indices], pad_id)
+    spans = [Span(i, row, 0, int(input_ids[i].shape[0])) for row, i in enumerate(indices)]
+    positions = torch.arange(ids.shape[1], device=ids.device).expand(*ids.shape).clone()
     return MicroBatch(ids, positions, pad_mask, spans)
+
+
+def right_pad(seqs: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L_i,) token tensors -> (n, max L) ids right-padded with ``pad_id`` and the (n, max L) 0/1 mask."""
+    longest = max(int(s.shape[0]) for s in seqs)
+    ids = torch.full((len(seqs), longest), pad_id, dtype=torch.long, device=seqs[0].device)
+    mask = torch.zeros(len(seqs), longest, dtype=torch.long, device=seqs[0].device)
+    for row, s in enumerate(seqs):
+        ids[row, : s.shape[0]] = s
+        mask[row, : s.shape[0]] = 1
+    return ids, mask
+
+
+def concat_media(media: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
+    """Rows' media tensors concatenated per key in row order, the way a multimodal model takes a
+    batch (images and clips in token order); rows without media contribute nothing."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for m in media:
+        for key, value in (m or {}).items():
+            parts.setdefault(key, []).append(value)
+    return {key: torch.cat(values) for key, values in parts.items()}
 
 
 def collate_media(input_ids: Sequence[torch.Tensor], indices: Sequence[int],
@@ -147,11 +160,7 @@ def collate_media(input_ids: Sequence[torch.Tensor], indices: Sequence[int],
     """Right-padded rows whose samples carry images or audio: their media tensors are concatenated
     in row order, the way a multimodal model takes a batch (images and clips in token order)."""
     mb = collate(input_ids, indices, packed=False, pad_id=pad_id)
-    parts: dict[str, list[torch.Tensor]] = {}
-    for i in indices:
-        for key, value in (media[i] or {}).items():
-            parts.setdefault(key, []).append(value)
-    mb.media = {key: torch.cat(values) for key, values in parts.items()}
+    mb.media = concat_media([media[i] for i in indices])
     return mb
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from relax.trainers.torch.packing import Span
+from relax.trainers.torch.checkpoint import unwrap
+from relax.trainers.torch.packing import Span, concat_media, right_pad
 
 Media = dict[str, torch.Tensor] | None
 
@@ -127,32 +128,18 @@ def _collect(groups: list[tuple[int, list[int]]], input_ids: Sequence[torch.Tens
     return PrefixMicroBatch(prompts, group_media, responses, group_of, spans, pad_id)
 
 
-def _right_pad(seqs: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(int(s.shape[0]) for s in seqs)
-    ids = torch.full((len(seqs), longest), pad_id, dtype=torch.long, device=seqs[0].device)
-    mask = torch.zeros(len(seqs), longest, dtype=torch.long, device=seqs[0].device)
-    for r, s in enumerate(seqs):
-        ids[r, : s.shape[0]] = s
-        mask[r, : s.shape[0]] = 1
-    return ids, mask
-
-
 def prefix_logprobs(model: torch.nn.Module, mb: PrefixMicroBatch, temperature: float = 1.0,
                     with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Per-sample (L_i,) logprobs of the response tokens (0 over the prompt, which is not scored)
     and entropies, in ``mb.spans`` order. Two forward passes: prompts (G, P_max), responses (N, R_max)."""
-    inner = model.module if hasattr(model, "module") else model
-    core = getattr(inner, "model", None)
+    core = getattr(unwrap(model), "model", None)
     if hasattr(core, "rope_deltas"):
         core.rope_deltas = None  # recomputed for these prompts, never a previous batch's
-    prompt_ids, prompt_mask = _right_pad(mb.prompts, mb.pad_id)
-    media: dict[str, list[torch.Tensor]] = {}
-    for m in mb.media:
-        for key, value in (m or {}).items():
-            media.setdefault(key, []).append(value)
-    first = model(input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True,
-                  **{k: torch.cat(v) for k, v in media.items()})
-    cache = first.cache if hasattr(first, "cache") else first.past_key_values
+    prompt_ids, prompt_mask = right_pad(mb.prompts, mb.pad_id)
+    first = model(input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, **concat_media(mb.media))
+    # transformers 5 names the cache `cache`, 4.x `past_key_values` (output field and argument alike)
+    cache_arg = "cache" if hasattr(first, "cache") else "past_key_values"
+    cache = getattr(first, cache_arg)
     device = prompt_ids.device
     p = prompt_mask.sum(1)  # (G,)
     last = first.logits[torch.arange(len(mb.prompts), device=device), p - 1]  # (G, V): predicts response token 0
@@ -160,12 +147,12 @@ def prefix_logprobs(model: torch.nn.Module, mb: PrefixMicroBatch, temperature: f
     shift = deltas.reshape(-1).to(device) if deltas is not None else torch.zeros_like(p)
     sel = torch.tensor(mb.group_of, device=device)
     cache.batch_select_indices(sel)  # (G, ...) -> (N, ...): one prompt copy per sample, gradients flow back
-    ids, mask = _right_pad(mb.responses, mb.pad_id)
+    ids, mask = right_pad(mb.responses, mb.pad_id)
     steps = torch.arange(ids.shape[1], device=device)
     width = prompt_ids.shape[1]
     second = model(input_ids=ids, attention_mask=torch.cat([prompt_mask[sel], mask], 1),
                    position_ids=(p + shift)[sel][:, None] + steps, use_cache=True,
-                   cache_position=steps + width, **{"cache" if hasattr(first, "cache") else "past_key_values": cache})
+                   cache_position=steps + width, **{cache_arg: cache})
     logits = torch.cat([last[sel][:, None], second.logits[:, :-1]], 1).float() / temperature  # (N, R, V)
     logp = torch.log_softmax(logits, -1)
     token_lp = logp.gather(-1, ids[..., None]).squeeze(-1)  # (N, R)
