@@ -54,8 +54,8 @@ AUDIO_TINY = {"num_mel_bins": 32, "encoder_layers": 1, "encoder_attention_heads"
 # steps; with this normalisation 0.75). Real checkpoints keep CLIP's constants.
 # Bump when a built-in model or its processor changes what a given seed produces: cached
 # warm-starts (relax.pipeline.warm_start_key) are keyed on it. 2: relax_image_norm.
-# 3: no spatial merge in the tiny vision tower.
-BUILTIN_VERSION = 3
+# 3: no spatial merge in the tiny vision tower. 4: colour stem (init_colour_stem).
+BUILTIN_VERSION = 4
 TINY_IMAGE_NORM = {"mean": [1.0, 1.0, 1.0], "std": [0.5, 0.5, 0.5]}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -230,6 +230,7 @@ def build_policy(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = model_class_for(config)._from_config(config, dtype=torch.float32)
+            init_colour_stem(model)
     else:
         path = Path(cfg.name_or_path).expanduser()
         if not (path / "config.json").is_file():
@@ -251,6 +252,30 @@ def build_policy(
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, build_media_processor(model.config, tokenizer)
+
+
+def init_colour_stem(model: torch.nn.Module) -> int:
+    """Start channels 0-2 of each vision patch embedding as per-colour-channel patch means.
+
+    The patch embedding is a Conv3d, weight ``(D, 3, T, P, P)``; output ``k < 3`` becomes
+    ``mean over the T*P*P pixels of input channel k``: a patch a fraction ``f`` covered by
+    a shape of normalised colour ``(r, g, b)`` on the zero background gives ``f * (r, g, b)``.
+    Why: a real VLM's tower arrives pretrained and sees colour; a random one sees
+    ``sum_c v_c * (sum of channel c's filter over the covered pixels)``, which mixes the colour
+    with the shape's footprint, and RL never untangled it (held-out colour stuck at the most
+    common answer). The other D-3 channels keep their random init. Returns the patch
+    embeddings changed (0 for a model without a vision tower)."""
+    changed = 0
+    for name, module in model.named_modules():
+        if name.endswith("visual.patch_embed.proj"):
+            weight = module.weight
+            pixels = weight[0, 0].numel()
+            with torch.no_grad():
+                weight[:3].zero_()
+                for k in range(3):
+                    weight[k, k] = 1.0 / pixels
+            changed += 1
+    return changed
 
 
 def build_processor(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> MediaProcessor | None:

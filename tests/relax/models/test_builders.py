@@ -83,3 +83,37 @@ def test_unknown_name_is_a_clear_error(tok, tmp_path) -> None:
         build_policy(ModelConfig(name_or_path="Qwen/Qwen2-0.5B"), tok, seed=0)
     with pytest.raises(ValueError, match="text model"):
         build_policy(ModelConfig(name_or_path="tiny-qwen2", family="qwen2_audio"), tok, seed=0)
+
+
+@pytest.mark.parametrize(("name", "family"), [("tiny-qwen2-vl", "qwen2_5_vl"), ("tiny-omni", "qwen2_5_omni")])
+def test_vision_stem_starts_with_the_mean_colour_of_each_patch(tok, name: str, family: str) -> None:
+    import io
+
+    from PIL import Image
+
+    from relax.models.processors import media_features
+
+    model, proc = build_policy(ModelConfig(name_or_path=name, family=family), tok, seed=0)
+    stem = model.get_submodule("model.visual.patch_embed")
+
+    def features(colour: tuple[int, int, int], covered_rows: int) -> torch.Tensor:
+        image = Image.new("RGB", (56, 56), (255, 255, 255))  # 4x4 patches of 14 pixels
+        image.paste(colour, (0, 0, 56, covered_rows))
+        png = io.BytesIO()
+        image.save(png, format="PNG")
+        out, _, _ = media_features([png.getvalue()], [], proc)
+        with torch.no_grad():
+            return stem(out["pixel_values"])[:, :3]  # (patches, 3)
+
+    # Pixels normalise as (x/255 - 1) / 0.5 (TINY_IMAGE_NORM): red (220, 30, 30) ->
+    # (220/255 - 1) * 2 = -0.2745 and (30/255 - 1) * 2 = -1.7647 for green and blue.
+    red = torch.tensor([-0.2745, -1.7647, -1.7647])
+    full = features((220, 30, 30), 56)
+    assert torch.allclose(full, red.expand(16, 3), atol=1e-3)  # every patch: the colour itself
+    # Top 7 of 56 rows red: the 4 top patches are half covered (7 of 14 rows), the other 12 white (0).
+    half = features((220, 30, 30), 7)
+    covered = half.abs().sum(1) > 0
+    assert covered.sum() == 4
+    assert torch.allclose(half[covered], (red / 2).expand(4, 3), atol=1e-3)
+    # Channels 3.. stay random: the init only fixes the three colour channels.
+    assert stem.proj.weight[3:].std() > 0
