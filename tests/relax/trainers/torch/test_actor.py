@@ -114,7 +114,7 @@ def test_ppo_epochs_repeat_the_mini_batches():
 def test_encoder_lr_scale_reaches_the_vision_and_audio_towers_only():
     from relax.models import build_policy, build_tokenizer
 
-    cfg = load_config("omni-cpu", ["trainer.encoder_lr_scale=3", "trainer.warmup_steps=0"])
+    cfg = load_config("omni-cpu", ["trainer.encoder_lr_scale=3", "trainer.warmup_steps=0", "trainer.freeze_encoders=[]"])
     model, _ = build_policy(cfg.model, build_tokenizer(cfg.model.tokenizer), seed=0)
     a = Actor(model, cfg)
     group_of = {id(p): g for g in a.trainer.optimizer.param_groups for p in g["params"]}
