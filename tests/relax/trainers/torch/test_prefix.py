@@ -108,7 +108,10 @@ def test_shared_prefix_scores_and_gradients_equal_full_rows_with_image_audio_and
     assert any("audio_tower" in n and g.abs().sum() > 0 for n, g in mine.items())
     assert full.keys() == mine.keys()
     for name in full:
-        torch.testing.assert_close(mine[name], full[name], atol=1e-6, rtol=1e-4, msg=name)
+        # float32 sums in another order: absolute error scales with the tensor's largest entry
+        # (the merger bias gradient reaches ~40 while some of its entries are near zero)
+        scale = max(1.0, full[name].abs().max().item())
+        torch.testing.assert_close(mine[name], full[name], atol=1e-6 * scale, rtol=1e-4, msg=name)
     a = compute_logprobs(model, rows, len(batch))
     b = compute_logprobs(model, shared, len(batch))
     for x, y, m in zip(a, b, batch.loss_mask, strict=True):
