@@ -254,7 +254,7 @@ def build_policy(
     return model, build_media_processor(model.config, tokenizer)
 
 
-def init_colour_stem(model: torch.nn.Module) -> int:
+def init_colour_stem(model: torch.nn.Module) -> None:
     """Start channels 0-2 of each vision patch embedding as per-colour-channel patch means.
 
     The patch embedding is a Conv3d, weight ``(D, 3, T, P, P)``; output ``k < 3`` becomes
@@ -263,19 +263,13 @@ def init_colour_stem(model: torch.nn.Module) -> int:
     Why: a real VLM's tower arrives pretrained and sees colour; a random one sees
     ``sum_c v_c * (sum of channel c's filter over the covered pixels)``, which mixes the colour
     with the shape's footprint, and RL never untangled it (held-out colour stuck at the most
-    common answer). The other D-3 channels keep their random init. Returns the patch
-    embeddings changed (0 for a model without a vision tower)."""
-    changed = 0
+    common answer). The other D-3 channels keep their random init; models without a vision
+    tower are left alone."""
     for name, module in model.named_modules():
-        if name.endswith("visual.patch_embed.proj"):
+        if name.endswith(f"{ENCODER_MODULES['vision']}.patch_embed.proj"):
             weight = module.weight
-            pixels = weight[0, 0].numel()
-            with torch.no_grad():
-                weight[:3].zero_()
-                for k in range(3):
-                    weight[k, k] = 1.0 / pixels
-            changed += 1
-    return changed
+            with torch.no_grad():  # eye(3) picks channel k for output k; / pixels makes the sum a mean
+                weight[:3] = torch.eye(3, dtype=weight.dtype)[:, :, None, None, None] / weight[0, 0].numel()
 
 
 def build_processor(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> MediaProcessor | None:
