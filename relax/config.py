@@ -231,6 +231,13 @@ class TrainerConfig:
         [], "Media encoders held fixed during RL: 'vision' and/or 'audio' (the policy's visual / audio_tower "
         "modules). The LM still learns to read their features; a small encoder trained by the noisy RL "
         "gradient can lose what its features carried (docs/models.md).")
+    thaw_encoders_at: int = opt(
+        0, "RL step at which the encoders in freeze_encoders start training (gradual unfreezing); 0 keeps "
+        "them frozen for the whole run. Frozen first, the LM learns to read the initial features; trained "
+        "from step 0, a tiny tower's features can lose what one kind of question needs (docs/models.md).",
+        range=(0, 100_000_000))
+    thaw_lr_scale: float = opt(
+        1.0, "Multiplier of lr for thawed encoders, on top of encoder_lr_scale.", range=(0.0, 1000.0))
     encoder_lr_scale: float = opt(
         1.0, "Multiplier of lr for the media encoders' parameters (the policy's visual / audio_tower modules). "
         "A tiny encoder trained from scratch gets a weak, noisy share of the RL gradient through the LM.",

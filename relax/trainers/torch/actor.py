@@ -9,18 +9,21 @@ model's own logprobs before the update, recomputed here when the batch does not 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 
 from relax.algorithms import compute_policy_loss, kl_estimate, off_policy_correction
 from relax.config import AlgorithmConfig, RelaxConfig
-from relax.models.builders import ENCODER_MODULES, freeze_encoders
+from relax.models.builders import ENCODER_MODULES, encoder_parameters, freeze_encoders
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.forward import compute_logprobs
 from relax.trainers.torch.packing import MicroBatch
 from relax.trainers.torch.trainer import StepResult, TorchTrainer, plan_micro_batches
+
+log = logging.getLogger(__name__)
 
 
 def pad(values: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -77,7 +80,13 @@ class Actor:
         t = cfg.trainer
         self.cfg = cfg
         updates = t.mini_batches * t.ppo_epochs  # optimizer steps per RL step: the schedule counts those
-        freeze_encoders(unwrap(model), list(t.freeze_encoders))  # before the optimizer collects parameters
+        # Encoders that thaw later join the optimizer now, frozen, so the parameter groups (and with
+        # them every checkpoint's optimizer state) have one layout before and after the thaw.
+        self._frozen = list(t.freeze_encoders) if t.thaw_encoders_at else []
+        self._thaw_update = t.thaw_encoders_at * updates
+        if not self._frozen:
+            freeze_encoders(unwrap(model), list(t.freeze_encoders))  # before the optimizer collects parameters
+        thawed = {ENCODER_MODULES[kind] for kind in self._frozen}
         self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * updates,
                                     total_steps=t.total_steps * updates, schedule=t.lr_schedule, grad_clip=t.grad_clip,
                                     micro_batch_tokens=t.micro_batch_tokens, layout=t.micro_batch_layout,
@@ -85,7 +94,9 @@ class Actor:
                                     agg_norm=float(cfg.rollout.max_new_tokens), nan_policy=t.nan_policy,
                                     temperature=cfg.rollout.temperature,
                                     autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None,
-                                    lr_scales={module: t.encoder_lr_scale for module in ENCODER_MODULES.values()})
+                                    lr_scales={module: t.encoder_lr_scale * (t.thaw_lr_scale if module in thawed else 1.0)
+                                               for module in ENCODER_MODULES.values()})
+        freeze_encoders(unwrap(model), self._frozen)
         self.loss = PolicyLoss(cfg.algorithm)
 
     @property
@@ -96,7 +107,20 @@ class Actor:
         """This policy's logprobs of every token, without gradients (proximal policy, checks)."""
         return compute_logprobs(self.model, self.trainer.micro_batches(batch), len(batch), self.trainer.temperature)
 
+    def _thaw_if_due(self) -> None:
+        """Let gradients into the frozen encoders once ``trainer.thaw_encoders_at`` RL steps are done.
+
+        Counted from the scheduler's update count, which checkpoints restore, so a run resumed
+        after the thaw point thaws on its first step."""
+        if self._frozen and self.trainer.scheduler.last_epoch >= self._thaw_update:
+            for kind in self._frozen:
+                for p in encoder_parameters(unwrap(self.model), kind):
+                    p.requires_grad_(True)
+            log.info("thawed encoders %s at RL step %d", self._frozen, self.cfg.trainer.thaw_encoders_at)
+            self._frozen = []
+
     def train_step(self, batch: RolloutBatch) -> StepResult:
+        self._thaw_if_due()
         batch.require(required_fields(self.cfg.algorithm),
                       f"policy loss {self.cfg.algorithm.policy_loss!r} with off_policy {self.cfg.algorithm.off_policy!r}")
         if self.cfg.algorithm.off_policy != "none" and batch.prox_logprobs is None:

@@ -159,6 +159,31 @@ def test_a_frozen_vision_encoder_keeps_its_weights_while_the_rest_trains(tmp_pat
     assert any("language_model" in n.split(".") for n in moved)
 
 
+def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes(tmp_path):
+    from relax.services.controller import run_colocated
+
+    ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "thaw", *OMNI, "trainer.freeze_encoders=[vision]",
+                                 "trainer.thaw_encoders_at=2", "trainer.total_steps=6", "algorithm.entropy_coef=0.1"))
+    ctx.ensure_run()
+    store = ctx.weights()
+
+    def visual(version: int) -> dict[str, torch.Tensor]:
+        return {n: torch.as_tensor(v) for n, v in store.load(version)[0].items() if "visual" in n.split(".")}
+
+    def moved(a: dict, b: dict) -> set[str]:
+        return {n for n in a if not torch.equal(a[n], b[n])}
+
+    # each call is a fresh actor resuming from the checkpoint of the previous one (every 2 steps)
+    run_colocated(ctx, progress=False, max_steps=2)  # steps 0-1: frozen
+    v0, v2 = visual(0), visual(2)
+    run_colocated(ctx, progress=False, max_steps=4)  # resumed exactly at the thaw step
+    v4 = visual(4)
+    run_colocated(ctx, progress=False)  # resumed after the thaw, the tower's Adam moments in the checkpoint
+    v6 = visual(6)
+    assert v0 and not moved(v0, v2)
+    assert moved(v2, v4) and moved(v4, v6)
+
+
 def test_freezing_an_encoder_the_model_lacks_names_it(tmp_path):
     from relax.models.builders import freeze_encoders
 

@@ -124,3 +124,21 @@ def test_encoder_lr_scale_reaches_the_vision_and_audio_towers_only():
     # the cosine schedule starts at factor 1 without warm-up: 3 x 2e-3 on the towers, 2e-3 elsewhere
     assert sorted(set(towers.values())) == pytest.approx([3 * cfg.trainer.lr])
     assert sorted({lr for n, lr in lrs.items() if n not in towers}) == pytest.approx([cfg.trainer.lr])
+
+
+def test_encoders_that_thaw_later_sit_frozen_in_the_optimizer_at_their_own_lr():
+    from relax.models import build_policy, build_tokenizer
+
+    cfg = load_config("omni-cpu", ["trainer.warmup_steps=0", "trainer.freeze_encoders=[vision]",
+                                   "trainer.thaw_encoders_at=5", "trainer.encoder_lr_scale=2", "trainer.thaw_lr_scale=0.25"])
+    model, _ = build_policy(cfg.model, build_tokenizer(cfg.model.tokenizer), seed=0)
+    a = Actor(model, cfg)
+    group_of = {id(p): g for g in a.trainer.optimizer.param_groups for p in g["params"]}
+    params = dict(model.named_parameters())
+    assert set(group_of) == {id(p) for p in params.values()}  # the frozen tower is in the optimizer already
+    visual = [n for n in params if "visual" in n.split(".")]
+    audio = [n for n in params if "audio_tower" in n.split(".")]
+    assert visual and not any(params[n].requires_grad for n in visual)
+    # 2e-3 x encoder scale 2 x thaw scale 0.25 = 1e-3 on the vision tower; 2 x 2e-3 on the audio tower
+    assert sorted({group_of[id(params[n])]["lr"] for n in visual}) == pytest.approx([0.5 * cfg.trainer.lr])
+    assert sorted({group_of[id(params[n])]["lr"] for n in audio}) == pytest.approx([2 * cfg.trainer.lr])
