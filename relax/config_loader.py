@@ -117,15 +117,9 @@ def _cross_checks(cfg: RelaxConfig) -> None:
         raise ConfigError("trainer.freeze_encoders is supported by the torch backend only; "
                           "set trainer.backend=torch or remove it")
     t = cfg.trainer
-    if t.thaw_encoders_at and not t.freeze_encoders:
-        raise ConfigError(f"trainer.thaw_encoders_at={t.thaw_encoders_at} thaws nothing: list the encoders to "
-                          f"hold frozen until then in trainer.freeze_encoders (e.g. [vision]), or set it to 0")
-    if t.thaw_encoders_at and t.data_parallel > 1:
+    if t.thaw_encoders_at and t.freeze_encoders and t.data_parallel > 1:
         raise ConfigError("trainer.thaw_encoders_at needs trainer.data_parallel=1: DDP fixes the parameters it "
                           "synchronises when it wraps the model, so a thawed encoder would drift apart per rank")
-    if t.thaw_encoders_at >= t.total_steps:
-        raise ConfigError(f"trainer.thaw_encoders_at={t.thaw_encoders_at} is not before trainer.total_steps="
-                          f"{t.total_steps}, so the encoders never thaw; lower it, or set it to 0 to keep them frozen")
     if cfg.data.judge_url and cfg.data.reward_fn:
         raise ConfigError("data.judge_url and data.reward_fn both replace the task verifiers; set one of them")
     if cfg.data.judge_url and not cfg.data.judge_url.startswith(("http://", "https://")):
