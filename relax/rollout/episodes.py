@@ -24,7 +24,7 @@ from relax.data.tasks.base import derive_seed
 from relax.engines.types import Completion, SamplingParams
 from relax.models.processors import merge_media
 from relax.rollout.engines import EnginePool
-from relax.rollout.prompts import EncodedPrompt, encode_prompt
+from relax.rollout.prompts import EncodedPrompt, EncodedPromptCache, encode_prompt
 from relax.rollout.rewards import RewardDispatcher
 
 IM_END = "<|im_end|>"
@@ -85,9 +85,13 @@ class EpisodeRunner:
         self.new_weights = new_weights
         self.reload = reload
         self.aborted = 0  # partial rollouts aborted and resumed under new weights
+        self.prompts = EncodedPromptCache(self._encode_uncached)  # a prompt returns every epoch
 
     # -- building blocks -----------------------------------------------------------------
     def encode(self, sample: Sample) -> EncodedPrompt:
+        return self.prompts(sample)
+
+    def _encode_uncached(self, sample: Sample) -> EncodedPrompt:
         load = self.media or (lambda ref: ref.data)
         return encode_prompt(sample, [load(r) for r in sample.images], [load(r) for r in sample.audios],
                              self.tokenizer, self.processor)

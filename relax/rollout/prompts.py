@@ -9,7 +9,8 @@ prompts it would have used, so a resumed run sees the same data as an uninterrup
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,3 +72,38 @@ def encode_prompt(prompt: Any, images: list[bytes], audios: list[bytes], tokeniz
     ids = inputs.pop("input_ids")[0].tolist()
     inputs.pop("attention_mask", None)
     return EncodedPrompt(ids, inputs or None, list(images), list(audios))
+
+
+class EncodedPromptCache:
+    """``sample -> EncodedPrompt``, remembered by sample id for the most recent samples.
+
+    Every prompt of the training split comes back once per epoch, and rendering it (chat
+    template, tokenizer, image processor, log-mel features) took 1.6 ms per omni-cpu prompt,
+    a fifth of the rollout role's step (profiled, 2 cores). Entries are shared,
+    not copied: callers copy the token list before extending it and never write into the
+    media tensors (``merge_media`` builds new dicts). Bounded by the bytes of the media
+    tensors it holds (plus a fixed 4 KiB per entry), least recently used first out.
+    """
+
+    def __init__(self, encode: Callable[[Sample], EncodedPrompt], max_bytes: int = 256 << 20):
+        self.encode, self.max_bytes = encode, max_bytes
+        self.entries: OrderedDict[str, tuple[EncodedPrompt, int]] = OrderedDict()
+        self.bytes = 0
+        self.hits = self.misses = 0
+
+    def __call__(self, sample: Sample) -> EncodedPrompt:
+        hit = self.entries.get(sample.id)
+        if hit is not None:
+            self.entries.move_to_end(sample.id)
+            self.hits += 1
+            return hit[0]
+        self.misses += 1
+        enc = self.encode(sample)
+        size = 4096 + sum(t.numel() * t.element_size() for t in (enc.mm_inputs or {}).values())
+        if size <= self.max_bytes:
+            self.entries[sample.id] = (enc, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, dropped) = self.entries.popitem(last=False)
+                self.bytes -= dropped
+        return enc
