@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml infra/setup.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) infra/setup.sh
 	touch $(STAMP)
 
+# a fresh ./.relax (first run, or deleted by hand): Flyte's local cache may still name paths
+# under the old one, so cached tasks run again
 run: setup
-	$(BIN)/pyflyte run workflows/omni_rl.py omni_rl
+	$(BIN)/pyflyte run $$([ -d .relax ] || echo --overwrite-cache) workflows/omni_rl.py omni_rl
 
 test: setup
 	$(BIN)/pytest -m "not gpu" $(PYTEST_ARGS)  # the pytest script, not python -m: flytekit names tasks relative to sys.argv[0]

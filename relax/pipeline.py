@@ -85,6 +85,13 @@ def train_run(cfg: RelaxConfig, init_checkpoint: str = "", fork: bool = False, p
 
     if init_checkpoint:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_checkpoint=init_checkpoint))
+    start = cfg.model.init_checkpoint
+    if start and not objstore.exists(objstore.join(start, "meta.json")):
+        # the usual cause: a root deleted by hand while Flyte's cache still returns URLs under it
+        raise FileNotFoundError(
+            f"the checkpoint RL starts from, {start}, is gone (no meta.json). If it came from Flyte's cache "
+            f"and its root was deleted, rerun with `pyflyte run --overwrite-cache ...` (make run does so when "
+            f"./.relax is missing); otherwise fix model.init_checkpoint")
     result = train(cfg, fork=fork, progress=progress)
     ctx = RunContext(cfg)
     done = list_checkpoints(ctx)

@@ -118,3 +118,10 @@ def test_a_text_model_on_media_tasks_fails_before_any_work(tmp_path):
                                    "data.eval_per_task=2"])
     with pytest.raises(ConfigError, match=r"tasks \['shapes'\] carry images.*qwen2_5_omni"):
         evaluate(cfg)
+
+
+def test_training_from_a_vanished_checkpoint_names_the_cache_fix(cfg, tmp_path):
+    gone = f"file://{tmp_path}/root/warm_start/deleted"
+    with pytest.raises(FileNotFoundError, match=r"deleted, is gone.*--overwrite-cache"):
+        train_run(dataclasses.replace(cfg, run_id="vanished"), init_checkpoint=gone, progress=False)
+    assert not objstore.exists(RunContext(dataclasses.replace(cfg, run_id="vanished")).run_url)  # nothing started
