@@ -233,8 +233,10 @@ class TrainerConfig:
         "gradient can lose what its features carried (docs/models.md).")
     thaw_encoders_at: int = opt(
         0, "RL step at which the encoders in freeze_encoders start training (gradual unfreezing); 0 (or a "
-        "step at or past total_steps, as in a short trial run of a preset) keeps them frozen for the whole run. Ignored when freeze_encoders is empty. Frozen first, the LM learns to read the initial features; trained "
-        "from step 0, a tiny tower's features can lose what one kind of question needs (docs/models.md).",
+        "step at or past total_steps, as in a short trial run of a preset) keeps them frozen for the whole "
+        "run. Ignored when freeze_encoders is empty. Frozen first, the LM learns to read the initial "
+        "features; trained from step 0, a tiny tower's features can lose what one kind of question needs "
+        "(docs/models.md).",
         range=(0, 100_000_000))
     thaw_lr_scale: float = opt(
         1.0, "Multiplier of lr for thawed encoders, on top of encoder_lr_scale.", range=(0.0, 1000.0))
