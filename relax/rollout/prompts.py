@@ -79,7 +79,8 @@ class EncodedPromptCache:
 
     Every prompt of the training split comes back once per epoch, and rendering it (chat
     template, tokenizer, image processor, log-mel features) took 1.6 ms per omni-cpu prompt,
-    a fifth of the rollout role's step (profiled, 2 cores). Entries are shared,
+    a fifth of the rollout role's step (profiled, 2 cores); the trainer-side roles rebuild
+    each row's media from the same encodings (``relax.services.media.MediaInputs``). Entries are shared,
     not copied: callers copy the token list before extending it and never write into the
     media tensors (``merge_media`` builds new dicts). Bounded by the bytes of the media
     tensors it holds (plus a fixed 4 KiB per entry), least recently used first out.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import struct
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch
 
 from relax.data.schema import Sample
 from relax.models.processors import media_features, merge_media
-from relax.rollout.prompts import encode_prompt
+from relax.rollout.prompts import EncodedPrompt, EncodedPromptCache, encode_prompt
 from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import Batch
 
@@ -68,16 +67,18 @@ class MediaInputs:
     """Row id + tokens -> the model's media kwargs for that row (None for a text-only sample).
 
     ``samples`` is the split the rollout drew prompts from; ``load`` reads a media reference
-    (``Snapshot.load_media``). Results are kept for the ``cache_size`` most recent samples,
+    (``Snapshot.load_media``). Encodings are remembered by sample id (``EncodedPromptCache``),
     since each prompt comes back ``n_samples_per_prompt`` times per batch and again next epoch.
     """
 
-    def __init__(self, samples: Sequence[Sample], tokenizer: Any, processor: Any, load: Callable[[Any], bytes],
-                 cache_size: int = 2048):
+    def __init__(self, samples: Sequence[Sample], tokenizer: Any, processor: Any, load: Callable[[Any], bytes]):
         self.by_id = {s.id: s for s in samples if s.images or s.audios}
         self.tokenizer, self.processor, self.load = tokenizer, processor, load
-        self.cache: OrderedDict[str, tuple[list[int], dict[str, torch.Tensor]]] = OrderedDict()
-        self.cache_size = cache_size
+        self.prompts = EncodedPromptCache(self._encode)
+
+    def _encode(self, sample: Sample) -> EncodedPrompt:
+        return encode_prompt(sample, [self.load(r) for r in sample.images], [self.load(r) for r in sample.audios],
+                             self.tokenizer, self.processor)
 
     @property
     def any(self) -> bool:
@@ -97,16 +98,8 @@ class MediaInputs:
         sample = self.by_id.get(sid)
         if sample is None:
             return None
-        if sid in self.cache:
-            self.cache.move_to_end(sid)
-            prompt, media = self.cache[sid]
-        else:
-            enc = encode_prompt(sample, [self.load(r) for r in sample.images], [self.load(r) for r in sample.audios],
-                                self.tokenizer, self.processor)
-            prompt, media = enc.input_ids, dict(enc.mm_inputs or {})
-            self.cache[sid] = (prompt, media)
-            if len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
+        enc = self.prompts(sample)
+        prompt, media = enc.input_ids, enc.mm_inputs
         if list(tokens[:prompt_len]) != prompt:
             raise ValueError(f"row {row_id!r}: its prompt tokens differ from the ones its sample encodes to now "
                              f"({prompt_len} vs {len(prompt)} tokens); the tokenizer or media processor changed "
