@@ -189,6 +189,11 @@ class AlgorithmConfig:
                                "so the actor and the advantage role hold no reference model. False = the role that "
                                "needs the reference holds a copy. Needs kl_coef > 0.")
     entropy_coef: float = opt(0.0, "Entropy bonus weight.", range=(0.0, 10.0))
+    near_miss_credit: float = opt(
+        0.0, "Training reward for an answer one away from the truth in the kinds of question a built-in task marks "
+        "ordinal (the counts of shapes and tones): a count off by one earns this instead of 0, so RL learns 'more "
+        "shapes, bigger number' before it learns exact counts (docs/algorithms.md). 0 = exact match only. Held-out "
+        "evaluation always scores exact match. Not with data.reward_fn or data.judge_url.", range=(0.0, 0.99))
     off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples.",
                           choices=("none", "decoupled", "tis", "icepop"))
     is_cap: float = opt(2.0, "Cap of truncated importance weights (TIS) or mask bound (icepop).", range=(1.0, 1000.0))

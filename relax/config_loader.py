@@ -122,6 +122,9 @@ def _cross_checks(cfg: RelaxConfig) -> None:
                           "synchronises when it wraps the model, so a thawed encoder would drift apart per rank")
     if cfg.data.judge_url and cfg.data.reward_fn:
         raise ConfigError("data.judge_url and data.reward_fn both replace the task verifiers; set one of them")
+    if cfg.algorithm.near_miss_credit and (cfg.data.reward_fn or cfg.data.judge_url):
+        raise ConfigError("algorithm.near_miss_credit shapes the built-in task verifiers, which data.reward_fn and "
+                          "data.judge_url replace: give partial credit inside your own reward, or set it to 0")
     if cfg.data.judge_url and not cfg.data.judge_url.startswith(("http://", "https://")):
         raise ConfigError(f"data.judge_url {cfg.data.judge_url!r} must be an http(s) URL of an OpenAI-compatible "
                           f"server (e.g. http://judge-host:30000)")

@@ -180,3 +180,17 @@ def numeric_match_reward(response: str, sample: Sample) -> float:
         return 1.0
     last = _last_number(predicted)
     return 1.0 if last is not None and numbers_equal(last, sample.answer) else 0.0
+
+
+def integer_distance(response: str, sample: Sample) -> int | None:
+    """``|predicted - sample.answer|`` when both the extracted answer and the truth are integers, else None.
+
+    What near-miss credit measures on count questions: ``"<answer>3</answer>"`` against a truth
+    of ``"4"`` is 1; a colour word, a fraction or no answer at all is None, never a near miss."""
+    predicted = extract_final_answer(response)
+    if predicted is None:
+        return None
+    x, y = parse_number(predicted), parse_number(sample.answer)
+    if x is None or y is None or x.denominator != 1 or y.denominator != 1:
+        return None
+    return abs(int(x) - int(y))

@@ -5,6 +5,10 @@ By default each sample is scored by its task's verifier (``TASKS[sample.task].re
 for every sample. A reward function that raises or returns something that is not a finite
 number in [0, 1] does not stop the run: the sample gets reward 0, zero loss weight and the
 error text, which is stored with the sample and counted in the metrics.
+
+``near_miss_credit`` (``algorithm.near_miss_credit``, training only) shapes the task
+verifiers: on the kinds of question a task marks ordinal, an answer one away from the truth
+earns the credit instead of 0. Evaluation builds its dispatcher without it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from relax.data.schema import Sample
 from relax.data.tasks import TASKS, load_reward_fn
-from relax.data.verifiers import numeric_match_reward
+from relax.data.verifiers import integer_distance, numeric_match_reward
 
 
 @dataclass(frozen=True)
@@ -31,11 +35,14 @@ class RewardDispatcher:
     ``judge`` (a :class:`~relax.rollout.judge.JudgeReward`, from ``data.judge_url``) replaces
     the verifiers, and :meth:`score_many` sends its requests concurrently."""
 
-    def __init__(self, reward_fn: str = "", judge: Any = None):
+    def __init__(self, reward_fn: str = "", judge: Any = None, near_miss_credit: float = 0.0):
         self.custom: Callable[[str, Sample], float] | None = load_reward_fn(reward_fn) if reward_fn else None
         if judge is not None and self.custom is not None:
             raise ValueError("set data.judge_url or data.reward_fn, not both")
+        if near_miss_credit and (judge is not None or self.custom is not None):
+            raise ValueError("near_miss_credit shapes the task verifiers; it cannot apply to a custom reward or judge")
         self.judge = judge
+        self.near_miss_credit = near_miss_credit
         self.errors = 0
 
     def function_for(self, sample: Sample) -> Callable[[str, Sample], float]:
@@ -52,7 +59,14 @@ class RewardDispatcher:
             value = fn(response, sample)
         except Exception as e:  # a user function: anything may come out of it
             value = e
+        if self.near_miss_credit and value == 0.0 and self._near_miss(response, sample):
+            value = self.near_miss_credit
         return self._checked(value, fn, sample)
+
+    @staticmethod
+    def _near_miss(response: str, sample: Sample) -> bool:
+        task = TASKS.get(sample.task)
+        return task is not None and task.is_ordinal(sample) and integer_distance(response, sample) == 1
 
     def score_many(self, pairs: Sequence[tuple[str, Sample]]) -> list[Scored]:
         """:meth:`score` for each pair; a judge grades them all concurrently."""

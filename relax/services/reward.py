@@ -36,7 +36,8 @@ ROW_FIELDS = ["response"]
 class RewardRole:
     def __init__(self, ctx: RunContext, writer_id: str = "reward"):
         self.samples = {s.id: s for s in ctx.split("train")}
-        self.rewards = RewardDispatcher(ctx.cfg.data.reward_fn, judge_from_config(ctx.cfg.data))
+        self.rewards = RewardDispatcher(ctx.cfg.data.reward_fn, judge_from_config(ctx.cfg.data),
+                                        ctx.cfg.algorithm.near_miss_credit)
         self.stage = ColumnStage(ctx, REWARD_GROUP, ROW_FIELDS, writer_id, REWARD_FIELDS, "reward")
         self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
         self.repaired = self.stage.repair(self._commit)

@@ -105,7 +105,8 @@ class RolloutRole:
             model, processor = ctx.build_model()
             self.pool = LocalEngines(model, tok, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
                                      seed=cfg.seed)
-        self.rewards = RewardDispatcher(cfg.data.reward_fn, judge_from_config(cfg.data)) if self.scores else None
+        self.rewards = RewardDispatcher(cfg.data.reward_fn, judge_from_config(cfg.data),
+                                        cfg.algorithm.near_miss_credit) if self.scores else None
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                 top_k=r.top_k, stop=list(r.stop))
         self.runner = EpisodeRunner(self.pool, tok, processor, self.rewards, params, max_turns=r.max_turns,

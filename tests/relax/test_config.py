@@ -115,6 +115,14 @@ def test_thawing_needs_one_rank():
     assert load_config("omni-cpu", ["trainer.thaw_encoders_at=10"]).trainer.thaw_encoders_at == 10
 
 
+def test_near_miss_credit_refuses_a_custom_reward_and_stays_below_one():
+    with pytest.raises(ConfigError, match="near_miss_credit shapes the built-in task verifiers"):
+        load_config(None, ["algorithm.near_miss_credit=0.5", "data.reward_fn=tests.some:reward"])
+    with pytest.raises(ConfigError, match="near_miss_credit"):
+        load_config(None, ["algorithm.near_miss_credit=1.0"])  # a near miss worth a hit is no shaping
+    assert load_config(None, ["algorithm.near_miss_credit=0.5"]).algorithm.near_miss_credit == 0.5
+
+
 def test_unknown_preset_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="did you mean preset 'tiny-cpu'"):
         load_config("tiny-cpo")

@@ -81,6 +81,8 @@ class TaskSpec:
     several kinds of question about one input (count or colour of the same picture), names a
     sample's kind: evaluation reports accuracy per kind, because a policy can learn one kind
     and stay at chance on the other while the task's mean looks half-way there.
+    ``ordinal_kinds`` lists the kinds whose answers are ordered integers (counts): there an
+    answer one away from the truth may earn ``algorithm.near_miss_credit`` during training.
     """
 
     name: str
@@ -93,12 +95,17 @@ class TaskSpec:
     difficulties: tuple[int, ...] = (1, 2, 3)
     oracle: Callable[[Sample], str] | None = None
     kind: Callable[[Sample], str] | None = None
+    ordinal_kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.modality not in ("text", "image", "audio"):
             raise DataError(
                 f"task {self.name!r}: modality must be text, image or audio, not {self.modality!r}"
             )
+
+    def is_ordinal(self, sample: Sample) -> bool:
+        """Whether ``sample`` asks a question of one of :attr:`ordinal_kinds`."""
+        return self.kind is not None and self.kind(sample) in self.ordinal_kinds
 
     def oracle_response(self, sample: Sample) -> str:
         """A response to ``sample`` that ``reward`` scores 1.0."""

@@ -200,4 +200,5 @@ TASK = TaskSpec(
     answer_space=answer_space,
     difficulties=tuple(CONFIGS),
     kind=question_kind,
+    ordinal_kinds=("count",),
 )

@@ -8,6 +8,7 @@ from relax.data.schema import Message, Sample
 from relax.data.verifiers import (
     exact_match_reward,
     extract_final_answer,
+    integer_distance,
     normalize_answer,
     numbers_equal,
     numeric_match_reward,
@@ -173,3 +174,13 @@ def test_numeric_match_reward_uses_last_number_of_a_worded_answer() -> None:
 def test_numeric_match_reward_negative() -> None:
     assert numeric_match_reward("<answer>-57</answer>", make_sample("-57")) == 1.0
     assert numeric_match_reward("<answer>57</answer>", make_sample("-57")) == 0.0
+
+
+def test_integer_distance_is_defined_between_integers_only() -> None:
+    # |3 - 4| = 1; "4.0" is the integer 4 (distance 0); "three", "3/2", "blue" and no answer: None
+    assert integer_distance("<answer>3</answer>", make_sample("4")) == 1
+    assert integer_distance("<answer>4.0</answer>", make_sample("4")) == 0
+    assert integer_distance("<answer>1</answer>", make_sample("4")) == 3
+    for response in ("<answer>three</answer>", "<answer>3/2</answer>", "<answer>blue</answer>", ""):
+        assert integer_distance(response, make_sample("4")) is None
+    assert integer_distance("<answer>3</answer>", make_sample("red")) is None

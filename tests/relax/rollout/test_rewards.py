@@ -33,3 +33,31 @@ def test_out_of_range_reward_is_an_error(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     s = RewardDispatcher("my_rewards:big").score("r", _sample("a"))
     assert s.reward == 0.0 and "finite float in [0, 1]" in s.error
+
+
+def test_near_miss_credit_goes_to_count_answers_one_away_only():
+    from relax.data.tasks import get_task
+
+    shapes = get_task("shapes").generate(0, "train", 16, 1)
+    count = next(s for s in shapes if s.metadata["question"] == "count" and s.answer in ("2", "3"))
+    colour = next(s for s in shapes if s.metadata["question"] == "colour")
+    truth = int(count.answer)
+    d = RewardDispatcher(near_miss_credit=0.4)
+    # count truth t: t -> 1 (exact), t+1 -> 0.4 (one away), t+2 -> 0 (two away), no answer -> 0
+    got = [d.score(f"<answer>{a}</answer>", count).reward for a in (truth, truth + 1, truth - 1, truth + 2)]
+    assert got == [1.0, 0.4, 0.4, 0.0]
+    assert d.score("no answer", count).reward == 0.0
+    # a colour question is not ordinal: any wrong colour is 0, and a number is never "near" a colour
+    wrong = "blue" if colour.answer != "blue" else "red"
+    assert d.score(f"<answer>{wrong}</answer>", colour).reward == 0.0
+    # the arithmetic task marks no kind ordinal: 8 for 7 earns nothing
+    assert d.score("<answer>8</answer>", _sample("a")).reward == 0.0
+    # without the credit (as evaluation builds it) the near miss is a miss
+    assert RewardDispatcher().score(f"<answer>{truth + 1}</answer>", count).reward == 0.0
+
+
+def test_near_miss_credit_refuses_a_custom_reward():
+    import pytest
+
+    with pytest.raises(ValueError, match="near_miss_credit"):
+        RewardDispatcher(FAULTY_PATH, near_miss_credit=0.5)

@@ -67,3 +67,23 @@ def test_a_reward_role_refuses_what_needs_rewards_during_the_rollout(tmp_path):
                                  "data.tasks=[tool_lookup]"))
     with pytest.raises(ConfigError, match=r"tasks \['tool_lookup'\] are agent episodes"):
         ctx.check_trainable()
+
+
+def test_near_miss_credit_reaches_both_scoring_roles(tmp_path):
+    from relax.services.reward import RewardRole
+    from relax.services.rollout import RolloutRole
+
+    ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "nm", "data.tasks=[tones]", "data.train_per_task=8",
+                                 "model.name_or_path=tiny-omni", "model.family=qwen2_5_omni",
+                                 "algorithm.near_miss_credit=0.25"))
+    ctx.ensure_run()
+    count = next(s for s in ctx.split("train") if s.metadata["question"] == "count")
+    truth = int(count.answer)
+    near = f"<answer>{truth - 1 if truth > 1 else 2}</answer>"
+    rollout, reward = RolloutRole(ctx), RewardRole(ctx)
+    try:
+        assert rollout.rewards.score(near, count).reward == 0.25
+        assert reward.rewards.score(near, count).reward == 0.25
+    finally:
+        rollout.close()
+        reward.close()
