@@ -19,7 +19,7 @@ import hashlib
 import importlib
 import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -166,8 +166,10 @@ def draw_for_split(
     seen: set[str],
     max_draws: int = 20_000,
     fresh_tries: int = 64,
+    want: Callable[[T], bool] | None = None,
 ) -> T:
-    """Draw questions until one belongs to ``split``, preferring ones not in ``seen``.
+    """Draw questions until one belongs to ``split`` (and satisfies ``want``, when given),
+    preferring ones not in ``seen``.
 
     Small question spaces (single-digit addition) run out of fresh questions; after
     ``fresh_tries`` repeats a seen one is accepted, so generation never stalls.
@@ -176,6 +178,8 @@ def draw_for_split(
     repeats = 0
     for _ in range(max_draws):
         item = draw(rng)
+        if want is not None and not want(item):
+            continue
         item_key = key(item)
         if split_of(task, item_key) != split:
             continue
@@ -202,12 +206,39 @@ def generate_split(
     draw: Callable[[random.Random], T],
     key: Callable[[T], str],
     to_sample: Callable[[T, str], Sample],
+    label: Callable[[T], tuple[str, str]] | None = None,
+    classes: Mapping[str, Sequence[str]] | None = None,
 ) -> list[Sample]:
     """The loop every generator shares: ``n`` fresh questions of ``split`` from the task's one
-    random stream, each turned into a sample with a stable id by ``to_sample(item, id)``."""
+    random stream, each turned into a sample with a stable id by ``to_sample(item, id)``.
+
+    With ``label`` (an item's ``(kind, answer)``) and ``classes`` (every answer of each kind),
+    the split is balanced: sample ``i`` is drawn until its label is :func:`balanced_label`
+    ``(classes, i)``, so kinds alternate and each kind's answers come in turn. Why: RL on a
+    skewed split learns the commonest answer first (for a policy blind to the input, the
+    expected policy gradient of answer ``k``'s logit is ``p_k (q_k - sum_c q_c p_c)``, with
+    ``q`` the answers' frequencies: zero only when ``q`` is uniform), and a policy that
+    answers it every time gets no signal back from groups that are all right or all wrong."""
     rng = split_rng(seed, task, split, config)
     seen: set[str] = set()
-    return [to_sample(draw_for_split(rng, task, split, draw, key, seen), sample_id(task, split, i)) for i in range(n)]
+    out = []
+    for i in range(n):
+        want = None
+        if label is not None and classes is not None:
+            target = balanced_label(classes, i)
+            want = lambda item, target=target: label(item) == target  # noqa: E731
+        out.append(to_sample(draw_for_split(rng, task, split, draw, key, seen, want=want), sample_id(task, split, i)))
+    return out
+
+
+def balanced_label(classes: Mapping[str, Sequence[str]], i: int) -> tuple[str, str]:
+    """The ``(kind, answer)`` of sample ``i`` of a balanced split: kinds in sorted order take
+    turns, and within a kind its answers take turns (``classes = {"count": ["1", "2"],
+    "colour": ["red"]}`` gives colour/red, count/1, colour/red, count/2, ...)."""
+    kinds = sorted(classes)
+    kind = kinds[i % len(kinds)]
+    answers = classes[kind]
+    return kind, answers[(i // len(kinds)) % len(answers)]
 
 
 def random_policy_score(task: TaskSpec, seed: int, n: int, difficulty: int) -> float:

@@ -166,9 +166,12 @@ def scene_to_sample(scene: Scene, config: ShapesConfig, sample_id_: str, difficu
 def generate_with_config(
     seed: int, split: str, n: int, config: ShapesConfig, difficulty: int = 0
 ) -> list[Sample]:
-    """``n`` samples of ``split`` under an explicit config, e.g. a larger ``image_size``."""
+    """``n`` samples of ``split`` under an explicit config, e.g. a larger ``image_size``; half
+    count and half colour questions, every count and every colour equally often."""
+    classes = {"count": [str(c) for c in range(1, config.max_count + 1)], "colour": list(COLOURS)}
     return generate_split(NAME, seed, split, n, config, lambda r: draw_scene(r, config),
-                          lambda s: s.key, lambda s, sid: scene_to_sample(s, config, sid, difficulty))
+                          lambda s: s.key, lambda s, sid: scene_to_sample(s, config, sid, difficulty),
+                          label=lambda s: (s.question, s.answer), classes=classes)
 
 
 def generate(seed: int, split: str, n: int, difficulty: int) -> list[Sample]:

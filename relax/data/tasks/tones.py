@@ -170,9 +170,12 @@ def clip_to_sample(clip: Clip, config: TonesConfig, sample_id_: str, difficulty:
 def generate_with_config(
     seed: int, split: str, n: int, config: TonesConfig, difficulty: int = 0
 ) -> list[Sample]:
-    """``n`` samples of ``split`` under an explicit config, e.g. longer clips."""
+    """``n`` samples of ``split`` under an explicit config, e.g. longer clips; half count and
+    half pitch questions, every count and every pitch equally often."""
+    classes = {"count": [str(c) for c in range(1, config.max_beeps + 1)], "pitch": list(PITCHES)}
     return generate_split(NAME, seed, split, n, config, lambda r: draw_clip(r, config),
-                          lambda c: c.key, lambda c, sid: clip_to_sample(c, config, sid, difficulty))
+                          lambda c: c.key, lambda c, sid: clip_to_sample(c, config, sid, difficulty),
+                          label=lambda c: (c.question, c.answer), classes=classes)
 
 
 def generate(seed: int, split: str, n: int, difficulty: int) -> list[Sample]:

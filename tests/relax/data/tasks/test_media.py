@@ -103,6 +103,32 @@ def test_shapes_use_every_count_colour_and_question() -> None:
     assert {s.metadata["question"] for s in samples} == {"count", "colour"}
 
 
+@pytest.mark.parametrize("task", [shapes, tones], ids=["shapes", "tones"])
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_splits_are_balanced_over_kinds_and_answers(task, split) -> None:
+    # 240 = 120 per kind; shapes: 120 / 4 counts = 30 each and 120 / 6 colours = 20 each,
+    # tones: 120 / 4 = 30 per count and per pitch. The same question never comes twice.
+    samples = task.generate(0, split, 240, 1)
+    per_class: dict[tuple[str, str], int] = {}
+    for s in samples:
+        per_class[s.metadata["question"], s.answer] = per_class.get((s.metadata["question"], s.answer), 0) + 1
+    expected = {("count", str(c)): 30 for c in range(1, 5)}
+    expected.update({(("colour", c) if task is shapes else ("pitch", c)): (20 if task is shapes else 30)
+                     for c in (shapes.COLOURS if task is shapes else tones.PITCHES)})
+    assert per_class == expected
+    assert len({(s.messages, s.images, s.audios) for s in samples}) == 240
+
+
+def test_balanced_label_alternates_kinds_and_cycles_answers() -> None:
+    from relax.data.tasks.base import balanced_label
+
+    classes = {"count": ["1", "2"], "colour": ["red", "blue", "green"]}
+    # kinds sorted: colour, count; i even -> colour, answer (i // 2) % 3; i odd -> count, (i // 2) % 2
+    got = [balanced_label(classes, i) for i in range(6)]
+    assert got == [("colour", "red"), ("count", "1"), ("colour", "blue"), ("count", "2"),
+                   ("colour", "green"), ("count", "1")]
+
+
 # --- audio ----------------------------------------------------------------------------
 
 
