@@ -115,3 +115,33 @@ def test_role_groups_train_a_run_together(tmp_path, ray_session):
     assert summary.steps == 2 and summary.run_url == run_url
     assert summary.checkpoint.endswith("checkpoints/step-000001")
 
+
+
+# run in a fresh interpreter: this session's Ray may already be up, and pre_execute leaves a running one alone
+_LOCAL_PRE_EXECUTE = """
+import ray
+from flytekit.core.context_manager import ExecutionState, FlyteContextManager
+from tasks.train import RelaxRayTask, learner_group, train_step
+assert type(train_step) is RelaxRayTask and type(learner_group) is RelaxRayTask
+ctx = FlyteContextManager.current_context()
+state = ctx.new_execution_state().with_params(mode=ExecutionState.Mode.LOCAL_TASK_EXECUTION)
+with FlyteContextManager.with_context(ctx.with_execution_state(state)):
+    train_step.pre_execute(ctx.user_space_params)
+print("webui", repr(ray._private.worker._global_node.address_info.get("webui_url")))
+ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+def test_a_local_ray_task_starts_ray_without_the_dashboard():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if k != train_tasks.DASHBOARD_ENV}
+    out = subprocess.run([sys.executable, "-c", _LOCAL_PRE_EXECUTE], capture_output=True, text=True, timeout=300,
+                         env={**env, "PYTHONPATH": root}, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "webui ''" in out.stdout  # no dashboard: the plugin's own ray.init() would serve one on :8265
