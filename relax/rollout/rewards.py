@@ -21,6 +21,7 @@ from typing import Any
 from relax.data.schema import Sample
 from relax.data.tasks import TASKS, load_reward_fn
 from relax.data.verifiers import integer_distance, numeric_match_reward
+from relax.rollout.judge import judge_from_config
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,12 @@ class RewardDispatcher:
         self.judge = judge
         self.near_miss_credit = near_miss_credit
         self.errors = 0
+
+    @classmethod
+    def for_training(cls, cfg: Any) -> RewardDispatcher:
+        """The dispatcher a run's scoring role uses (a ``RelaxConfig``): ``data.reward_fn`` or the
+        judge of ``data.judge_*``, else the task verifiers with ``algorithm.near_miss_credit``."""
+        return cls(cfg.data.reward_fn, judge_from_config(cfg.data), cfg.algorithm.near_miss_credit)
 
     def function_for(self, sample: Sample) -> Callable[[str, Sample], float]:
         if self.judge is not None:

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from relax.rollout.judge import judge_from_config
 from relax.rollout.rewards import RewardDispatcher
 from relax.services.column import ColumnStage
 from relax.services.context import REWARD_FIELDS, REWARD_GROUP, RunContext
@@ -36,8 +35,7 @@ ROW_FIELDS = ["response"]
 class RewardRole:
     def __init__(self, ctx: RunContext, writer_id: str = "reward"):
         self.samples = {s.id: s for s in ctx.split("train")}
-        self.rewards = RewardDispatcher(ctx.cfg.data.reward_fn, judge_from_config(ctx.cfg.data),
-                                        ctx.cfg.algorithm.near_miss_credit)
+        self.rewards = RewardDispatcher.for_training(ctx.cfg)
         self.stage = ColumnStage(ctx, REWARD_GROUP, ROW_FIELDS, writer_id, REWARD_FIELDS, "reward")
         self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
         self.repaired = self.stage.repair(self._commit)

@@ -26,7 +26,6 @@ from relax.data.tasks import load_env_fn
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import EngineLauncher, EnginePool, LocalEngines, RemoteEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
-from relax.rollout.judge import judge_from_config
 from relax.rollout.prompts import PromptStream
 from relax.rollout.rewards import RewardDispatcher
 from relax.services.api import ElasticRollout
@@ -105,8 +104,7 @@ class RolloutRole:
             model, processor = ctx.build_model()
             self.pool = LocalEngines(model, tok, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
                                      seed=cfg.seed)
-        self.rewards = RewardDispatcher(cfg.data.reward_fn, judge_from_config(cfg.data),
-                                        cfg.algorithm.near_miss_credit) if self.scores else None
+        self.rewards = RewardDispatcher.for_training(cfg) if self.scores else None
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                 top_k=r.top_k, stop=list(r.stop))
         self.runner = EpisodeRunner(self.pool, tok, processor, self.rewards, params, max_turns=r.max_turns,
