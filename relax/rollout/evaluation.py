@@ -18,6 +18,7 @@ import torch
 
 from relax.data.schema import Sample
 from relax.data.tasks import TASKS
+from relax.data.verifiers import extract_final_answer, normalize_answer
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import LocalEngines
 from relax.rollout.episodes import EpisodeRunner, default_env_factory, needs_env
@@ -43,6 +44,23 @@ class EvalReport:
     # "task:kind" -> mean reward, e.g. "shapes:colour"; only tasks that declare TaskSpec.kind
     by_kind: dict[str, float] = field(default_factory=dict)
     n_by_kind: dict[str, int] = field(default_factory=dict)  # "task:kind" -> eval prompts
+    # "task:kind" -> correct answer -> the policy's answer -> prompts (answers normalised as the
+    # verifiers compare them; "" = no answer found in the response)
+    confusion: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+
+    def never_answered(self) -> dict[str, list[str]]:
+        """Per "task:kind", the correct answers of its prompts that the policy gave to none of them.
+
+        A class the greedy policy never names is the usual end of a GRPO collapse: once every
+        sample of a group gives the same wrong answer, the group's advantages are all 0 and
+        nothing pushes the missing answer back up (docs/tasks.md, "Reading the evaluation")."""
+        out = {}
+        for key, rows in sorted(self.confusion.items()):
+            given = {answer for row in rows.values() for answer in row}
+            missing = sorted(truth for truth in rows if truth not in given)
+            if missing:
+                out[key] = missing
+        return out
 
     def table(self, other: EvalReport | None = None) -> str:
         """A printable table; with ``other`` (an earlier report) a before -> after table."""
@@ -60,7 +78,9 @@ class EvalReport:
         for mod in sorted(self.by_modality):
             rows.append(row(f"[{mod}]", "", self.by_modality[mod], other and other.by_modality.get(mod)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        lines += [f"never answered ({key}): {', '.join(missing)}" for key, missing in self.never_answered().items()]
+        return "\n".join(lines)
 
 
 def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samples: Sequence[Sample], *,
@@ -76,6 +96,7 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
     make_env = default_env_factory(max_turns)
     scores: dict[str, list[float]] = defaultdict(list)
     kind_scores: dict[str, list[float]] = defaultdict(list)
+    confusion: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
     kinds: dict[str, str] = {}
     errors = 0
     try:
@@ -92,6 +113,7 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
                 kind = kind_of(t.sample)
                 if kind:
                     kind_scores[f"{t.sample.task}:{kind}"].append(t.reward)
+                    confusion[f"{t.sample.task}:{kind}"][normalize_answer(t.sample.answer)][given_answer(t.response)] += 1
                 kinds[t.sample.task] = modality_of(t.sample)
                 errors += bool(t.error)
     finally:
@@ -104,7 +126,14 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
             by_modality[mod] = sum(accuracy[t] for t in tasks) / len(tasks)
     return EvalReport("", accuracy, by_modality, {t: len(v) for t, v in scores.items()}, errors,
                       by_kind={k: sum(v) / len(v) for k, v in kind_scores.items()},
-                      n_by_kind={k: len(v) for k, v in kind_scores.items()})
+                      n_by_kind={k: len(v) for k, v in kind_scores.items()},
+                      confusion={k: {truth: dict(row) for truth, row in rows.items()} for k, rows in confusion.items()})
+
+
+def given_answer(response: str) -> str:
+    """The answer in ``response`` normalised as the verifiers compare it; "" when there is none."""
+    found = extract_final_answer(response)
+    return normalize_answer(found) if found is not None else ""
 
 
 def kind_of(sample: Sample) -> str:

@@ -54,6 +54,11 @@ def test_evaluate_reports_every_task_and_modality(cfg):
         assert sum(report.n_by_kind[k] for k in kinds) == report.n[task]
         weighted = sum(report.by_kind[k] * report.n_by_kind[k] for k in kinds) / report.n[task]
         assert weighted == pytest.approx(report.accuracy[task])
+    # the confusion counts every prompt of a kind once, and its diagonal is the kind's accuracy
+    for key, rows in report.confusion.items():
+        assert sum(sum(row.values()) for row in rows.values()) == report.n_by_kind[key]
+        right = sum(row.get(truth, 0) for truth, row in rows.items())
+        assert right / report.n_by_kind[key] == pytest.approx(report.by_kind[key])
 
 
 def test_evaluation_is_greedy_and_deterministic(cfg):
@@ -109,6 +114,24 @@ def test_table_lists_each_kind_of_question_under_its_task():
     assert lines[3].startswith("  colour") and lines[3].split()[1:] == ["3", "1.000", "1.000"]
     assert lines[4].split()[1:] == ["3", "0.000", "0.333"]
     assert lines[2].split()[1:] == ["6", "0.500", "0.667"]
+
+
+def test_never_answered_names_the_classes_the_policy_never_gives():
+    # colour: red -> red twice; yellow -> red, orange -> "" (no answer). Answers given: {red, ""},
+    # so yellow and orange are never answered. count: 3 -> 4 and 4 -> 3: both are given somewhere.
+    report = EvalReport(confusion={"shapes:colour": {"red": {"red": 2}, "yellow": {"red": 1}, "orange": {"": 1}},
+                                   "shapes:count": {"3": {"4": 1}, "4": {"3": 1}}})
+    assert report.never_answered() == {"shapes:colour": ["orange", "yellow"]}
+    assert report.table().splitlines()[-1] == "never answered (shapes:colour): orange, yellow"
+    assert "never answered" not in EvalReport(confusion={"shapes:count": {"3": {"3": 1}}}).table()
+
+
+def test_given_answer_normalises_as_the_verifiers_compare():
+    from relax.rollout.evaluation import given_answer
+
+    assert given_answer("<answer> Yellow. </answer>") == "yellow"
+    assert given_answer("<answer>3.0</answer>") == "3"
+    assert given_answer("") == ""
 
 
 def test_a_text_model_on_media_tasks_fails_before_any_work(tmp_path):
