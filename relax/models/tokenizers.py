@@ -60,9 +60,6 @@ QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 _SUITE_TASKS = ("arithmetic", "shapes", "tones", "tool_lookup")
-# Times each worded answer of a built-in task is repeated in the corpus: enough that BPE merges
-# every answer word into one token (8 already does; 16 leaves margin when prompts change).
-ANSWER_WORD_REPEATS = 16
 
 
 def suite_corpus(seed: int = 0, n_per_task: int = 64, difficulties: tuple[int, ...] = (1, 2, 3)) -> list[str]:
@@ -83,26 +80,10 @@ def suite_corpus(seed: int = 0, n_per_task: int = 64, difficulties: tuple[int, .
                 texts.extend(m.content for m in sample.messages)
                 texts.append(sample.answer)
                 texts.append(task.oracle_response(sample))
-    # Every worded answer (colours, pitches) repeated, so each of its words is one token, as in a
-    # real vocabulary. Rare in the prompts alone, 'yellow' was 4 tokens and 'orange' 2; RL never
-    # explored them: after the warm-start they had 0.01 and 0.03 of the probability against
-    # 0.06 for each one-token colour, 0.00 by step 50, and held-out colour stayed at 0.5 with
-    # every yellow picture answered 'red' (docs/tasks.md, "Answer words are single tokens").
-    texts += [a for a in answer_words() for _ in range(ANSWER_WORD_REPEATS)]
     # Chat scaffolding and tool results, so role names and JSON punctuation merge well.
     texts += ["system", "user", "assistant", "tool", '{"name": "lookup", "arguments": {"key": ""}}']
     texts += [str(i) for i in range(1000)]
     return texts
-
-
-def answer_words() -> list[str]:
-    """The answers of every built-in task, at every difficulty, that contain a letter (colour and
-    pitch names), sorted. Numbers are left out: the pre-tokenizer splits digits one by one, as
-    Qwen's does."""
-    from relax.data.tasks import TASKS
-
-    return sorted({a for task in TASKS.values() for d in task.difficulties for a in task.answer_space(d)
-                   if any(c.isalpha() for c in a)})
 
 
 def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:

@@ -12,7 +12,6 @@ from relax.models.tokenizers import (  # noqa: E402
     IM_END,
     SPECIAL_TOKENS,
     TAG_TOKENS,
-    answer_words,
     build_tokenizer,
     suite_corpus,
     train_bpe_tokenizer,
@@ -36,22 +35,6 @@ def test_corpus_covers_suite_formats() -> None:
     text = "\n".join(suite_corpus(n_per_task=4))
     for needle in ("<image>", "<audio>", "<tool_call>", "<answer>", "lookup"):
         assert needle in text
-
-
-def test_every_answer_word_is_one_token(tok) -> None:
-    # Without the repeated answers the prompts alone made 'yellow' y|e|l|low and 'orange' or|ange,
-    # which RL never learned to say; 'very high' stays two words, each one token.
-    words = answer_words()
-    assert {"yellow", "orange", "red", "very high", "medium"} <= set(words)
-    assert not any(w.isdigit() for w in words)
-    for answer in words:
-        pieces = tok.convert_ids_to_tokens(tok.encode(answer, add_special_tokens=False))
-        assert len(pieces) == len(answer.split()), (answer, pieces)
-        # ...and inside the answer tags, as the policy writes it
-        tagged = tok.encode(f"<answer>{answer}</answer>", add_special_tokens=False)
-        assert len(tagged) == 2 + len(answer.split()), (answer, tagged)
-    bare = train_bpe_tokenizer([t for t in suite_corpus() if t not in words])
-    assert len(bare.encode("yellow", add_special_tokens=False)) > 1  # why the repeats are there
 
 
 def test_special_tokens_are_single_ids(tok) -> None:
