@@ -159,12 +159,19 @@ def _last_number(text: str) -> str | None:
     return found[-1] if found else None
 
 
+def given_answer(response: str) -> str | None:
+    """The final answer in ``response`` normalised as :func:`exact_match_reward` compares it;
+    ``None`` when there is none. The evaluation's per-kind confusion records this."""
+    predicted = extract_final_answer(response)
+    return None if predicted is None else normalize_answer(predicted)
+
+
 def exact_match_reward(response: str, sample: Sample) -> float:
     """1.0 if the extracted final answer equals ``sample.answer`` after normalization, else 0.0."""
-    predicted = extract_final_answer(response)
-    if predicted is None:
+    given = given_answer(response)
+    if given is None:
         return 0.0
-    return 1.0 if normalize_answer(predicted) == normalize_answer(sample.answer) else 0.0
+    return 1.0 if given == normalize_answer(sample.answer) else 0.0
 
 
 def numeric_match_reward(response: str, sample: Sample) -> float:

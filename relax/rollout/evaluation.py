@@ -18,7 +18,7 @@ import torch
 
 from relax.data.schema import Sample
 from relax.data.tasks import TASKS
-from relax.data.verifiers import extract_final_answer, normalize_answer
+from relax.data.verifiers import given_answer, normalize_answer
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import LocalEngines
 from relax.rollout.episodes import EpisodeRunner, default_env_factory, needs_env
@@ -113,7 +113,7 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
                 kind = kind_of(t.sample)
                 if kind:
                     kind_scores[f"{t.sample.task}:{kind}"].append(t.reward)
-                    confusion[f"{t.sample.task}:{kind}"][normalize_answer(t.sample.answer)][given_answer(t.response)] += 1
+                    confusion[f"{t.sample.task}:{kind}"][normalize_answer(t.sample.answer)][given_answer(t.response) or ""] += 1
                 kinds[t.sample.task] = modality_of(t.sample)
                 errors += bool(t.error)
     finally:
@@ -128,12 +128,6 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
                       by_kind={k: sum(v) / len(v) for k, v in kind_scores.items()},
                       n_by_kind={k: len(v) for k, v in kind_scores.items()},
                       confusion={k: {truth: dict(row) for truth, row in rows.items()} for k, rows in confusion.items()})
-
-
-def given_answer(response: str) -> str:
-    """The answer in ``response`` normalised as the verifiers compare it; "" when there is none."""
-    found = extract_final_answer(response)
-    return normalize_answer(found) if found is not None else ""
 
 
 def kind_of(sample: Sample) -> str:

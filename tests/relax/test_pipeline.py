@@ -126,14 +126,6 @@ def test_never_answered_names_the_classes_the_policy_never_gives():
     assert "never answered" not in EvalReport(confusion={"shapes:count": {"3": {"3": 1}}}).table()
 
 
-def test_given_answer_normalises_as_the_verifiers_compare():
-    from relax.rollout.evaluation import given_answer
-
-    assert given_answer("<answer> Yellow. </answer>") == "yellow"
-    assert given_answer("<answer>3.0</answer>") == "3"
-    assert given_answer("") == ""
-
-
 def test_a_text_model_on_media_tasks_fails_before_any_work(tmp_path):
     from relax.config_loader import ConfigError
 

@@ -116,7 +116,6 @@ def test_role_groups_train_a_run_together(tmp_path, ray_session):
     assert summary.checkpoint.endswith("checkpoints/step-000001")
 
 
-
 # run in a fresh interpreter: this session's Ray may already be up, and pre_execute leaves a running one alone
 _LOCAL_PRE_EXECUTE = """
 import ray

@@ -184,3 +184,11 @@ def test_integer_distance_is_defined_between_integers_only() -> None:
     for response in ("<answer>three</answer>", "<answer>3/2</answer>", "<answer>blue</answer>", ""):
         assert integer_distance(response, make_sample("4")) is None
     assert integer_distance("<answer>3</answer>", make_sample("red")) is None
+
+
+def test_given_answer_normalises_as_exact_match_compares():
+    from relax.data.verifiers import given_answer
+
+    assert given_answer("<answer> Yellow. </answer>") == "yellow"
+    assert given_answer("<answer>3.0</answer>") == "3"
+    assert given_answer("") is None  # the evaluation's confusion records this as ""
