@@ -31,6 +31,7 @@ from tqdm import tqdm
 from relax.config import RelaxConfig
 from relax.config_loader import config_to_dict
 from relax.services.context import RunContext
+from relax.services.engine_launcher import die_with_parent
 from relax.services.metrics import MetricsLog, MetricsReader, export_report, read_all_metrics
 from relax.transfer.errors import QueueTimeout
 
@@ -187,8 +188,11 @@ def run_disaggregated(ctx: RunContext, progress: bool = True) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # stderr to files, not pipes: a long run's warnings would fill a pipe nobody reads and block the role
         logs = {role: os.path.join(tmp, f"{role}.log") for role in role_names(ctx.cfg)}
+        # this thread waits for the roles, so they die with it: a killed driver (Ctrl-C'd or SIGKILLed
+        # `make run`, a Ray task whose owner died) leaves no role writing to the run it will resume
         procs = {role: subprocess.Popen(role_command(role, cfg_path), env=env, stdout=subprocess.DEVNULL,
-                                        stderr=open(logs[role], "wb")) for role in logs}
+                                        stderr=open(logs[role], "wb"), preexec_fn=die_with_parent)
+                 for role in logs}
         bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
         actor = MetricsReader(ctx.run_url, "actor")
         try:

@@ -35,10 +35,11 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec (Linux): SIGTERM when the spawning thread's process dies, so an
-    engine never outlives a killed owner (a Ray actor). Only for owners that spawn from a
-    thread that lives as long as they do: the signal follows the thread, not the process."""
+    engine or a role process never outlives a killed owner (a Ray actor, a Ray task, a driver).
+    Only for owners that spawn from a thread that lives as long as they do: the signal follows
+    the thread, not the process."""
     import ctypes
 
     try:
@@ -71,7 +72,7 @@ class NativeEngineProcess:
         env = {"OMP_NUM_THREADS": "1", **os.environ}
         with log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         preexec_fn=_die_with_parent if die_with_parent else None)
+                                         preexec_fn=die_with_parent if die_with_parent else None)
 
     @classmethod
     def start(cls, model_dir: str | Path, timeout_s: float = 180.0, **kwargs) -> NativeEngineProcess:

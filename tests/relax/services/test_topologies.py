@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -82,3 +83,53 @@ def test_actor_sigkill_then_restart_loses_nothing(tmp_path):
     assert stats["dropped"] == 0
     replayed = [m["step"] for m in read_metrics(ctx.run_url, "actor") if m.get("replayed")]
     assert replayed, "the restarted actor re-trained the recorded steps after its checkpoint"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    if f"\nPPid:\t{pid}\n" in f.read():
+                        out.append(int(entry))
+            except OSError:  # gone meanwhile
+                pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie has exited; only its reaper is missing
+    except OSError:
+        return False
+
+
+def test_a_killed_disaggregated_driver_takes_its_role_processes_with_it(tmp_path):
+    # orphaned roles would go on training into the run root that the rerun resumes: two actors
+    cfg = tiny_config(f"file://{tmp_path}/root", "orphans", "topology=disaggregated", "trainer.total_steps=500")
+    path = _cfg_file(tmp_path, cfg)
+    code = ("import json, sys; from relax.config import RelaxConfig; from relax.services.controller import train; "
+            "train(RelaxConfig.from_json(open(sys.argv[1]).read()), progress=False)")
+    driver = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.DEVNULL,
+                              stderr=open(tmp_path / "driver.log", "wb"))
+    ctx = RunContext(cfg)
+    deadline = time.monotonic() + 240
+    try:
+        while len(read_metrics(ctx.run_url, "actor")) < 2:  # every role is up and working
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "no actor step within 240 s"
+            time.sleep(0.1)
+        roles = _children(driver.pid)
+        assert len(roles) == 3, roles  # rollout, advantage, actor
+    finally:
+        driver.kill()
+        driver.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in roles) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [pid for pid in roles if _alive(pid)]
+    for pid in survivors:  # don't leave them running past the test
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, "role processes outlived their killed driver"
