@@ -33,8 +33,9 @@ def pyflyte(cfg_file: Path, home: Path, cwd: Path, env: dict[str, str]) -> subpr
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_sigkill_mid_training_then_rerun_resumes_with_one_lineage_chain(tmp_path, ray_session):
-    cfg = load_config(None, [f"root=file://{tmp_path}/root", *SMALL])
+@pytest.mark.parametrize("topology", ["colocated", "disaggregated"])  # omni-cpu (`make run`) is disaggregated
+def test_sigkill_mid_training_then_rerun_resumes_with_one_lineage_chain(tmp_path, ray_session, topology):
+    cfg = load_config(None, [f"root=file://{tmp_path}/root", f"topology={topology}", "queue.max_staleness=2", *SMALL])
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(yaml.safe_dump(config_to_dict(cfg)))
     # the Ray task joins the session's cluster, so killing the workflow kills only its driver
