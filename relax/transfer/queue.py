@@ -104,6 +104,7 @@ class TransferQueue:
         self.lease_timeout_s = lease_timeout_s
         self.state = TopicState()
         self.snapshot_version = 0
+        self._base: tuple[int, int] | None = None  # the latest full snapshot: (version, samples in it)
         self._cache: OrderedDict[str, dict[str, list[Any]]] = OrderedDict()
         self._cache_bytes = cache_bytes
         self._cached = 0
@@ -186,13 +187,23 @@ class TransferQueue:
 
     # -- manifest versions ----------------------------------------------------------------
     def compact(self, writer_id: str = "compactor") -> int:
-        """Write ``snapshots/<N+1>.json`` (the heads and the folded state); returns N+1."""
+        """Write ``snapshots/<N+1>.json`` and return N+1: the heads and the folded state, or, while
+        the topic holds fewer than twice the samples of the last full snapshot, the heads and
+        that snapshot's version only (a *delta*: the state is the base plus the log records up
+        to the heads). Every snapshot holds the whole topic, so writing each one in full would
+        cost a run time quadratic in its length; with deltas the full ones add up to at most
+        twice the final state, and opening a topic folds at most the records since the base."""
         lease = WriterLease(objstore.join(self.url, "leases"), writer_id, self.lease_timeout_s).acquire()
         try:
             self.refresh()
             latest = self._snapshot_versions()
             version = (latest[-1] if latest else 0) + 1
-            body = {"version": version, "topic": self.topic, "time": time.time(), **self.state.to_json()}
+            body: dict[str, Any] = {"version": version, "topic": self.topic, "time": time.time()}
+            if self._base is not None and len(self.state.samples) < 2 * self._base[1]:
+                body.update(heads=dict(self.state.heads), base=self._base[0])
+            else:
+                body.update(self.state.to_json())
+                self._base = (version, len(self.state.samples))
             objstore.write_bytes(objstore.join(self.url, "snapshots", f"{version:08d}.json"),
                                  json.dumps(body, separators=(",", ":")).encode(), fsync=self.fsync)
             self.snapshot_version = version
@@ -202,12 +213,33 @@ class TransferQueue:
 
     def state_at(self, version: int) -> TopicState:
         """The manifest of snapshot ``version`` (what a checkpoint names)."""
+        return self._read_snapshot(version)[0]
+
+    def _read_snapshot(self, version: int) -> tuple[TopicState, tuple[int, int]]:
+        """The state of snapshot ``version`` and its full base (version, sample count)."""
         try:
-            return TopicState.from_json(json.loads(objstore.read_bytes(
-                objstore.join(self.url, "snapshots", f"{version:08d}.json"))))
+            body = json.loads(objstore.read_bytes(objstore.join(self.url, "snapshots", f"{version:08d}.json")))
         except FileNotFoundError:
             raise StoreError(f"topic {self.topic}: no manifest version {version} "
                              f"(have {self._snapshot_versions()})") from None
+        if "base" not in body:
+            state = TopicState.from_json(body)
+            return state, (version, len(state.samples))
+        state, base = self._read_snapshot(int(body["base"]))
+        for key, head in body["heads"].items():
+            start = state.heads.get(key, -1) + 1
+            if start <= head:
+                for seq, record in read_records(objstore.join(self.url, "log", key), start):
+                    state.apply(key, seq, record)
+                    if seq >= head:
+                        break
+            if state.heads.get(key, -1) != head:
+                raise StoreError(f"topic {self.topic}: manifest version {version} names record {head} of log "
+                                 f"{key}, which ends at {state.heads.get(key, -1)}; the log lost records")
+        # as a full snapshot stores them: in commit order, which is also the arrival order
+        state.samples = dict(sorted(state.samples.items(), key=lambda kv: kv[1].order))
+        state.arrivals = list(state.samples)
+        return state, base
 
     def _snapshot_versions(self) -> list[int]:
         return sorted(int(n.split(".")[0]) for n in objstore.list_dir(objstore.join(self.url, "snapshots"))
@@ -216,7 +248,7 @@ class TransferQueue:
     def _load_latest_snapshot(self) -> None:
         versions = self._snapshot_versions()
         if versions:
-            self.state = self.state_at(versions[-1])
+            self.state, self._base = self._read_snapshot(versions[-1])
             self.snapshot_version = versions[-1]
         self.refresh()
 

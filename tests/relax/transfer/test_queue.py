@@ -142,6 +142,66 @@ def test_manifest_snapshot_is_the_fold_of_the_logs(any_url):
         q.state_at(9)
 
 
+def _fold_logs(q: TransferQueue, heads: dict[str, int] | None = None) -> TopicState:
+    from relax.transfer.writers import read_records
+
+    st = TopicState()
+    for key in objstore.list_dir(objstore.join(q.url, "log")):
+        for seq, record in read_records(objstore.join(q.url, "log", key)):
+            if heads is not None and seq > heads.get(key, -1):
+                break
+            st.apply(key, seq, record)
+    return st
+
+
+def _snapshot(q: TransferQueue, version: int) -> dict:
+    return json.loads(objstore.read_bytes(objstore.join(q.url, "snapshots", f"{version:08d}.json")))
+
+
+def test_until_the_topic_doubles_a_snapshot_is_a_delta_on_the_last_full_one(any_url):
+    q = TransferQueue(any_url, "run", "rollouts")
+    p = q.producer("rollout-0", ROLLOUT_FIELDS)
+    adv = q.producer("advantage", [ADV])
+    p.put(rollout_group("g0"))
+    assert q.compact() == 1  # the first: full, 2 samples
+    adv.add_fields({"g0/0": {"advantages": np.zeros(3, np.float32)}})
+    p.put(rollout_group("g1", size=1))
+    assert q.compact() == 2  # 3 samples < 2 x 2: heads and base only
+    p.put(rollout_group("g2", size=1))
+    assert q.compact() == 3  # 4 samples: full again
+    p.put(rollout_group("g3", size=2))
+    assert q.compact() == 4  # 6 < 2 x 4: a delta on 3
+    p.put(rollout_group("g4", size=1))  # after the last snapshot: only the log has it
+    assert [("base" in _snapshot(q, v), _snapshot(q, v).get("base")) for v in (1, 2, 3, 4)] == \
+        [(False, None), (True, 1), (False, None), (True, 3)]
+    assert "samples" not in _snapshot(q, 2)
+    # a delta's state is its base plus the log records up to its heads, as if folded from the logs
+    for v in (2, 4):
+        want = _fold_logs(q, _snapshot(q, v)["heads"])
+        assert json.dumps(q.state_at(v).to_json(), sort_keys=True) == json.dumps(want.to_json(), sort_keys=True)
+    assert sorted(q.state_at(2).samples) == ["g0/0", "g0/1", "g1/0"]
+    assert "advantages" in q.state_at(2).samples["g0/0"].locs
+    reopened = TransferQueue(any_url, "run", "rollouts")  # opens from the delta, then reads newer records
+    assert reopened.snapshot_version == 4
+    assert json.dumps(reopened.state.to_json(), sort_keys=True) == json.dumps(_fold_logs(q).to_json(), sort_keys=True)
+    assert list(reopened.state.samples) == [m.id for m in sorted(reopened.state.samples.values(), key=lambda m: m.order)]
+    assert reopened.compact() == 5 and _snapshot(reopened, 5)["base"] == 3  # 7 < 2 x 4: it knows its base
+
+
+def test_a_delta_whose_log_lost_records_names_the_log(tmp_path):
+    url = f"file://{tmp_path}"
+    q = TransferQueue(url, "run", "rollouts")
+    p = q.producer("rollout-0", ROLLOUT_FIELDS)
+    p.put(rollout_group("g0", size=4))
+    q.compact()
+    p.put(rollout_group("g1", size=1))
+    assert q.compact() == 2
+    (key,) = objstore.list_dir(objstore.join(q.url, "log"))
+    objstore.delete(objstore.join(q.url, "log", key, "00000001.json"))
+    with pytest.raises(StoreError, match=f"manifest version 2 names record 1 of log {key}, which ends at 0"):
+        q.state_at(2)
+
+
 def test_in_process_consumer_is_woken_at_once(tmp_path):
     # The notification fast path: a waiting reader in the same process sees a commit without polling delay.
     import threading
