@@ -59,7 +59,9 @@ def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int |
     last_kinds = report.by_kind  # of the last checkpoint: which kind of question is behind a modality's mean
     after = curve[-1]
     reached = {mod: next((c["minutes"] for c in curve if c[mod] >= target), None) for mod in before.by_modality}
-    return {"max_staleness": staleness, "topology": topology, "steps": steps, "warm_start_s": warm_s, "train_s": train_s,
+    return {"max_staleness": staleness, "topology": topology, "steps": steps,
+            "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt,
+            "warm_start_s": warm_s, "train_s": train_s,
             "before": before.by_modality, "after": {k: after[k] for k in before.by_modality},
             "per_task_before": before.accuracy, "per_kind_after": last_kinds, "minutes_to_target": reached, "curve": curve,
             "reward_first": summary.reward_first, "reward_last": summary.reward_last}
@@ -95,7 +97,7 @@ def main() -> None:
         runs = [learning_run(f"file://{tmp}/s{s}", s, steps, 4 if args.quick else None, args.target, extra,
                              args.topology) for s in args.staleness]
     result = {"setup": f"2-core CPU; omni-cpu preset (tiny-omni, largest + shapes + tones), {runs[0]['steps']} steps "
-                       f"x 128 samples, {args.topology}; held-out greedy accuracy per modality (64 prompts per task)"
+                       f"x {runs[0]['samples_per_step']} samples, {args.topology}; held-out greedy accuracy per modality (64 prompts per task)"
                        + (f"; {extra}" if extra else ""),
               "target": args.target, "runs": runs,
               "minutes_to_target": {f"staleness{r['max_staleness']}": r["minutes_to_target"] for r in runs},
