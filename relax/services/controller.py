@@ -31,7 +31,7 @@ from tqdm import tqdm
 from relax.config import RelaxConfig
 from relax.config_loader import config_to_dict
 from relax.services.context import RunContext
-from relax.services.engine_launcher import die_with_parent
+from relax.services.engine_launcher import kill_on_parent_death
 from relax.services.metrics import MetricsLog, MetricsReader, export_report, read_all_metrics
 from relax.transfer.errors import QueueTimeout
 
@@ -191,7 +191,7 @@ def run_disaggregated(ctx: RunContext, progress: bool = True) -> None:
         # this thread waits for the roles, so they die with it: a killed driver (Ctrl-C'd or SIGKILLed
         # `make run`, a Ray task whose owner died) leaves no role writing to the run it will resume
         procs = {role: subprocess.Popen(role_command(role, cfg_path), env=env, stdout=subprocess.DEVNULL,
-                                        stderr=open(logs[role], "wb"), preexec_fn=die_with_parent)
+                                        stderr=open(logs[role], "wb"), preexec_fn=kill_on_parent_death)
                  for role in logs}
         bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
         actor = MetricsReader(ctx.run_url, "actor")

@@ -35,7 +35,7 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def die_with_parent() -> None:
+def kill_on_parent_death() -> None:
     """In the child before exec (Linux): SIGTERM when the spawning thread's process dies, so an
     engine or a role process never outlives a killed owner (a Ray actor, a Ray task, a driver).
     Only for owners that spawn from a thread that lives as long as they do: the signal follows
@@ -72,7 +72,7 @@ class NativeEngineProcess:
         env = {"OMP_NUM_THREADS": "1", **os.environ}
         with log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         preexec_fn=die_with_parent if die_with_parent else None)
+                                         preexec_fn=kill_on_parent_death if die_with_parent else None)
 
     @classmethod
     def start(cls, model_dir: str | Path, timeout_s: float = 180.0, **kwargs) -> NativeEngineProcess:
