@@ -130,12 +130,7 @@ def test_manifest_snapshot_is_the_fold_of_the_logs(any_url):
     assert q.compact() == 2
     reopened = TransferQueue(any_url, "run", "rollouts")  # starts from snapshot 2
     assert reopened.snapshot_version == 2
-    from_logs = TopicState()
-    for key in objstore.list_dir(objstore.join(q.url, "log")):
-        from relax.transfer.writers import read_records
-
-        for seq, record in read_records(objstore.join(q.url, "log", key)):
-            from_logs.apply(key, seq, record)
+    from_logs = _fold_logs(q)
     assert json.dumps(reopened.state.to_json(), sort_keys=True) == json.dumps(from_logs.to_json(), sort_keys=True)
     assert sorted(q.state_at(1).samples) == ["g0/0", "g0/1"]
     with pytest.raises(StoreError, match="no manifest version 9"):
