@@ -56,6 +56,7 @@ from relax.algorithms.kl import (
     kl_loss,
     kl_reward_penalty,
     token_kl,
+    topk_forward_kl,
 )
 from relax.algorithms.losses import (
     POLICY_LOSSES,
@@ -156,6 +157,7 @@ __all__ = [
     "seq_mean_token_sum_norm",
     "tis_weights",
     "token_kl",
+    "topk_forward_kl",
     "token_mean",
     "value_loss",
 ]

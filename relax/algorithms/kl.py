@@ -9,6 +9,13 @@ logprob:
 * k2 = (log rho)^2 / 2           biased (second order), low variance, >= 0;
 * k3 = (rho - 1) - log rho       unbiased, low variance, >= 0 (verl's "low_var_kl").
 
+With ``AlgorithmConfig.kl_topk = k`` the actor instead computes the forward KL[pi_ref || pi_theta]
+exactly over the reference's k most likely tokens at every response position
+(:func:`topk_forward_kl`). In expectation k3's gradient on on-policy samples is that same
+forward KL's, q - p in the logits, but a token the policy no longer samples receives its
+share only on the rare step that samples it, as one large kick that gradient clipping and
+Adam's second moment mostly absorb. The exact sum gives every such token its p every step.
+
 The KL enters training in one of two ways (``AlgorithmConfig.kl_in_reward``):
 as a differentiable loss term (:func:`kl_loss`, scaled by ``kl_coef`` after aggregation)
 or as per-token reward shaping (:func:`token_kl` handed to
@@ -35,6 +42,7 @@ __all__ = [
     "kl_loss",
     "kl_reward_penalty",
     "token_kl",
+    "topk_forward_kl",
 ]
 
 # exp(20) ~ 5e8: far beyond any ratio a sane run sees, small enough that k3 stays finite.
@@ -118,6 +126,23 @@ def kl_reward_penalty(
     tokens is the sequence log-ratio. Shapes: (B, T) -> (B, T) penalty (<= 0 for k2/k3).
     """
     return -kl_coef * token_kl(logprobs, ref_logprobs, mask, estimator)
+
+
+def topk_forward_kl(logprobs_k: Tensor, ref_logprobs_k: Tensor, mask: Tensor) -> Tensor:
+    """Forward KL[pi_ref || pi_theta] summed over the reference's top-k tokens (config ``kl_topk``).
+
+    Formula: KL_t = m_t * sum_j p_tj (log p_tj - log q_tj), with p_tj = exp(ref_logprobs_k[t, j])
+    the reference's probability of its j-th most likely token at position t and
+    log q_tj = logprobs_k[t, j] the policy's log-probability of that token. Its gradient in the
+    policy's logits z_t is P_t q_t - p_t (P_t = sum_j p_tj; p_t zero off the top k): every top-k
+    token is pulled up by its reference probability, sampled or not. With k = V it is the exact
+    forward KL. Shapes: logprobs_k, ref_logprobs_k (B, T, k), mask (B, T) -> (B, T), 0 off the
+    mask. Gradient flows through ``logprobs_k`` only.
+    """
+    ref = ref_logprobs_k.detach()
+    per_token = (ref.exp() * (ref - logprobs_k)).sum(-1)
+    m = mask.to(per_token.dtype)
+    return torch.where(m > 0, per_token * m, torch.zeros_like(per_token))
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

@@ -148,7 +148,10 @@ class ActorRole:
         batch = self.consumer.take(s, current_version=self.version, timeout=timeout)
         t_data = time.perf_counter()
         rollout_batch = to_rollout_batch(batch, self.media)
-        if self.reference is not None:
+        if self.reference is not None and self.cfg.algorithm.kl_topk:
+            rollout_batch.ref_topk_ids, rollout_batch.ref_topk_logprobs = \
+                self.reference.topk(rollout_batch, self.cfg.algorithm.kl_topk)
+        elif self.reference is not None:
             rollout_batch.ref_logprobs = self.reference.logprobs(rollout_batch)
         if behaviour_is_proximal(self.cfg, batch.policy_versions, self.version):
             rollout_batch.prox_logprobs = rollout_batch.old_logprobs

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 import torch
 
-from relax.algorithms import compute_policy_loss, kl_estimate, off_policy_correction
+from relax.algorithms import compute_policy_loss, kl_estimate, off_policy_correction, topk_forward_kl
 from relax.config import AlgorithmConfig, RelaxConfig
 from relax.models.builders import ENCODER_MODULES, encoder_parameters, freeze_encoders
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import unwrap
-from relax.trainers.torch.forward import compute_logprobs
+from relax.trainers.torch.forward import PositionReader, compute_logprobs, token_logprobs
 from relax.trainers.torch.packing import MicroBatch
 from relax.trainers.torch.trainer import StepResult, TorchTrainer, plan_micro_batches
 
@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def pad(values: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
-    """(L_i,) tensors -> (n, max L) right-padded with zeros."""
-    out = torch.zeros(len(values), max(int(v.shape[0]) for v in values), dtype=dtype or values[0].dtype)
+    """(L_i, ...) tensors -> (n, max L, ...) right-padded with zeros."""
+    out = torch.zeros(len(values), max(int(v.shape[0]) for v in values), *values[0].shape[1:],
+                      dtype=dtype or values[0].dtype)
     for i, v in enumerate(values):
         out[i, : v.shape[0]] = v
     return out
@@ -37,7 +38,7 @@ def pad(values: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> tor
 def required_fields(alg: AlgorithmConfig) -> list[str]:
     fields = ["loss_mask", "old_logprobs", "advantages"]
     if alg.kl_coef > 0 and not alg.kl_in_reward:
-        fields.append("ref_logprobs")
+        fields += ["ref_topk_ids", "ref_topk_logprobs"] if alg.kl_topk else ["ref_logprobs"]
     return fields
 
 
@@ -47,8 +48,18 @@ class PolicyLoss:
     def __init__(self, alg: AlgorithmConfig):
         self.alg = alg
 
+    def reader(self, batch: RolloutBatch) -> PositionReader | None:
+        """With ``kl_topk``: the forward reads the policy's log-probs of the reference's top-k tokens."""
+        if not (self.alg.kl_topk and self.alg.kl_coef > 0 and not self.alg.kl_in_reward):
+            return None
+        ids = batch.ref_topk_ids
+
+        def read(index: int, start: int, logp: torch.Tensor) -> torch.Tensor:
+            return logp.gather(-1, ids[index][start:start + logp.shape[0]].to(logp.device))
+        return read
+
     def __call__(self, mb: MicroBatch, logprobs: list[torch.Tensor], entropies: list[torch.Tensor] | None,
-                 batch: RolloutBatch) -> tuple[list[torch.Tensor], dict[str, float]]:
+                 batch: RolloutBatch, reads: list[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], dict[str, float]]:
         a = self.alg
         idx = [s.index for s in mb.spans]
         lengths = [s.length for s in mb.spans]
@@ -64,7 +75,12 @@ class PolicyLoss:
             weights, mask = corr.weights, corr.mask
         loss, metrics = compute_policy_loss(a.policy_loss, lp, old, adv, mask, clip_low=a.clip_low,
                                             clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights)
-        if a.kl_coef > 0 and not a.kl_in_reward:
+        if a.kl_coef > 0 and not a.kl_in_reward and a.kl_topk:
+            ref_k = pad([batch.ref_topk_logprobs[i] for i in idx]).to(lp.dtype)
+            kl = topk_forward_kl(pad(reads), ref_k, mask)
+            loss = loss + a.kl_coef * kl
+            metrics["kl_topk"] = kl.detach().sum() / mask.sum().clamp(min=1)
+        elif a.kl_coef > 0 and not a.kl_in_reward:
             ref = pad([batch.ref_logprobs[i] for i in idx]).to(lp.dtype)
             loss = loss + a.kl_coef * kl_estimate(lp, ref, a.kl_estimator) * mask
         if a.entropy_coef > 0 and entropies is not None:
@@ -128,12 +144,12 @@ class Actor:
         t = self.cfg.trainer
         entropy = self.cfg.algorithm.entropy_coef > 0
         if t.mini_batches == 1 and t.ppo_epochs == 1:
-            return self.trainer.step(batch, self.loss, with_entropy=entropy)
+            return self.trainer.step(batch, self.loss, with_entropy=entropy, read=self.loss.reader(batch))
         # rows arrive prompt group by prompt group, so contiguous parts keep most groups whole
         n, k = len(batch), min(t.mini_batches, len(batch))
-        parts = [list(range(i * n // k, (i + 1) * n // k)) for i in range(k)]
-        results = [self.trainer.step(batch.select(idx), self.loss, with_entropy=entropy)
-                   for _ in range(t.ppo_epochs) for idx in parts]
+        parts = [batch.select(list(range(i * n // k, (i + 1) * n // k))) for i in range(k)]
+        results = [self.trainer.step(part, self.loss, with_entropy=entropy, read=self.loss.reader(part))
+                   for _ in range(t.ppo_epochs) for part in parts]
         return merge_results(results)
 
 
@@ -161,3 +177,21 @@ class Reference:
     def logprobs(self, batch: RolloutBatch) -> list[torch.Tensor]:
         mbs = plan_micro_batches(batch, self.micro_batch_tokens, self.layout)
         return compute_logprobs(self.model, mbs, len(batch), self.temperature)
+
+    @torch.no_grad()
+    def topk(self, batch: RolloutBatch, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The reference's k most likely tokens at every position of every sample: (L_i, k) ids
+        and (L_i, k) log-probs; zero rows where the layout scores nothing (position 0, and the prompt
+        in the prefix layout), which the loss mask leaves out anyway. k is capped at V."""
+        ids: list[torch.Tensor | None] = [None] * len(batch)
+        lps: list[torch.Tensor | None] = [None] * len(batch)
+
+        def top(index: int, start: int, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            values, indices = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+            return indices, values
+
+        for mb in plan_micro_batches(batch, self.micro_batch_tokens, self.layout):
+            for s, (i, v) in zip(mb.spans, token_logprobs(self.model, mb, self.temperature, read=top).reads,
+                                 strict=True):
+                ids[s.index], lps[s.index] = i, v
+        return ids, lps  # type: ignore[return-value]

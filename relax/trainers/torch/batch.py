@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 TOKEN_FIELDS = ("loss_mask", "old_logprobs", "advantages", "ref_logprobs", "prox_logprobs", "values", "returns")
+TOPK_FIELDS = ("ref_topk_ids", "ref_topk_logprobs")  # (L_i, k) per sample
 
 
 @dataclass
@@ -27,6 +28,10 @@ class RolloutBatch:
     old_logprobs: list[torch.Tensor] | None = None
     advantages: list[torch.Tensor] | None = None
     ref_logprobs: list[torch.Tensor] | None = None
+    # algorithm.kl_topk: the reference's k most likely tokens at every position, (L_i, k) ids
+    # (int64) and their log-probs (zero rows where nothing was scored)
+    ref_topk_ids: list[torch.Tensor] | None = None
+    ref_topk_logprobs: list[torch.Tensor] | None = None
     prox_logprobs: list[torch.Tensor] | None = None
     values: list[torch.Tensor] | None = None
     returns: list[torch.Tensor] | None = None
@@ -42,14 +47,15 @@ class RolloutBatch:
             raise ValueError(f"batch has {len(self.ids)} ids but {n} input_ids")
         if self.media is not None and len(self.media) != n:
             raise ValueError(f"field 'media' has {len(self.media)} entries for {n} samples")
-        for name in TOKEN_FIELDS:
+        for name in TOKEN_FIELDS + TOPK_FIELDS:
             values = getattr(self, name)
             if values is None:
                 continue
             if len(values) != n:
                 raise ValueError(f"field {name!r} has {len(values)} entries for {n} samples")
             for sid, v, ids in zip(self.ids, values, self.input_ids, strict=True):
-                if v.shape != ids.shape:
+                want = ids.shape if name in TOKEN_FIELDS else (*ids.shape, v.shape[-1])
+                if v.shape != want:
                     raise ValueError(f"sample {sid!r}: {name} has shape {tuple(v.shape)} but input_ids "
                                      f"{tuple(ids.shape)}; token fields align with input_ids")
 

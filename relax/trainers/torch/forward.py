@@ -2,17 +2,36 @@
 
 For a sample with tokens x_0..x_{L-1}, position t holds log pi(x_t | x_<t) for t >= 1 and 0
 at t = 0, so the result aligns with ``input_ids`` like every other token field.
+
+A ``PositionReader`` reads more off each scored position's full distribution than the
+sampled token's log-probability: the reference's top-k tokens, or the policy's log-probs of
+those tokens (the exact top-k KL, ``relax.algorithms.kl.topk_forward_kl``). It is called once
+per sample as ``read(batch_index, start, logp)`` with ``logp`` the (n, V) log-softmax of
+positions start..start+n-1 and returns a tensor or tuple of tensors with n rows; the forward
+pads them with zero rows to (L_i, ...), like the log-probs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
 from relax.trainers.torch.attention import NAME as PACKED
 from relax.trainers.torch.packing import MicroBatch
-from relax.trainers.torch.prefix import PrefixMicroBatch, prefix_logprobs
+from relax.trainers.torch.prefix import PrefixMicroBatch, pad_front, prefix_logprobs
+
+PositionReader = Callable[[int, int, torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]
+
+
+class TokenOutputs(NamedTuple):
+    """Per-sample outputs of a forward, in ``mb.spans`` order: (L_i,) logprobs, (L_i,) entropies
+    (None unless asked) and what a ``PositionReader`` read ((L_i, ...) each; None without one)."""
+
+    logprobs: list[torch.Tensor]
+    entropies: list[torch.Tensor] | None = None
+    reads: list | None = None
 
 
 def model_inputs(model: torch.nn.Module, mb: MicroBatch) -> dict[str, object]:
@@ -29,13 +48,13 @@ def logits_of(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
 
 
 def span_logprobs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0,
-                  with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """Per-sample (L_i,) logprobs of its own tokens (and entropies), in ``mb.spans`` order.
+                  with_entropy: bool = False, read: PositionReader | None = None) -> TokenOutputs:
+    """Per-sample (L_i,) logprobs of its own tokens (and entropies, and ``read``'s), in ``mb.spans`` order.
 
     ``temperature`` divides the logits first, so the trainer scores tokens with the same
     distribution the engine sampled from.
     """
-    out, ent = [], [] if with_entropy else None
+    out, ent, reads = [], [] if with_entropy else None, [] if read is not None else None
     for s in mb.spans:
         lg = logits[s.row, s.start:s.start + s.length - 1].float() / temperature  # predicts tokens 1..L-1
         logp = torch.log_softmax(lg, dim=-1)
@@ -45,16 +64,18 @@ def span_logprobs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0
         if ent is not None:
             h = -(logp.exp() * logp).sum(-1)
             ent.append(torch.cat([h.new_zeros(1), h]))
-    return out, ent
+        if reads is not None:
+            reads.append(pad_front(read(s.index, 1, logp), 1))
+    return TokenOutputs(out, ent, reads)
 
 
 def token_logprobs(model: torch.nn.Module, mb: MicroBatch | PrefixMicroBatch, temperature: float = 1.0,
-                   with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """Per-sample logprobs (and entropies) of a micro-batch of either kind: full rows, or shared
-    prompts with their responses (``prefix.PrefixMicroBatch``, whose prompt positions are 0)."""
+                   with_entropy: bool = False, read: PositionReader | None = None) -> TokenOutputs:
+    """Per-sample logprobs (and entropies, and ``read``'s) of a micro-batch of either kind: full rows,
+    or shared prompts with their responses (``prefix.PrefixMicroBatch``, whose prompt positions are 0)."""
     if isinstance(mb, PrefixMicroBatch):
-        return prefix_logprobs(model, mb, temperature, with_entropy)
-    return span_logprobs(logits_of(model, mb), mb, temperature, with_entropy)
+        return TokenOutputs(*prefix_logprobs(model, mb, temperature, with_entropy, read))
+    return span_logprobs(logits_of(model, mb), mb, temperature, with_entropy, read)
 
 
 @torch.no_grad()
@@ -63,7 +84,6 @@ def compute_logprobs(model: torch.nn.Module, batches: Sequence[MicroBatch | Pref
     """Logprobs of every sample under ``model`` without gradients (reference, proximal policy)."""
     result: list[torch.Tensor | None] = [None] * n
     for mb in batches:
-        lps, _ = token_logprobs(model, mb, temperature)
-        for s, lp in zip(mb.spans, lps, strict=True):
+        for s, lp in zip(mb.spans, token_logprobs(model, mb, temperature).logprobs, strict=True):
             result[s.index] = lp
     return result  # type: ignore[return-value]

@@ -128,10 +128,18 @@ def _collect(groups: list[tuple[int, list[int]]], input_ids: Sequence[torch.Tens
     return PrefixMicroBatch(prompts, group_media, responses, group_of, spans, pad_id)
 
 
+def pad_front(x, n: int):
+    """``x`` (a tensor or tuple of tensors, (m, ...)) with ``n`` zero rows in front: (n + m, ...)."""
+    if isinstance(x, tuple):
+        return tuple(pad_front(v, n) for v in x)
+    return torch.cat([x.new_zeros((n, *x.shape[1:])), x])
+
+
 def prefix_logprobs(model: torch.nn.Module, mb: PrefixMicroBatch, temperature: float = 1.0,
-                    with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """Per-sample (L_i,) logprobs of the response tokens (0 over the prompt, which is not scored)
-    and entropies, in ``mb.spans`` order. Two forward passes: prompts (G, P_max), responses (N, R_max)."""
+                    with_entropy: bool = False, read=None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list | None]:
+    """Per-sample (L_i,) logprobs of the response tokens (0 over the prompt, which is not scored),
+    entropies and what ``read`` (a ``forward.PositionReader``) reads, in ``mb.spans`` order. Two
+    forward passes: prompts (G, P_max), responses (N, R_max)."""
     core = getattr(unwrap(model), "model", None)
     if hasattr(core, "rope_deltas"):
         core.rope_deltas = None  # recomputed for these prompts, never a previous batch's
@@ -157,10 +165,13 @@ def prefix_logprobs(model: torch.nn.Module, mb: PrefixMicroBatch, temperature: f
     logp = torch.log_softmax(logits, -1)
     token_lp = logp.gather(-1, ids[..., None]).squeeze(-1)  # (N, R)
     ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
-    out, ents = [], [] if with_entropy else None
+    out, ents, reads = [], [] if with_entropy else None, [] if read is not None else None
     for k, (s, r) in enumerate(zip(mb.spans, mb.responses, strict=True)):
-        n_r, zeros = int(r.shape[0]), token_lp.new_zeros(s.length - int(r.shape[0]))
-        out.append(torch.cat([zeros, token_lp[k, :n_r]]))
+        n_r = int(r.shape[0])
+        start = s.length - n_r
+        out.append(pad_front(token_lp[k, :n_r], start))
         if ents is not None:
-            ents.append(torch.cat([zeros, ent[k, :n_r]]))
-    return out, ents
+            ents.append(pad_front(ent[k, :n_r], start))
+        if reads is not None:
+            reads.append(pad_front(read(s.index, start, logp[k, :n_r]), start))
+    return out, ents, reads

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from relax.trainers.torch.attention import enable_packed_attention
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
-from relax.trainers.torch.forward import token_logprobs
+from relax.trainers.torch.forward import PositionReader, token_logprobs
 from relax.trainers.torch.optim import build_optimizer
 from relax.trainers.torch.packing import MicroBatch, micro_batches
 from relax.trainers.torch.prefix import PrefixMicroBatch, plan_prefix
@@ -29,9 +29,9 @@ from relax.trainers.torch.prefix import PrefixMicroBatch, plan_prefix
 log = logging.getLogger(__name__)
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
-# (micro-batch, per-sample logprobs, per-sample entropies or None, batch) -> per-sample token losses
-TokenLoss = Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None, RolloutBatch],
-                     tuple[list[torch.Tensor], dict[str, float]]]
+# (micro-batch, per-sample logprobs, per-sample entropies or None, batch) -> per-sample token losses;
+# a step given a PositionReader also passes what it read as the keyword ``reads``
+TokenLoss = Callable[..., tuple[list[torch.Tensor], dict[str, float]]]
 
 
 @dataclass
@@ -142,11 +142,13 @@ class TorchTrainer:
         return plan_micro_batches(batch, self.micro_batch_tokens, self.layout, self.pad_id)
 
     def step(self, batch: RolloutBatch, token_loss: TokenLoss, with_entropy: bool = False,
-             forward: Callable[[torch.nn.Module, MicroBatch], list[torch.Tensor]] | None = None) -> StepResult:
+             forward: Callable[[torch.nn.Module, MicroBatch], list[torch.Tensor]] | None = None,
+             read: PositionReader | None = None) -> StepResult:
         """Forward/backward every micro-batch of this rank's ``batch``, then one optimizer step.
 
         ``forward`` maps (model, micro-batch) to per-sample outputs (default: token logprobs);
-        the critic passes its values."""
+        the critic passes its values. ``read`` (batch indices of ``batch``) reads more off each
+        position's distribution; ``token_loss`` then gets it as ``reads=``."""
         self.model.train()
         _, world = self.world
         weights = token_weights(batch.loss_mask, self.aggregation, self.agg_norm)
@@ -159,10 +161,11 @@ class TorchTrainer:
             ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else _null()
             with ctx, self._precision():
                 if forward is None:
-                    logprobs, entropies = token_logprobs(self.model, mb, self.temperature, with_entropy)
+                    logprobs, entropies, reads = token_logprobs(self.model, mb, self.temperature, with_entropy, read)
                 else:
-                    logprobs, entropies = forward(self.model, mb), None
-                losses, m = token_loss(mb, logprobs, entropies, batch)
+                    logprobs, entropies, reads = forward(self.model, mb), None, None
+                extra = {"reads": reads} if read is not None else {}
+                losses, m = token_loss(mb, logprobs, entropies, batch, **extra)
                 mb_loss = sum((loss.double() * weights[s.index]).sum() for s, loss in zip(mb.spans, losses, strict=True))
                 # DDP averages gradients over ranks; the weights already normalise globally
                 (mb_loss * world).float().backward()

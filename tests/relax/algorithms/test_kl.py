@@ -17,6 +17,7 @@ from relax.algorithms.kl import (
     kl_k3,
     kl_loss,
     kl_reward_penalty,
+    topk_forward_kl,
 )
 
 F64 = torch.float64
@@ -118,3 +119,27 @@ def test_entropy_bonus_is_negative_term():
     # H = ln 3 on every token, coef 0.01 -> loss term -0.01 * ln 3 = -0.010986
     h = torch.full((2, 3), math.log(3.0))
     assert_close_to(entropy_bonus(h, torch.ones(2, 3), coef=0.01), -0.010986)
+
+
+def test_topk_forward_kl_by_hand():
+    # one position, vocabulary of 3: reference p = [0.5, 0.25, 0.25], policy q = [0.25, 0.25, 0.5]
+    # k = 3: KL[p||q] = 0.5 ln(0.5/0.25) + 0.25 ln 1 + 0.25 ln(0.25/0.5) = 0.5 ln 2 - 0.25 ln 2 = 0.173287
+    # k = 2 (the reference's two likeliest): 0.5 ln 2 + 0 = 0.346574; a masked position gives 0
+    p = torch.tensor([[[0.5, 0.25, 0.25], [0.5, 0.25, 0.25]]], dtype=F64)
+    q = torch.tensor([[[0.25, 0.25, 0.5], [0.25, 0.25, 0.5]]], dtype=F64)
+    assert_close_to(topk_forward_kl(q.log(), p.log(), torch.tensor([[1.0, 0.0]])), [[0.173287, 0.0]])
+    assert_close_to(topk_forward_kl(q[..., :2].log(), p[..., :2].log(), torch.ones(1, 2)), [[0.346574, 0.346574]])
+
+
+def test_topk_forward_kl_pulls_back_a_token_the_policy_no_longer_samples():
+    # reference p = [0.4, 0.4, 0.2]; the policy has nearly dropped token 2: q = [0.9, 0.099, 0.001]
+    # exact KL gradient in the logits: q - p = [0.5, -0.301, -0.199] -> token 2 is pulled up by 0.199
+    # k3 on the token it samples (0): (1 - p0/q0)(e_0 - q) = 0.555556 * [0.1, -0.099, -0.001]
+    #   = [0.055556, -0.055, -0.000556] -> token 2 is pulled up by 0.000556, 358 times less
+    p = torch.tensor([0.4, 0.4, 0.2], dtype=F64)
+    z = torch.tensor([0.9, 0.099, 0.001], dtype=F64).log().requires_grad_(True)
+    topk_forward_kl(torch.log_softmax(z, -1)[None, None], p.log()[None, None], torch.ones(1, 1)).sum().backward()
+    assert_close_to(z.grad, [0.5, -0.301, -0.199])
+    z3 = z.detach().clone().requires_grad_(True)
+    kl_k3(torch.log_softmax(z3, -1)[0].reshape(1, 1), p.log()[0].reshape(1, 1)).sum().backward()
+    assert_close_to(z3.grad, [0.055556, -0.055, -0.000556])

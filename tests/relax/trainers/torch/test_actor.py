@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from tiny import tiny_batch, tiny_qwen2
+from tiny import VOCAB, tiny_batch, tiny_qwen2
 
 from relax.config_loader import load_config
 from relax.trainers.torch.actor import Actor, Reference
@@ -66,6 +66,54 @@ def test_kl_term_needs_reference_logprobs_and_uses_them():
     batch.ref_logprobs = ref.logprobs(batch)
     # policy == reference: every KL estimator is 0, so the loss is the plain PPO loss again (-18/38)
     assert a.train_step(batch).loss == pytest.approx(-18 / 38, abs=1e-6)
+
+
+def test_topk_kl_needs_the_reference_top_k_and_is_zero_at_the_reference():
+    a = actor("algorithm.kl_coef=0.5", "algorithm.kl_topk=4", "algorithm.off_policy=none")
+    batch = on_policy(a)
+    with pytest.raises(ValueError, match=r"needs batch field\(s\) \['ref_topk_ids', 'ref_topk_logprobs'\]"):
+        a.train_step(batch)
+    batch.ref_topk_ids, batch.ref_topk_logprobs = Reference(copy.deepcopy(a.model)).topk(batch, 4)
+    # policy == reference: sum_j p_j (log p_j - log q_j) = 0, so the loss is the plain PPO loss (-18/38)
+    result = a.train_step(batch)
+    assert result.loss == pytest.approx(-18 / 38, abs=1e-6) and result.metrics["kl_topk"] == pytest.approx(0, abs=1e-7)
+
+
+def _full_logprobs(model, batch) -> list[torch.Tensor]:
+    """(L_i, V) log-softmax per sample, row t scoring token t (row 0 unused)."""
+    with torch.no_grad():
+        return [torch.cat([torch.zeros(1, VOCAB), torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1], -1)])
+                for ids in batch.input_ids]
+
+
+@pytest.mark.parametrize("layout", ["bucket", "pack", "prefix"])
+def test_reference_topk_is_the_head_of_the_full_distribution_in_every_layout(layout):
+    model = tiny_qwen2()
+    batch = tiny_batch()
+    ids, lps = Reference(copy.deepcopy(model), layout=layout).topk(batch, 5)
+    for full, i, lp, m in zip(_full_logprobs(model, batch), ids, lps, batch.loss_mask, strict=True):
+        rows = m > 0
+        want_lp, want_ids = torch.topk(full[rows], 5, dim=-1)
+        torch.testing.assert_close(lp[rows], want_lp, atol=1e-5, rtol=0)
+        assert torch.equal(i[rows], want_ids)
+        unscored = slice(0, 1) if layout != "prefix" else ~rows  # the prefix layout skips the whole prompt
+        assert not lp[unscored].any() and not i[unscored].any()
+
+
+def test_topk_kl_over_the_whole_vocabulary_is_the_exact_forward_kl():
+    a = actor("algorithm.kl_coef=0.5", f"algorithm.kl_topk={VOCAB}", "algorithm.off_policy=none")
+    ref_model = copy.deepcopy(a.model)
+    with torch.no_grad():  # move the policy away from the reference
+        for p in a.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = on_policy(a)
+    batch.ref_topk_ids, batch.ref_topk_logprobs = Reference(ref_model).topk(batch, VOCAB)
+    # token-mean over response tokens of sum_v p_v (log p_v - log q_v), from the two models' full logits
+    kl = [((r.exp() * (r - q)).sum(-1) * m).sum() for r, q, m in
+          zip(_full_logprobs(ref_model, batch), _full_logprobs(a.model, batch), batch.loss_mask, strict=True)]
+    want = float(sum(kl) / sum(m.sum() for m in batch.loss_mask))
+    assert want > 1e-3
+    assert a.train_step(batch).metrics["kl_topk"] == pytest.approx(want, rel=1e-4)
 
 
 def test_critic_fits_returns_and_needs_them():

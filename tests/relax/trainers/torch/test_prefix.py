@@ -71,7 +71,7 @@ def _scores(model, mbs, n, masks):
     from relax.trainers.torch.forward import token_logprobs
 
     for mb in mbs:
-        lps, _ = token_logprobs(model, mb)
+        lps = token_logprobs(model, mb).logprobs
         for s, lp in zip(mb.spans, lps, strict=True):
             out[s.index] = lp
     return list(zip(out, masks, strict=True))
