@@ -30,7 +30,14 @@ from relax.transfer.errors import SchemaError, StoreError
 from relax.transfer.manifest import TopicState
 from relax.transfer.polling import Backoff
 from relax.transfer.schema import RESERVED, Field, TopicSchema, decode_shard, encode_shard
-from relax.transfer.writers import RecordLog, WriterLease, check_writer_id, read_records, split_key
+from relax.transfer.writers import (
+    RecordLog,
+    WriterLease,
+    check_writer_id,
+    read_record_range,
+    read_records,
+    split_key,
+)
 
 
 class Notifier(Protocol):
@@ -228,11 +235,9 @@ class TransferQueue:
         state, base = self._read_snapshot(int(body["base"]))
         for key, head in body["heads"].items():
             start = state.heads.get(key, -1) + 1
-            if start <= head:
-                for seq, record in read_records(objstore.join(self.url, "log", key), start):
-                    state.apply(key, seq, record)
-                    if seq >= head:
-                        break
+            # the delta names how far each log goes, so the records are fetched together, not probed one by one
+            for seq, record in read_record_range(objstore.join(self.url, "log", key), start, head):
+                state.apply(key, seq, record)
             if state.heads.get(key, -1) != head:
                 raise StoreError(f"topic {self.topic}: manifest version {version} names record {head} of log "
                                  f"{key}, which ends at {state.heads.get(key, -1)}; the log lost records")

@@ -144,6 +144,23 @@ class RecordLog:
         return seq
 
 
+def read_record_range(url: str, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Records ``start..stop`` (inclusive) of one log, known to exist, fetched concurrently
+    (``objstore.read_many``); stops at the first one missing, so the caller can name the gap."""
+    blobs = objstore.read_many(url, [f"{seq:08d}.json" for seq in range(start, stop + 1)])
+    for seq, blob in zip(range(start, stop + 1), blobs, strict=True):
+        if blob is None:
+            return
+        yield seq, _decode_record(url, seq, blob)
+
+
+def _decode_record(url: str, seq: int, blob: bytes) -> dict[str, Any]:
+    try:
+        return json.loads(blob)
+    except ValueError:
+        raise StoreError(f"commit record {url}/{seq:08d}.json is not valid JSON (torn by a power loss?)") from None
+
+
 def read_records(url: str, start: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
     """Records ``start, start+1, ...`` of one log until the first that does not exist yet.
 
@@ -156,9 +173,5 @@ def read_records(url: str, start: int = 0) -> Iterator[tuple[int, dict[str, Any]
             blob = objstore.read_bytes(objstore.join(url, f"{seq:08d}.json"))
         except FileNotFoundError:
             return
-        try:
-            record = json.loads(blob)
-        except ValueError:
-            raise StoreError(f"commit record {url}/{seq:08d}.json is not valid JSON (torn by a power loss?)") from None
-        yield seq, record
+        yield seq, _decode_record(url, seq, blob)
         seq += 1

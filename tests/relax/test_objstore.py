@@ -44,3 +44,11 @@ def test_a_write_in_flight_or_killed_before_its_rename_is_not_listed(tmp_path):
     (tmp_path / "schema" / "b.json.tmp-0123abcd").write_bytes(b"")  # what a killed writer leaves
     (tmp_path / "schema" / "notes.tmp-draft").write_bytes(b"x")  # not our pattern: a real object
     assert objstore.list_dir(objstore.join(base, "schema")) == ["a.json", "notes.tmp-draft"]
+
+
+def test_read_many_keeps_the_order_and_gives_none_for_a_missing_object(any_url):
+    for name, body in (("b", b"2"), ("a", b"1"), ("c", b"")):
+        objstore.write_bytes(objstore.join(any_url, "d", name), body)
+    got = objstore.read_many(objstore.join(any_url, "d"), ["c", "missing", "a", "b"])
+    assert got == [b"", None, b"1", b"2"]
+    assert objstore.read_many(objstore.join(any_url, "d"), []) == []

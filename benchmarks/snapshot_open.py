@@ -1,0 +1,113 @@
+"""Opening a delta snapshot: the log records since its base fetched together, against one by one.
+
+A delta snapshot (relax/transfer/queue.py, ``compact``) names how far each writer's log
+goes, so ``state_at`` knows every record it must fold. It fetches them with one batched
+``objstore.read_many`` (s3fs issues the GETs concurrently); the alternative, in the same
+run, probes them one GET at a time (``read_records``, what a poll of an unknown log tail
+does). On file:// and s3:// (a moto server on loopback):
+
+    python benchmarks/snapshot_open.py [--quick]
+
+Writes benchmarks/results/snapshot_open.json, rewrites its table in docs/benchmarks.md and
+prints one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import fsspec
+from bench_data import start_moto  # noqa: E402  (benchmarks/ is sys.path[0])
+from doc_table import update_table  # noqa: E402
+
+import relax.transfer.queue as queue_module  # noqa: E402
+from relax.transfer.queue import TransferQueue  # noqa: E402
+from relax.transfer.schema import Field  # noqa: E402
+from relax.transfer.writers import read_records  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PAYLOAD = [Field("payload", kind="bytes")]
+
+
+def one_by_one(url: str, start: int, stop: int):
+    """The alternative: probe records start..stop with one GET each."""
+    return itertools.islice(read_records(url, start), stop - start + 1)
+
+
+def build_topic(url: str, full_commits: int, delta_commits: int, per_commit: int) -> tuple[str, int]:
+    """A topic with a full snapshot after ``full_commits`` commits and a delta after ``delta_commits`` more."""
+    run = uuid.uuid4().hex[:8]
+    queue = TransferQueue(url, run, "bench")
+    producer = queue.producer("producer", PAYLOAD, tokens_field=None)
+    n = 0
+    for commits in (full_commits, delta_commits):
+        for _ in range(commits):
+            producer.put([{"id": f"s{n + i}", "policy_version": 0, "payload": b"x" * 64} for i in range(per_commit)])
+            n += per_commit
+        version = queue.compact()
+    return run, version
+
+
+def time_opens(url: str, run: str, version: int, fetchers: dict, repeats: int) -> dict[str, tuple[float, int]]:
+    """Median seconds to open the topic and read snapshot ``version`` with each fetcher, and the
+    samples it holds; the fetchers take turns, after one round that warms up caches and connections."""
+    times: dict[str, list[float]] = {name: [] for name in fetchers}
+    samples: dict[str, int] = {}
+    for i in range(repeats + 1):
+        for name, fetch in fetchers.items():
+            queue_module.read_record_range = fetch
+            t0 = time.perf_counter()
+            samples[name] = len(TransferQueue(url, run, "bench").state_at(version).samples)
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    return {name: (statistics.median(t), samples[name]) for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller topic and fewer repeats")
+    parser.add_argument("--out", default=str(HERE / "results" / "snapshot_open.json"))
+    args = parser.parse_args()
+    full, delta, repeats = (50, 40, 2) if args.quick else (200, 190, 5)
+    batched = queue_module.read_record_range
+    moto, _ = start_moto()
+    cases = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            bucket = f"bench-{uuid.uuid4().hex[:8]}"
+            fsspec.filesystem("s3").mkdir(bucket)
+            for store, url in (("file", f"file://{tmp}"), ("s3", f"s3://{bucket}")):
+                run, version = build_topic(url, full, delta, per_commit=8)
+                got = time_opens(url, run, version, {"one_by_one": one_by_one, "batched": batched}, repeats)
+                (seq_s, n_seq), (bat_s, n_bat) = got["one_by_one"], got["batched"]
+                if n_seq != n_bat or n_bat != 8 * (full + delta):
+                    raise SystemExit(f"{store}: the two opens folded {n_seq} and {n_bat} samples")
+                cases.append({"store": store, "records_folded": delta, "samples": n_bat,
+                              "one_by_one_s": seq_s, "batched_s": bat_s, "speedup": seq_s / bat_s})
+                print(f"{store}: one by one {seq_s:.3f} s, batched {bat_s:.3f} s", file=sys.stderr)
+    finally:
+        queue_module.read_record_range = batched
+        moto.terminate()
+    result = {"quick": args.quick, "cases": cases,
+              "setup": f"a topic of {full} commits, a full snapshot, {delta} more commits (8 samples each) and a "
+                       f"delta snapshot; time to open the delta (state_at), median of {repeats}, 2 CPU cores."}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    rows = ["| store | records folded | one GET at a time s | batched s | speed-up |", "|---|---|---|---|---|"]
+    rows += [f"| {c['store']} | {c['records_folded']} | {c['one_by_one_s']:.3f} | {c['batched_s']:.3f} | "
+             f"{c['speedup']:.1f}x |" for c in cases]
+    update_table("snapshot_open", rows, "## Opening a delta snapshot (`benchmarks/snapshot_open.py`, "
+                 "results/snapshot_open.json)\n\n" + result["setup"])
+    print(json.dumps({c["store"] + "_speedup": round(c["speedup"], 2) for c in cases}))
+
+
+if __name__ == "__main__":
+    main()
