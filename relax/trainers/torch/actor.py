@@ -49,13 +49,23 @@ class PolicyLoss:
         self.alg = alg
 
     def reader(self, batch: RolloutBatch) -> PositionReader | None:
-        """With ``kl_topk``: the forward reads the policy's log-probs of the reference's top-k tokens."""
+        """With ``kl_topk``: the forward reads each position's top-k KL to the reference, (n, R).
+
+        The KL is summed over k inside one batched op, so only one scalar per position leaves the
+        forward: per-sample (L_i, k) tensors would cost k times the backward copies of the padding."""
         if not (self.alg.kl_topk and self.alg.kl_coef > 0 and not self.alg.kl_in_reward):
             return None
-        ids = batch.ref_topk_ids
 
-        def read(index: int, start: int, logp: torch.Tensor) -> torch.Tensor:
-            return logp.gather(-1, ids[index][start:start + logp.shape[0]].to(logp.device))
+        def read(indices: list[int], starts: list[int], logp: torch.Tensor) -> torch.Tensor:
+            rows, k = logp.shape[1], batch.ref_topk_ids[indices[0]].shape[-1]
+            at = torch.zeros(*logp.shape[:2], k, dtype=torch.long)
+            ref = torch.zeros(*logp.shape[:2], k, dtype=logp.dtype)
+            for n, (i, start) in enumerate(zip(indices, starts, strict=True)):
+                part = batch.ref_topk_ids[i][start:start + rows]
+                at[n, :part.shape[0]] = part
+                ref[n, :part.shape[0]] = batch.ref_topk_logprobs[i][start:start + rows]
+            # rows past a sample's end gather token 0 against a reference log-prob of 0; the mask drops them
+            return topk_forward_kl(logp.gather(-1, at.to(logp.device)), ref.to(logp.device), torch.ones_like(ref[..., 0]))
         return read
 
     def __call__(self, mb: MicroBatch, logprobs: list[torch.Tensor], entropies: list[torch.Tensor] | None,
@@ -76,8 +86,7 @@ class PolicyLoss:
         loss, metrics = compute_policy_loss(a.policy_loss, lp, old, adv, mask, clip_low=a.clip_low,
                                             clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights)
         if a.kl_coef > 0 and not a.kl_in_reward and a.kl_topk:
-            ref_k = pad([batch.ref_topk_logprobs[i] for i in idx]).to(lp.dtype)
-            kl = topk_forward_kl(pad(reads), ref_k, mask)
+            kl = pad(reads) * mask  # (n, T): topk_forward_kl per position, from the reader
             loss = loss + a.kl_coef * kl
             metrics["kl_topk"] = kl.detach().sum() / mask.sum().clamp(min=1)
         elif a.kl_coef > 0 and not a.kl_in_reward:
@@ -186,9 +195,9 @@ class Reference:
         ids: list[torch.Tensor | None] = [None] * len(batch)
         lps: list[torch.Tensor | None] = [None] * len(batch)
 
-        def top(index: int, start: int, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            values, indices = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
-            return indices, values
+        def top(indices: list[int], starts: list[int], logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            values, top_ids = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+            return top_ids, values
 
         for mb in plan_micro_batches(batch, self.micro_batch_tokens, self.layout):
             for s, (i, v) in zip(mb.spans, token_logprobs(self.model, mb, self.temperature, read=top).reads,

@@ -5,10 +5,13 @@ at t = 0, so the result aligns with ``input_ids`` like every other token field.
 
 A ``PositionReader`` reads more off each scored position's full distribution than the
 sampled token's log-probability: the reference's top-k tokens, or the policy's log-probs of
-those tokens (the exact top-k KL, ``relax.algorithms.kl.topk_forward_kl``). It is called once
-per sample as ``read(batch_index, start, logp)`` with ``logp`` the (n, V) log-softmax of
-positions start..start+n-1 and returns a tensor or tuple of tensors with n rows; the forward
-pads them with zero rows to (L_i, ...), like the log-probs.
+those tokens (the exact top-k KL, ``relax.algorithms.kl.topk_forward_kl``). It is called as
+``read(indices, starts, logp)`` with ``logp`` the (n, R, V) log-softmax of n samples, row k
+holding positions starts[k].. of sample indices[k] (rows shorter than R run on into padding),
+and returns a tensor or tuple of tensors shaped (n, R, ...); the forward cuts each sample's
+rows out and pads them with zero rows in front to (L_i, ...), like the log-probs. One call
+per micro-batch in the prefix layout: a read per sample would make the backward pass
+materialise a zero (n, R, V) gradient for every sample's slice.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ import torch
 
 from relax.trainers.torch.attention import NAME as PACKED
 from relax.trainers.torch.packing import MicroBatch
-from relax.trainers.torch.prefix import PrefixMicroBatch, pad_front, prefix_logprobs
+from relax.trainers.torch.prefix import PrefixMicroBatch, first_row, pad_front, prefix_logprobs
 
-PositionReader = Callable[[int, int, torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]
+PositionReader = Callable[[list[int], list[int], torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]
 
 
 class TokenOutputs(NamedTuple):
@@ -65,7 +68,7 @@ def span_logprobs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0
             h = -(logp.exp() * logp).sum(-1)
             ent.append(torch.cat([h.new_zeros(1), h]))
         if reads is not None:
-            reads.append(pad_front(read(s.index, 1, logp), 1))
+            reads.append(pad_front(first_row(read([s.index], [1], logp[None])), 1))
     return TokenOutputs(out, ent, reads)
 
 

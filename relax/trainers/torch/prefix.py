@@ -135,6 +135,13 @@ def pad_front(x, n: int):
     return torch.cat([x.new_zeros((n, *x.shape[1:])), x])
 
 
+def first_row(x, k: int = 0, n: int | None = None):
+    """Row ``k`` of ``x`` (a tensor or tuple of tensors), its first ``n`` entries."""
+    if isinstance(x, tuple):
+        return tuple(first_row(v, k, n) for v in x)
+    return x[k, :n]
+
+
 def prefix_logprobs(model: torch.nn.Module, mb: PrefixMicroBatch, temperature: float = 1.0,
                     with_entropy: bool = False, read=None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list | None]:
     """Per-sample (L_i,) logprobs of the response tokens (0 over the prompt, which is not scored),
@@ -165,13 +172,14 @@ def prefix_logprobs(model: torch.nn.Module, mb: PrefixMicroBatch, temperature: f
     logp = torch.log_softmax(logits, -1)
     token_lp = logp.gather(-1, ids[..., None]).squeeze(-1)  # (N, R)
     ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    starts = [s.length - int(r.shape[0]) for s, r in zip(mb.spans, mb.responses, strict=True)]
+    read_all = read([s.index for s in mb.spans], starts, logp) if read is not None else None
     out, ents, reads = [], [] if with_entropy else None, [] if read is not None else None
-    for k, (s, r) in enumerate(zip(mb.spans, mb.responses, strict=True)):
+    for k, (s, r, start) in enumerate(zip(mb.spans, mb.responses, starts, strict=True)):
         n_r = int(r.shape[0])
-        start = s.length - n_r
         out.append(pad_front(token_lp[k, :n_r], start))
         if ents is not None:
             ents.append(pad_front(ent[k, :n_r], start))
         if reads is not None:
-            reads.append(pad_front(read(s.index, start, logp[k, :n_r]), start))
+            reads.append(pad_front(first_row(read_all, k, n_r), start))
     return out, ents, reads
