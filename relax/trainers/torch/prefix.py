@@ -175,7 +175,7 @@ def prefix_logprobs(model: torch.nn.Module, mb: PrefixMicroBatch, temperature: f
     starts = [s.length - int(r.shape[0]) for s, r in zip(mb.spans, mb.responses, strict=True)]
     read_all = read([s.index for s in mb.spans], starts, logp) if read is not None else None
     out, ents, reads = [], [] if with_entropy else None, [] if read is not None else None
-    for k, (s, r, start) in enumerate(zip(mb.spans, mb.responses, starts, strict=True)):
+    for k, (r, start) in enumerate(zip(mb.responses, starts, strict=True)):
         n_r = int(r.shape[0])
         out.append(pad_front(token_lp[k, :n_r], start))
         if ents is not None:
