@@ -144,14 +144,16 @@ class RecordLog:
         return seq
 
 
-def read_record_range(url: str, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Records ``start..stop`` (inclusive) of one log, known to exist, fetched concurrently
-    (``objstore.read_many``); stops at the first one missing, so the caller can name the gap."""
-    blobs = objstore.read_many(url, [f"{seq:08d}.json" for seq in range(start, stop + 1)])
-    for seq, blob in zip(range(start, stop + 1), blobs, strict=True):
-        if blob is None:
-            return
-        yield seq, _decode_record(url, seq, blob)
+def read_record_range(url: str, start: int, stop: int, chunk: int = 64) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Records ``start..stop`` (inclusive) of one log, known to exist, fetched ``chunk`` at a time
+    concurrently (``objstore.read_many``); stops at the first one missing, so the caller can name
+    the gap."""
+    for first in range(start, stop + 1, chunk):
+        seqs = range(first, min(first + chunk, stop + 1))
+        for seq, blob in zip(seqs, objstore.read_many(url, [f"{s:08d}.json" for s in seqs]), strict=True):
+            if blob is None:
+                return
+            yield seq, _decode_record(url, seq, blob)
 
 
 def _decode_record(url: str, seq: int, blob: bytes) -> dict[str, Any]:
