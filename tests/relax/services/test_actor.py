@@ -85,3 +85,14 @@ def test_a_checkpoint_killed_before_its_lineage_record_is_redone_and_the_chain_s
     replayed = _checkpoint_weights(ctx, checkpoint_url)  # rewritten by the replay
     for name, w in final.items():  # the replay trains the same batches to the same weights
         torch.testing.assert_close(torch.as_tensor(replayed[name]), torch.as_tensor(w), atol=1e-6, rtol=0)
+
+
+def test_the_actor_role_trains_with_the_exact_top_k_kl(tmp_path):
+    # the role scores its reference's top-k and the loss reads it: at step 0 the policy is the
+    # reference (KL exactly 0), after two updates it has moved (KL > 0), and the run finishes
+    cfg = tiny_config(f"file://{tmp_path}", "topk", "trainer.total_steps=3", "trainer.lr=1e-2",
+                      "trainer.warmup_steps=0", "algorithm.kl_coef=0.5", "algorithm.kl_topk=8")
+    result = train(cfg, progress=False)
+    kl = [m["kl_topk"] for m in sorted(result.actor, key=lambda m: m["step"])]
+    assert result.steps == 3 and len(kl) == 3
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[2] > 1e-6
