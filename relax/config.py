@@ -185,8 +185,8 @@ class AlgorithmConfig:
     kl_topk: int = opt(0, "0 = the KL term is kl_estimator on the sampled tokens. k > 0 = the actor's KL term is the "
                        "forward KL[pi_ref || pi_theta] computed exactly over the reference's k most likely tokens at "
                        "every response position: an answer the policy stopped sampling is still pulled back by its "
-                       "reference probability every step (docs/algorithms.md). Needs the reference in the actor "
-                       "(kl_in_reward=false, reference_role=false).", range=(0, 1_000_000))
+                       "reference probability every step (docs/algorithms.md). Needs kl_in_reward=false; with reference_role "
+                       "the reference role commits its top-k (L, k) columns.", range=(0, 1_000_000))
     kl_in_reward: bool = opt(False, "Apply the KL as a per-token reward penalty -kl_coef * KL_t (computed by the "
                              "advantage role against policy version 0) instead of a loss term in the actor.")
     reference_role: bool = opt(False, "Score the reference policy (version 0) in a role of its own: a fourth process "

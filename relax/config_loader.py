@@ -132,10 +132,10 @@ def _cross_checks(cfg: RelaxConfig) -> None:
         raise ConfigError("algorithm.reference_role=true scores a reference nobody uses: set algorithm.kl_coef > 0 "
                           "or reference_role=false")
     a = cfg.algorithm
-    if a.kl_topk and (a.kl_coef == 0 or a.kl_in_reward or a.reference_role):
-        raise ConfigError("algorithm.kl_topk is the actor's KL loss term against the reference it holds: it needs "
-                          "algorithm.kl_coef > 0, kl_in_reward=false and reference_role=false (a reference role "
-                          "commits sampled-token log-probs only); set kl_topk=0 or change those")
+    if a.kl_topk and (a.kl_coef == 0 or a.kl_in_reward):
+        raise ConfigError("algorithm.kl_topk is the actor's KL loss term: it needs algorithm.kl_coef > 0 and "
+                          "kl_in_reward=false (a reward penalty sees only the sampled tokens); set kl_topk=0 or "
+                          "change those")
     if cfg.data.reward_role:
         clash = [name for name, on in (("rollout.dynamic_sampling", cfg.rollout.dynamic_sampling),
                                        ("rollout.env_fn", bool(cfg.rollout.env_fn)),

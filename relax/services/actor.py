@@ -30,7 +30,8 @@ ACTOR_FIELDS = ["tokens", "loss_mask", "logprobs", "advantages", "prompt_len", "
 
 
 def actor_reads_reference(cfg: Any) -> bool:
-    """The actor's KL loss term takes the reference role's ``ref_logprobs`` column."""
+    """The actor's KL loss term takes the reference role's columns (``ref_logprobs``, or the
+    ``ref_topk_*`` pair with ``kl_topk``)."""
     a = cfg.algorithm
     return a.reference_role and a.kl_coef > 0 and not a.kl_in_reward
 
@@ -101,7 +102,8 @@ class ActorRole:
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.store = ctx.weights()
         self.queue = ctx.queue()
-        fields = (ACTOR_FIELDS + (["ref_logprobs"] if actor_reads_reference(cfg) else [])
+        reference = ["ref_topk_ids", "ref_topk_logprobs"] if cfg.algorithm.kl_topk else ["ref_logprobs"]
+        fields = (ACTOR_FIELDS + (reference if actor_reads_reference(cfg) else [])
                   + (["error"] if cfg.data.reward_role else []))  # zero weight for failed rewards
         self.consumer = ConsumerGroup(self.queue, ACTOR_GROUP, fields,
                                       batch_groups=cfg.rollout.prompts_per_step, max_staleness=cfg.queue.max_staleness)

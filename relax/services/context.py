@@ -32,6 +32,12 @@ REWARD_FIELDS = (Field("reward", "float32"), Field("error", kind="str"))
 # algorithm.reference_role: the reference role's group, and the column it adds
 REFERENCE_GROUP = "reference"
 REFERENCE_FIELDS = (Field("ref_logprobs", "float32", (None,)),)
+
+
+def topk_reference_fields(k: int) -> tuple[Field, Field]:
+    """The reference role's columns with ``algorithm.kl_topk``: its k likeliest tokens at every
+    position and their log-probs, (L, k) each."""
+    return Field("ref_topk_ids", "int32", (None, k)), Field("ref_topk_logprobs", "float32", (None, k))
 # PPO with GAE: the critic's two groups (values for new rows; training on their returns)
 CRITIC_VALUES_GROUP = "critic_values"
 CRITIC_TRAIN_GROUP = "critic_train"

@@ -29,7 +29,7 @@ from relax.transfer.consumer import Batch
 
 # queue field -> RolloutBatch field, for the per-token float fields a batch may carry
 _FLOAT_FIELDS = {"logprobs": "old_logprobs", "advantages": "advantages", "values": "values", "returns": "returns",
-                 "ref_logprobs": "ref_logprobs"}
+                 "ref_logprobs": "ref_logprobs", "ref_topk_logprobs": "ref_topk_logprobs"}
 
 
 def pack_media(images: Sequence[bytes], audios: Sequence[bytes]) -> bytes:
@@ -128,6 +128,8 @@ def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutB
                                                                    strict=True)]
     floats = {dst: [torch.tensor(x, dtype=torch.float32) for x in f[src]]
               for src, dst in _FLOAT_FIELDS.items() if src in f}
+    if "ref_topk_ids" in f:
+        floats["ref_topk_ids"] = [torch.tensor(x, dtype=torch.long) for x in f["ref_topk_ids"]]
     masks = effective_masks(f["loss_mask"], f.get("error"))  # a failed reward (reward role): zero weight
     return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
                         loss_mask=[torch.tensor(m, dtype=torch.float32) for m in masks],

@@ -187,6 +187,10 @@ class Reference:
         mbs = plan_micro_batches(batch, self.micro_batch_tokens, self.layout)
         return compute_logprobs(self.model, mbs, len(batch), self.temperature)
 
+    def topk_width(self, k: int) -> int:
+        """How many tokens ``topk(batch, k)`` returns per position: k, capped at the vocabulary."""
+        return min(k, self.model.get_output_embeddings().out_features)
+
     @torch.no_grad()
     def topk(self, batch: RolloutBatch, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The reference's k most likely tokens at every position of every sample: (L_i, k) ids

@@ -29,9 +29,9 @@ def _run(root, run_id: str, *extra: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["loss", "reward"])
+@pytest.mark.parametrize("mode", ["loss", "reward", "topk"])
 def test_a_reference_role_trains_exactly_like_a_held_reference(tmp_path, mode):
-    extra = ("algorithm.kl_in_reward=true",) if mode == "reward" else ()
+    extra = {"loss": (), "reward": ("algorithm.kl_in_reward=true",), "topk": ("algorithm.kl_topk=8",)}[mode]
     held, _, w_held = _run(f"file://{tmp_path}/a", "held", *extra)
     role, ctx, w_role = _run(f"file://{tmp_path}/b", "role", *extra, "algorithm.reference_role=true")
     assert held.steps == role.steps == 3
@@ -44,7 +44,8 @@ def test_a_reference_role_trains_exactly_like_a_held_reference(tmp_path, mode):
     assert len(read_metrics(ctx.run_url, "reference")) == 3
     queue = ctx.queue()
     queue.refresh()
-    assert all("ref_logprobs" in m.locs for m in queue.state.samples.values() if "advantages" in m.locs)
+    column = "ref_topk_logprobs" if mode == "topk" else "ref_logprobs"
+    assert all(column in m.locs for m in queue.state.samples.values() if "advantages" in m.locs)
 
 
 def test_the_actor_holds_no_reference_with_a_reference_role(tmp_path):
