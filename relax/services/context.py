@@ -31,13 +31,7 @@ REWARD_GROUP = "reward"
 REWARD_FIELDS = (Field("reward", "float32"), Field("error", kind="str"))
 # algorithm.reference_role: the reference role's group, and the column it adds
 REFERENCE_GROUP = "reference"
-REFERENCE_FIELDS = (Field("ref_logprobs", "float32", (None,)),)
-
-
-def topk_reference_fields(k: int) -> tuple[Field, Field]:
-    """The reference role's columns with ``algorithm.kl_topk``: its k likeliest tokens at every
-    position and their log-probs, (L, k) each."""
-    return Field("ref_topk_ids", "int32", (None, k)), Field("ref_topk_logprobs", "float32", (None, k))
+REFERENCE_FIELDS = (Field("ref_logprobs", "float32", (None,)),)  # with kl_topk: topk_reference_fields
 # PPO with GAE: the critic's two groups (values for new rows; training on their returns)
 CRITIC_VALUES_GROUP = "critic_values"
 CRITIC_TRAIN_GROUP = "critic_train"
@@ -55,6 +49,12 @@ ROLLOUT_FIELDS = (
     Field("turn_media", kind="bytes"),
 )
 ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
+
+
+def topk_reference_fields(k: int) -> tuple[Field, Field]:
+    """The reference role's columns with ``algorithm.kl_topk``: its k likeliest tokens at every
+    position and their log-probs, (L, k) each."""
+    return Field("ref_topk_ids", "int32", (None, k)), Field("ref_topk_logprobs", "float32", (None, k))
 
 
 def rollout_fields(reward_role: bool) -> tuple[Field, ...]:

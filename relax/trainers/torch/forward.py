@@ -4,8 +4,8 @@ For a sample with tokens x_0..x_{L-1}, position t holds log pi(x_t | x_<t) for t
 at t = 0, so the result aligns with ``input_ids`` like every other token field.
 
 A ``PositionReader`` reads more off each scored position's full distribution than the
-sampled token's log-probability: the reference's top-k tokens, or the policy's log-probs of
-those tokens (the exact top-k KL, ``relax.algorithms.kl.topk_forward_kl``). It is called as
+sampled token's log-probability: the reference's top-k tokens, or the policy's KL to the
+reference over them (the exact top-k KL, ``relax.algorithms.kl.topk_forward_kl``). It is called as
 ``read(indices, starts, logp)`` with ``logp`` the (n, R, V) log-softmax of n samples, row k
 holding positions starts[k].. of sample indices[k] (rows shorter than R run on into padding),
 and returns a tensor or tuple of tensors shaped (n, R, ...); the forward cuts each sample's
