@@ -86,6 +86,9 @@ class PolicyLoss:
         loss, metrics = compute_policy_loss(a.policy_loss, lp, old, adv, mask, clip_low=a.clip_low,
                                             clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights)
         if a.kl_coef > 0 and not a.kl_in_reward and a.kl_topk:
+            if reads is None:
+                raise ValueError("algorithm.kl_topk reads its KL off the forward: pass read=PolicyLoss.reader(batch) "
+                                 "to TorchTrainer.step (Actor.train_step does)")
             kl = pad(reads) * mask  # (n, T): topk_forward_kl per position, from the reader
             loss = loss + a.kl_coef * kl
             metrics["kl_topk"] = kl.detach().sum() / mask.sum().clamp(min=1)

@@ -74,6 +74,8 @@ def test_topk_kl_needs_the_reference_top_k_and_is_zero_at_the_reference():
     with pytest.raises(ValueError, match=r"needs batch field\(s\) \['ref_topk_ids', 'ref_topk_logprobs'\]"):
         a.train_step(batch)
     batch.ref_topk_ids, batch.ref_topk_logprobs = Reference(copy.deepcopy(a.model)).topk(batch, 4)
+    with pytest.raises(ValueError, match="pass read=PolicyLoss.reader"):
+        a.trainer.step(batch, a.loss)  # a step that does not read the KL off the forward
     # policy == reference: sum_j p_j (log p_j - log q_j) = 0, so the loss is the plain PPO loss (-18/38)
     result = a.train_step(batch)
     assert result.loss == pytest.approx(-18 / 38, abs=1e-6) and result.metrics["kl_topk"] == pytest.approx(0, abs=1e-7)
