@@ -20,7 +20,7 @@ from relax import objstore
 from relax.config_loader import config_hash
 from relax.services.context import ACTOR_GROUP, RunContext
 from relax.services.media import MediaInputs, to_rollout_batch
-from relax.trainers.torch.actor import Actor, Reference
+from relax.trainers.torch.actor import Actor, Reference, kl_loss_term, reference_fields
 from relax.trainers.torch.checkpoint import load_checkpoint, read_meta
 from relax.trainers.torch.sft import format_warmup
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
@@ -33,7 +33,7 @@ def actor_reads_reference(cfg: Any) -> bool:
     """The actor's KL loss term takes the reference role's columns (``ref_logprobs``, or the
     ``ref_topk_*`` pair with ``kl_topk``)."""
     a = cfg.algorithm
-    return a.reference_role and a.kl_coef > 0 and not a.kl_in_reward
+    return a.reference_role and kl_loss_term(a)
 
 
 def behaviour_is_proximal(cfg: Any, policy_versions: list[int], version: int) -> bool:
@@ -102,8 +102,7 @@ class ActorRole:
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.store = ctx.weights()
         self.queue = ctx.queue()
-        reference = ["ref_topk_ids", "ref_topk_logprobs"] if cfg.algorithm.kl_topk else ["ref_logprobs"]
-        fields = (ACTOR_FIELDS + (reference if actor_reads_reference(cfg) else [])
+        fields = (ACTOR_FIELDS + (reference_fields(cfg.algorithm) if actor_reads_reference(cfg) else [])
                   + (["error"] if cfg.data.reward_role else []))  # zero weight for failed rewards
         self.consumer = ConsumerGroup(self.queue, ACTOR_GROUP, fields,
                                       batch_groups=cfg.rollout.prompts_per_step, max_staleness=cfg.queue.max_staleness)
@@ -130,7 +129,7 @@ class ActorRole:
             self.actor.model.load_state_dict(state)
         # with kl_in_reward the KL is in the advantages (the advantage role holds the reference);
         # with reference_role the rows bring ref_logprobs (relax.services.reference)
-        use_ref = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward
+        use_ref = kl_loss_term(cfg.algorithm)
         self.reference = initial_reference(ctx)[0] if use_ref and not cfg.algorithm.reference_role else None
 
     @property

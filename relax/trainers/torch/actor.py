@@ -17,7 +17,7 @@ import torch
 from relax.algorithms import compute_policy_loss, kl_estimate, off_policy_correction, topk_forward_kl
 from relax.config import AlgorithmConfig, RelaxConfig
 from relax.models.builders import ENCODER_MODULES, encoder_parameters, freeze_encoders
-from relax.trainers.torch.batch import RolloutBatch
+from relax.trainers.torch.batch import TOPK_FIELDS, RolloutBatch
 from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.forward import PositionReader, compute_logprobs, token_logprobs
 from relax.trainers.torch.packing import MicroBatch
@@ -35,11 +35,18 @@ def pad(values: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> tor
     return out
 
 
+def kl_loss_term(alg: AlgorithmConfig) -> bool:
+    """Whether the actor's loss has a KL term (else none, or the KL is in the rewards)."""
+    return alg.kl_coef > 0 and not alg.kl_in_reward
+
+
+def reference_fields(alg: AlgorithmConfig) -> list[str]:
+    """The batch fields the KL loss term reads: the top-k pair with ``kl_topk``, else ``ref_logprobs``."""
+    return list(TOPK_FIELDS) if alg.kl_topk else ["ref_logprobs"]
+
+
 def required_fields(alg: AlgorithmConfig) -> list[str]:
-    fields = ["loss_mask", "old_logprobs", "advantages"]
-    if alg.kl_coef > 0 and not alg.kl_in_reward:
-        fields += ["ref_topk_ids", "ref_topk_logprobs"] if alg.kl_topk else ["ref_logprobs"]
-    return fields
+    return ["loss_mask", "old_logprobs", "advantages"] + (reference_fields(alg) if kl_loss_term(alg) else [])
 
 
 class PolicyLoss:
@@ -53,7 +60,7 @@ class PolicyLoss:
 
         The KL is summed over k inside one batched op, so only one scalar per position leaves the
         forward: per-sample (L_i, k) tensors would cost k times the backward copies of the padding."""
-        if not (self.alg.kl_topk and self.alg.kl_coef > 0 and not self.alg.kl_in_reward):
+        if not (self.alg.kl_topk and kl_loss_term(self.alg)):
             return None
 
         def read(indices: list[int], starts: list[int], logp: torch.Tensor) -> torch.Tensor:
@@ -85,14 +92,14 @@ class PolicyLoss:
             weights, mask = corr.weights, corr.mask
         loss, metrics = compute_policy_loss(a.policy_loss, lp, old, adv, mask, clip_low=a.clip_low,
                                             clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights)
-        if a.kl_coef > 0 and not a.kl_in_reward and a.kl_topk:
+        if kl_loss_term(a) and a.kl_topk:
             if reads is None:
                 raise ValueError("algorithm.kl_topk reads its KL off the forward: pass read=PolicyLoss.reader(batch) "
                                  "to TorchTrainer.step (Actor.train_step does)")
             kl = pad(reads) * mask  # (n, T): topk_forward_kl per position, from the reader
             loss = loss + a.kl_coef * kl
             metrics["kl_topk"] = kl.detach().sum() / mask.sum().clamp(min=1)
-        elif a.kl_coef > 0 and not a.kl_in_reward:
+        elif kl_loss_term(a):
             ref = pad([batch.ref_logprobs[i] for i in idx]).to(lp.dtype)
             loss = loss + a.kl_coef * kl_estimate(lp, ref, a.kl_estimator) * mask
         if a.entropy_coef > 0 and entropies is not None:
