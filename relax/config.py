@@ -187,6 +187,9 @@ class AlgorithmConfig:
                        "every response position: an answer the policy stopped sampling is still pulled back by its "
                        "reference probability every step (docs/algorithms.md). Needs kl_in_reward=false; with reference_role "
                        "the reference role commits its top-k (L, k) columns.", range=(0, 1_000_000))
+    kl_topk_weight: float = opt(1.0, "With kl_topk > 0: the share of kl_coef on the top-k forward KL. The rest, "
+                                "(1 - w) * kl_coef, stays on kl_estimator over the sampled tokens, so the reference "
+                                "also scores those (ref_logprobs). 1 = the top-k term alone.", range=(0.0, 1.0))
     kl_in_reward: bool = opt(False, "Apply the KL as a per-token reward penalty -kl_coef * KL_t (computed by the "
                              "advantage role against policy version 0) instead of a loss term in the actor.")
     reference_role: bool = opt(False, "Score the reference policy (version 0) in a role of its own: a fourth process "

@@ -136,6 +136,12 @@ def _cross_checks(cfg: RelaxConfig) -> None:
         raise ConfigError("algorithm.kl_topk is the actor's KL loss term: it needs algorithm.kl_coef > 0 and "
                           "kl_in_reward=false (a reward penalty sees only the sampled tokens); set kl_topk=0 or "
                           "change those")
+    if a.kl_topk_weight != 1.0 and not a.kl_topk:
+        raise ConfigError("algorithm.kl_topk_weight splits the KL between the top-k term and kl_estimator: it needs "
+                          "algorithm.kl_topk > 0; set kl_topk or leave kl_topk_weight at 1")
+    if a.kl_topk and a.kl_topk_weight == 0:
+        raise ConfigError("algorithm.kl_topk_weight=0 puts no weight on the top-k KL the reference would still "
+                          "score: set algorithm.kl_topk=0 for kl_estimator alone")
     if cfg.data.reward_role:
         clash = [name for name, on in (("rollout.dynamic_sampling", cfg.rollout.dynamic_sampling),
                                        ("rollout.env_fn", bool(cfg.rollout.env_fn)),

@@ -7,7 +7,8 @@ it: the actor for the KL loss term, the advantage role for ``kl_in_reward``. Wit
 ``prompts_per_step`` complete groups, scores their tokens (and media) with the reference and
 commits ``ref_logprobs`` (float32, one per token, aligned with ``tokens`` like ``logprobs``), or
 with ``algorithm.kl_topk`` its top-k at every position, ``ref_topk_ids`` (int32) and
-``ref_topk_logprobs`` (float32), (L, k) each.
+``ref_topk_logprobs`` (float32), (L, k) each, plus ``ref_logprobs`` when
+``kl_topk_weight`` < 1 keeps part of the KL on the sampled tokens (one forward gives both).
 The actor and the advantage role then read that column and hold no second model, which is
 the memory and compute a large actor should not spend.
 
@@ -26,6 +27,7 @@ import numpy as np
 from relax.services.column import ColumnStage
 from relax.services.context import REFERENCE_FIELDS, REFERENCE_GROUP, RunContext, topk_reference_fields
 from relax.services.media import MediaInputs, to_rollout_batch
+from relax.trainers.torch.actor import sampled_kl_weight
 from relax.transfer.consumer import Batch
 
 ROW_FIELDS = ["tokens", "loss_mask", "prompt_len", "turn_media"]
@@ -38,19 +40,25 @@ class ReferenceRole:
         self.reference, processor = initial_reference(ctx, wait_s)
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         # with kl_topk the actor needs the reference's top-k at every position, not its sampled-token log-probs
-        self.topk = self.reference.topk_width(ctx.cfg.algorithm.kl_topk) if ctx.cfg.algorithm.kl_topk else 0
-        fields, marker = ((topk_reference_fields(self.topk), "ref_topk_logprobs") if self.topk
-                          else (REFERENCE_FIELDS, "ref_logprobs"))
+        alg = ctx.cfg.algorithm
+        self.topk = self.reference.topk_width(alg.kl_topk) if alg.kl_topk else 0
+        self.sampled = sampled_kl_weight(alg) > 0  # kl_topk_weight < 1 keeps a share on the sampled tokens
+        fields, marker = ((topk_reference_fields(self.topk) + (REFERENCE_FIELDS if self.sampled else ()),
+                           "ref_topk_logprobs") if self.topk else (REFERENCE_FIELDS, "ref_logprobs"))
         self.stage = ColumnStage(ctx, REFERENCE_GROUP, ROW_FIELDS, writer_id, fields, marker)
         self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
         self.repaired = self.stage.repair(self._commit)
 
     def _commit(self, batch: Batch) -> None:
         if self.topk:
-            ids, lps = self.reference.topk(to_rollout_batch(batch, self.media), self.topk)
-            self.producer.add_fields({sid: {"ref_topk_ids": i.numpy().astype(np.int32),
-                                            "ref_topk_logprobs": lp.float().numpy().astype(np.float32)}
-                                      for sid, i, lp in zip(batch.ids, ids, lps, strict=True)}, meta={"step": batch.step})
+            top = self.reference.topk(to_rollout_batch(batch, self.media), self.topk)
+            rows = {sid: {"ref_topk_ids": i.numpy().astype(np.int32),
+                          "ref_topk_logprobs": lp.float().numpy().astype(np.float32)}
+                    for sid, i, lp in zip(batch.ids, top.ids, top.logprobs, strict=True)}
+            if self.sampled:
+                for sid, lp in zip(batch.ids, top.sampled, strict=True):
+                    rows[sid]["ref_logprobs"] = lp.float().numpy().astype(np.float32)
+            self.producer.add_fields(rows, meta={"step": batch.step})
             return
         logprobs = self.reference.logprobs(to_rollout_batch(batch, self.media))
         self.producer.add_fields({sid: {"ref_logprobs": lp.detach().float().cpu().numpy().astype(np.float32)}

@@ -122,6 +122,15 @@ def test_topk_kl_needs_a_kl_loss_term(clash):
     assert load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_topk=8"]).algorithm.kl_topk == 8
 
 
+def test_topk_weight_needs_the_top_k_term():
+    with pytest.raises(ConfigError, match="kl_topk_weight splits the KL"):
+        load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_topk_weight=0.5"])
+    with pytest.raises(ConfigError, match="kl_topk_weight=0 puts no weight"):
+        load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_topk=8", "algorithm.kl_topk_weight=0"])
+    assert load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_topk=8",
+                              "algorithm.kl_topk_weight=0.25"]).algorithm.kl_topk_weight == 0.25
+
+
 def test_near_miss_credit_refuses_a_custom_reward_and_stays_below_one():
     with pytest.raises(ConfigError, match="near_miss_credit shapes the built-in task verifiers"):
         load_config(None, ["algorithm.near_miss_credit=0.5", "data.reward_fn=tests.some:reward"])

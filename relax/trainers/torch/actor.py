@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -40,9 +41,15 @@ def kl_loss_term(alg: AlgorithmConfig) -> bool:
     return alg.kl_coef > 0 and not alg.kl_in_reward
 
 
+def sampled_kl_weight(alg: AlgorithmConfig) -> float:
+    """The share of ``kl_coef`` on ``kl_estimator`` over the sampled tokens; the rest is on the top-k KL."""
+    return 1.0 - alg.kl_topk_weight if alg.kl_topk else 1.0
+
+
 def reference_fields(alg: AlgorithmConfig) -> list[str]:
-    """The batch fields the KL loss term reads: the top-k pair with ``kl_topk``, else ``ref_logprobs``."""
-    return list(TOPK_FIELDS) if alg.kl_topk else ["ref_logprobs"]
+    """The batch fields the KL loss term reads: the top-k pair with ``kl_topk``, ``ref_logprobs``
+    for the sampled-token estimator, both when ``kl_topk_weight`` splits the term."""
+    return (list(TOPK_FIELDS) if alg.kl_topk else []) + (["ref_logprobs"] if sampled_kl_weight(alg) > 0 else [])
 
 
 def required_fields(alg: AlgorithmConfig) -> list[str]:
@@ -97,11 +104,11 @@ class PolicyLoss:
                 raise ValueError("algorithm.kl_topk reads its KL off the forward: pass read=PolicyLoss.reader(batch) "
                                  "to TorchTrainer.step (Actor.train_step does)")
             kl = pad(reads) * mask  # (n, T): topk_forward_kl per position, from the reader
-            loss = loss + a.kl_coef * kl
+            loss = loss + a.kl_coef * a.kl_topk_weight * kl
             metrics["kl_topk"] = kl.detach().sum() / mask.sum().clamp(min=1)
-        elif kl_loss_term(a):
+        if kl_loss_term(a) and sampled_kl_weight(a) > 0:
             ref = pad([batch.ref_logprobs[i] for i in idx]).to(lp.dtype)
-            loss = loss + a.kl_coef * kl_estimate(lp, ref, a.kl_estimator) * mask
+            loss = loss + a.kl_coef * sampled_kl_weight(a) * kl_estimate(lp, ref, a.kl_estimator) * mask
         if a.entropy_coef > 0 and entropies is not None:
             loss = loss - a.entropy_coef * pad(entropies) * mask
         out = {k: float(v) for k, v in metrics.items()}
@@ -182,6 +189,14 @@ def merge_results(results: Sequence[StepResult]) -> StepResult:
                       metrics={k: sum(r.metrics.get(k, 0.0) for r in results) / m for k in keys})
 
 
+class ReferenceTopK(NamedTuple):
+    """``Reference.topk``'s answer, one entry per sample."""
+
+    ids: list[torch.Tensor]  # (L_i, k) int64: the reference's k likeliest tokens at each position
+    logprobs: list[torch.Tensor]  # (L_i, k): their log-probs, descending
+    sampled: list[torch.Tensor]  # (L_i,): the log-probs of the tokens the sample holds
+
+
 class Reference:
     """A frozen copy of the initial policy: reference logprobs for the KL term."""
 
@@ -202,19 +217,21 @@ class Reference:
         return min(k, self.model.get_output_embeddings().out_features)
 
     @torch.no_grad()
-    def topk(self, batch: RolloutBatch, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def topk(self, batch: RolloutBatch, k: int) -> ReferenceTopK:
         """The reference's k most likely tokens at every position of every sample: (L_i, k) ids
         and (L_i, k) log-probs; zero rows where the layout scores nothing (position 0, and the prompt
-        in the prefix layout), which the loss mask leaves out anyway. k is capped at V."""
+        in the prefix layout), which the loss mask leaves out anyway. k is capped at V. The same
+        forward also gives the sampled tokens' log-probs, (L_i,), as ``logprobs`` would."""
         ids: list[torch.Tensor | None] = [None] * len(batch)
         lps: list[torch.Tensor | None] = [None] * len(batch)
+        sampled: list[torch.Tensor | None] = [None] * len(batch)
 
         def top(indices: list[int], starts: list[int], logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             values, top_ids = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
             return top_ids, values
 
         for mb in plan_micro_batches(batch, self.micro_batch_tokens, self.layout):
-            for s, (i, v) in zip(mb.spans, token_logprobs(self.model, mb, self.temperature, read=top).reads,
-                                 strict=True):
-                ids[s.index], lps[s.index] = i, v
-        return ids, lps  # type: ignore[return-value]
+            out = token_logprobs(self.model, mb, self.temperature, read=top)
+            for s, (i, v), lp in zip(mb.spans, out.reads, out.logprobs, strict=True):
+                ids[s.index], lps[s.index], sampled[s.index] = i, v, lp
+        return ReferenceTopK(ids, lps, sampled)  # type: ignore[arg-type]

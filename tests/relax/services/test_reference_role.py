@@ -29,9 +29,10 @@ def _run(root, run_id: str, *extra: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["loss", "reward", "topk"])
+@pytest.mark.parametrize("mode", ["loss", "reward", "topk", "split"])
 def test_a_reference_role_trains_exactly_like_a_held_reference(tmp_path, mode):
-    extra = {"loss": (), "reward": ("algorithm.kl_in_reward=true",), "topk": ("algorithm.kl_topk=8",)}[mode]
+    extra = {"loss": (), "reward": ("algorithm.kl_in_reward=true",), "topk": ("algorithm.kl_topk=8",),
+             "split": ("algorithm.kl_topk=8", "algorithm.kl_topk_weight=0.5")}[mode]
     held, _, w_held = _run(f"file://{tmp_path}/a", "held", *extra)
     role, ctx, w_role = _run(f"file://{tmp_path}/b", "role", *extra, "algorithm.reference_role=true")
     assert held.steps == role.steps == 3
@@ -44,8 +45,10 @@ def test_a_reference_role_trains_exactly_like_a_held_reference(tmp_path, mode):
     assert len(read_metrics(ctx.run_url, "reference")) == 3
     queue = ctx.queue()
     queue.refresh()
-    column = "ref_topk_logprobs" if mode == "topk" else "ref_logprobs"
-    assert all(column in m.locs for m in queue.state.samples.values() if "advantages" in m.locs)
+    columns = {"topk": ["ref_topk_logprobs"], "split": ["ref_topk_logprobs", "ref_logprobs"]}.get(mode, ["ref_logprobs"])
+    trained = [m for m in queue.state.samples.values() if "advantages" in m.locs]
+    assert trained and all(c in m.locs for m in trained for c in columns)
+    assert mode == "split" or all("ref_logprobs" not in m.locs for m in trained) == (mode == "topk")
 
 
 def test_the_actor_holds_no_reference_with_a_reference_role(tmp_path):

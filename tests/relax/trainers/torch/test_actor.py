@@ -73,7 +73,7 @@ def test_topk_kl_needs_the_reference_top_k_and_is_zero_at_the_reference():
     batch = on_policy(a)
     with pytest.raises(ValueError, match=r"needs batch field\(s\) \['ref_topk_ids', 'ref_topk_logprobs'\]"):
         a.train_step(batch)
-    batch.ref_topk_ids, batch.ref_topk_logprobs = Reference(copy.deepcopy(a.model)).topk(batch, 4)
+    batch.ref_topk_ids, batch.ref_topk_logprobs, _ = Reference(copy.deepcopy(a.model)).topk(batch, 4)
     with pytest.raises(ValueError, match="pass read=PolicyLoss.reader"):
         a.trainer.step(batch, a.loss)  # a step that does not read the KL off the forward
     # policy == reference: sum_j p_j (log p_j - log q_j) = 0, so the loss is the plain PPO loss (-18/38)
@@ -92,7 +92,10 @@ def _full_logprobs(model, batch) -> list[torch.Tensor]:
 def test_reference_topk_is_the_head_of_the_full_distribution_in_every_layout(layout):
     model = tiny_qwen2()
     batch = tiny_batch()
-    ids, lps = Reference(copy.deepcopy(model), layout=layout).topk(batch, 5)
+    ref = Reference(copy.deepcopy(model), layout=layout)
+    ids, lps, sampled = ref.topk(batch, 5)
+    for want, got in zip(ref.logprobs(batch), sampled, strict=True):  # the same forward scores the sample
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     for full, i, lp, m in zip(_full_logprobs(model, batch), ids, lps, batch.loss_mask, strict=True):
         rows = m > 0
         want_lp, want_ids = torch.topk(full[rows], 5, dim=-1)
@@ -109,13 +112,35 @@ def test_topk_kl_over_the_whole_vocabulary_is_the_exact_forward_kl():
         for p in a.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     batch = on_policy(a)
-    batch.ref_topk_ids, batch.ref_topk_logprobs = Reference(ref_model).topk(batch, VOCAB)
+    batch.ref_topk_ids, batch.ref_topk_logprobs, _ = Reference(ref_model).topk(batch, VOCAB)
     # token-mean over response tokens of sum_v p_v (log p_v - log q_v), from the two models' full logits
     kl = [((r.exp() * (r - q)).sum(-1) * m).sum() for r, q, m in
           zip(_full_logprobs(ref_model, batch), _full_logprobs(a.model, batch), batch.loss_mask, strict=True)]
     want = float(sum(kl) / sum(m.sum() for m in batch.loss_mask))
     assert want > 1e-3
     assert a.train_step(batch).metrics["kl_topk"] == pytest.approx(want, rel=1e-4)
+
+
+def test_topk_weight_splits_the_kl_between_the_top_k_and_the_sampled_tokens():
+    # loss_t = pg_t + c * (w * KL_topk_t + (1 - w) * k3_t), linear in w, and the token mean is linear too:
+    # L(w = 0.25) = 0.25 * L(top-k alone, w = 1) + 0.75 * L(k3 alone, kl_topk = 0), from one policy and batch
+    model, ref_model = tiny_qwen2(), tiny_qwen2()
+    with torch.no_grad():  # the policy away from the reference, so both KL terms are > 0
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = on_policy(actor(model=copy.deepcopy(model)))
+    batch.ref_topk_ids, batch.ref_topk_logprobs, batch.ref_logprobs = Reference(ref_model).topk(batch, 8)
+    losses = {}
+    for name, extra in {"mix": ("algorithm.kl_topk=8", "algorithm.kl_topk_weight=0.25"),
+                        "topk": ("algorithm.kl_topk=8",), "k3": ()}.items():
+        losses[name] = actor("algorithm.kl_coef=0.5", "algorithm.off_policy=none", *extra,
+                             model=copy.deepcopy(model)).train_step(batch).loss
+    assert abs(losses["topk"] - losses["k3"]) > 1e-3  # the two terms differ, so the split is visible
+    assert losses["mix"] == pytest.approx(0.25 * losses["topk"] + 0.75 * losses["k3"], abs=1e-6)
+    split = actor("algorithm.kl_coef=0.5", "algorithm.kl_topk=8", "algorithm.kl_topk_weight=0.5")
+    batch.ref_logprobs = None
+    with pytest.raises(ValueError, match=r"needs batch field\(s\) \['ref_logprobs'\]"):
+        split.train_step(batch)
 
 
 def test_critic_fits_returns_and_needs_them():
