@@ -39,7 +39,8 @@ class ReferenceRole:
 
         self.reference, processor = initial_reference(ctx, wait_s)
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
-        # with kl_topk the actor needs the reference's top-k at every position, not its sampled-token log-probs
+        # with kl_topk the actor needs the reference's top-k at every position (and, when kl_topk_weight < 1,
+        # its sampled-token log-probs as well, from the same forward)
         alg = ctx.cfg.algorithm
         self.topk = self.reference.topk_width(alg.kl_topk) if alg.kl_topk else 0
         self.sampled = sampled_kl_weight(alg) > 0  # kl_topk_weight < 1 keeps a share on the sampled tokens
