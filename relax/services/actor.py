@@ -20,7 +20,7 @@ from relax import objstore
 from relax.config_loader import config_hash
 from relax.services.context import ACTOR_GROUP, RunContext
 from relax.services.media import MediaInputs, to_rollout_batch
-from relax.trainers.torch.actor import Actor, Reference, kl_loss_term, reference_fields, sampled_kl_weight
+from relax.trainers.torch.actor import Actor, Reference, kl_loss_term, reference_fields
 from relax.trainers.torch.checkpoint import load_checkpoint, read_meta
 from relax.trainers.torch.sft import format_warmup
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
@@ -151,9 +151,8 @@ class ActorRole:
         rollout_batch = to_rollout_batch(batch, self.media)
         if self.reference is not None and self.cfg.algorithm.kl_topk:
             top = self.reference.topk(rollout_batch, self.cfg.algorithm.kl_topk)
-            rollout_batch.ref_topk_ids, rollout_batch.ref_topk_logprobs = top.ids, top.logprobs
-            if sampled_kl_weight(self.cfg.algorithm) > 0:
-                rollout_batch.ref_logprobs = top.sampled
+            # the sampled tokens' log-probs come free with the top-k; the loss reads them when kl_topk_weight < 1
+            rollout_batch.ref_topk_ids, rollout_batch.ref_topk_logprobs, rollout_batch.ref_logprobs = top
         elif self.reference is not None:
             rollout_batch.ref_logprobs = self.reference.logprobs(rollout_batch)
         if behaviour_is_proximal(self.cfg, batch.policy_versions, self.version):

@@ -27,7 +27,7 @@ import numpy as np
 from relax.services.column import ColumnStage
 from relax.services.context import REFERENCE_FIELDS, REFERENCE_GROUP, RunContext, topk_reference_fields
 from relax.services.media import MediaInputs, to_rollout_batch
-from relax.trainers.torch.actor import sampled_kl_weight
+from relax.trainers.torch.actor import reference_fields
 from relax.transfer.consumer import Batch
 
 ROW_FIELDS = ["tokens", "loss_mask", "prompt_len", "turn_media"]
@@ -39,31 +39,29 @@ class ReferenceRole:
 
         self.reference, processor = initial_reference(ctx, wait_s)
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
-        # with kl_topk the actor needs the reference's top-k at every position (and, when kl_topk_weight < 1,
-        # its sampled-token log-probs as well, from the same forward)
+        # the columns the KL reads (``reference_fields``): with kl_topk the top-k at every position, and
+        # the sampled tokens' log-probs wherever kl_estimator has a share; one forward gives all three
         alg = ctx.cfg.algorithm
         self.topk = self.reference.topk_width(alg.kl_topk) if alg.kl_topk else 0
-        self.sampled = sampled_kl_weight(alg) > 0  # kl_topk_weight < 1 keeps a share on the sampled tokens
-        fields, marker = ((topk_reference_fields(self.topk) + (REFERENCE_FIELDS if self.sampled else ()),
-                           "ref_topk_logprobs") if self.topk else (REFERENCE_FIELDS, "ref_logprobs"))
-        self.stage = ColumnStage(ctx, REFERENCE_GROUP, ROW_FIELDS, writer_id, fields, marker)
+        wanted = reference_fields(alg)
+        self.fields = tuple(f for f in topk_reference_fields(self.topk) + REFERENCE_FIELDS if f.name in wanted)
+        marker = "ref_topk_logprobs" if self.topk else "ref_logprobs"
+        self.stage = ColumnStage(ctx, REFERENCE_GROUP, ROW_FIELDS, writer_id, self.fields, marker)
         self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
         self.repaired = self.stage.repair(self._commit)
 
     def _commit(self, batch: Batch) -> None:
+        rollout_batch = to_rollout_batch(batch, self.media)
         if self.topk:
-            top = self.reference.topk(to_rollout_batch(batch, self.media), self.topk)
-            rows = {sid: {"ref_topk_ids": i.numpy().astype(np.int32),
-                          "ref_topk_logprobs": lp.float().numpy().astype(np.float32)}
-                    for sid, i, lp in zip(batch.ids, top.ids, top.logprobs, strict=True)}
-            if self.sampled:
-                for sid, lp in zip(batch.ids, top.sampled, strict=True):
-                    rows[sid]["ref_logprobs"] = lp.float().numpy().astype(np.float32)
-            self.producer.add_fields(rows, meta={"step": batch.step})
-            return
-        logprobs = self.reference.logprobs(to_rollout_batch(batch, self.media))
-        self.producer.add_fields({sid: {"ref_logprobs": lp.detach().float().cpu().numpy().astype(np.float32)}
-                                  for sid, lp in zip(batch.ids, logprobs, strict=True)}, meta={"step": batch.step})
+            top = self.reference.topk(rollout_batch, self.topk)
+            columns = {"ref_topk_ids": top.ids, "ref_topk_logprobs": top.logprobs, "ref_logprobs": top.sampled}
+        else:
+            columns = {"ref_logprobs": self.reference.logprobs(rollout_batch)}
+        rows: dict[str, dict[str, np.ndarray]] = {sid: {} for sid in batch.ids}
+        for f in self.fields:
+            for sid, value in zip(batch.ids, columns[f.name], strict=True):
+                rows[sid][f.name] = value.detach().cpu().numpy().astype(f.dtype)
+        self.producer.add_fields(rows, meta={"step": batch.step})
 
     @property
     def done(self) -> bool:
