@@ -4,9 +4,11 @@ A delta snapshot (relax/transfer/queue.py, ``compact``) names how far each write
 goes, so ``state_at`` knows every record it must fold. It fetches them with one batched
 ``objstore.read_many`` (s3fs issues the GETs concurrently); the alternative, in the same
 run, probes them one GET at a time (``read_records``, what a poll of an unknown log tail
-does). On file:// and s3:// (a moto server on loopback):
+does). On file://, s3:// (a moto server on loopback), and the same s3:// topic through a proxy
+that adds a network round trip to every request (``--rtt-ms``, default 20; latency_proxy.py),
+as a remote object store would:
 
-    python benchmarks/snapshot_open.py [--quick]
+    python benchmarks/snapshot_open.py [--quick] [--rtt-ms 20]
 
 Writes benchmarks/results/snapshot_open.json, rewrites its table in docs/benchmarks.md and
 prints one JSON object as its last line.
@@ -18,6 +20,7 @@ import argparse
 import gc
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -26,8 +29,10 @@ import uuid
 from pathlib import Path
 
 import fsspec
+import s3fs
 from bench_data import start_moto  # noqa: E402  (benchmarks/ is sys.path[0])
 from doc_table import update_table  # noqa: E402
+from latency_proxy import LatencyProxy  # noqa: E402
 
 import relax.transfer.queue as queue_module  # noqa: E402
 from relax.transfer.queue import TransferQueue  # noqa: E402
@@ -75,14 +80,31 @@ def time_opens(url: str, run: str, version: int, fetchers: dict, repeats: int) -
     return {name: (statistics.median(t), samples[name]) for name, t in times.items()}
 
 
+def use_endpoint(endpoint: str) -> None:
+    """Point s3fs at ``endpoint``; cached filesystem instances would keep the old one."""
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def compare(key: str, store: str, url: str, run: str, version: int, commits: int, repeats: int, batched) -> dict:
+    got = time_opens(url, run, version, {"one_by_one": one_by_one, "batched": batched}, repeats)
+    (seq_s, n_seq), (bat_s, n_bat) = got["one_by_one"], got["batched"]
+    if n_seq != n_bat or n_bat != 8 * commits:
+        raise SystemExit(f"{store}: the two opens folded {n_seq} and {n_bat} samples")
+    print(f"{store}: one by one {seq_s:.3f} s, batched {bat_s:.3f} s", file=sys.stderr)
+    return {"key": key, "store": store, "samples": n_bat, "one_by_one_s": seq_s, "batched_s": bat_s, "speedup": seq_s / bat_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller topic and fewer repeats")
+    parser.add_argument("--rtt-ms", type=float, default=20.0,
+                        help="round trip the proxy adds to each S3 request (0 skips that case)")
     parser.add_argument("--out", default=str(HERE / "results" / "snapshot_open.json"))
     args = parser.parse_args()
     full, delta, repeats = (50, 40, 2) if args.quick else (200, 190, 6)
     batched = queue_module.read_record_range
-    moto, _ = start_moto()
+    moto, endpoint = start_moto()
     cases = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -90,27 +112,31 @@ def main() -> None:
             fsspec.filesystem("s3").mkdir(bucket)
             for store, url in (("file", f"file://{tmp}"), ("s3", f"s3://{bucket}")):
                 run, version = build_topic(url, full, delta, per_commit=8)
-                got = time_opens(url, run, version, {"one_by_one": one_by_one, "batched": batched}, repeats)
-                (seq_s, n_seq), (bat_s, n_bat) = got["one_by_one"], got["batched"]
-                if n_seq != n_bat or n_bat != 8 * (full + delta):
-                    raise SystemExit(f"{store}: the two opens folded {n_seq} and {n_bat} samples")
-                cases.append({"store": store, "records_folded": delta, "samples": n_bat,
-                              "one_by_one_s": seq_s, "batched_s": bat_s, "speedup": seq_s / bat_s})
-                print(f"{store}: one by one {seq_s:.3f} s, batched {bat_s:.3f} s", file=sys.stderr)
+                cases.append(compare(store, store, url, run, version, full + delta, repeats, batched))
+            if args.rtt_ms:
+                host, port = endpoint.removeprefix("http://").split(":")
+                proxy = LatencyProxy(host, int(port), rtt_s=args.rtt_ms / 1000)
+                use_endpoint(proxy.start())
+                try:  # the s3 topic above, read through the proxy
+                    cases.append(compare("s3_rtt", f"s3 + {args.rtt_ms:g} ms round trip", f"s3://{bucket}", run, version,
+                                         full + delta, repeats, batched))
+                finally:
+                    use_endpoint(endpoint)
+                    proxy.stop()
     finally:
         queue_module.read_record_range = batched
         moto.terminate()
-    result = {"quick": args.quick, "cases": cases,
+    result = {"quick": args.quick, "records_folded": delta, "rtt_ms": args.rtt_ms, "cases": cases,
               "setup": f"a topic of {full} commits, a full snapshot, {delta} more commits (8 samples each) and a "
                        f"delta snapshot; time to open the delta (state_at), median of {repeats}, 2 CPU cores."}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    rows = ["| store | records folded | one GET at a time s | batched s | speed-up |", "|---|---|---|---|---|"]
-    rows += [f"| {c['store']} | {c['records_folded']} | {c['one_by_one_s']:.3f} | {c['batched_s']:.3f} | "
+    rows = [f"Records folded: {delta}.", "", "| store | one GET at a time s | batched s | speed-up |", "|---|---|---|---|"]
+    rows += [f"| {c['store']} | {c['one_by_one_s']:.3f} | {c['batched_s']:.3f} | "
              f"{c['speedup']:.1f}x |" for c in cases]
     update_table("snapshot_open", rows, "## Opening a delta snapshot (`benchmarks/snapshot_open.py`, "
                  "results/snapshot_open.json)\n\n" + result["setup"])
-    print(json.dumps({c["store"] + "_speedup": round(c["speedup"], 2) for c in cases}))
+    print(json.dumps({c["key"] + "_speedup": round(c["speedup"], 2) for c in cases}))
 
 
 if __name__ == "__main__":
