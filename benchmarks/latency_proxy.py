@@ -64,11 +64,11 @@ class LatencyProxy:
         async def send() -> None:
             while True:
                 arrived, data = await pending.get()
-                if not data:  # end of stream, after everything before it
-                    await asyncio.sleep(max(0.0, arrived + self.one_way_s - time.monotonic()))
-                    writer.write_eof() if writer.can_write_eof() else writer.close()
-                    return
                 await asyncio.sleep(max(0.0, arrived + self.one_way_s - time.monotonic()))
+                if not data:  # end of stream, after everything before it
+                    if writer.can_write_eof():
+                        writer.write_eof()
+                    return
                 writer.write(data)
                 await writer.drain()
 
