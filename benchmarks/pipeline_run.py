@@ -1,0 +1,52 @@
+"""One run of the main job's steps outside Flyte, for comparing recipes across seeds.
+
+Snapshot, format warm-start, RL training and held-out evaluation, exactly as the workflow
+calls them (``relax.pipeline``), with the omni-cpu preset and ``key=value`` overrides, under
+its own root so several runs can go side by side:
+
+    python benchmarks/pipeline_run.py /tmp/runs/s3 seed=3 algorithm.kl_coef=0.35
+
+Prints the evaluation table, then one JSON object as its last line: the overrides, minutes
+from warm start to the end of training, accuracy per modality and per kind of question, and
+the confusion of each kind (correct answer -> the policy's answer -> prompts). The seed
+tables in docs/benchmarks.md ("Top-k KL beside k3" and after) come from this, two runs at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from relax.config_loader import load_config  # noqa: E402
+from relax.pipeline import evaluate, train_run, warm_start  # noqa: E402
+from relax.services.context import RunContext  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", help="a folder or URL of its own for this run (snapshot, warm start, run)")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides on the omni-cpu preset")
+    parser.add_argument("--preset", default="omni-cpu")
+    parser.add_argument("--eval-limit", type=int, default=None, help="held-out prompts per task (default: all)")
+    args = parser.parse_args()
+    root = args.root if "://" in args.root else "file://" + str(Path(args.root).resolve())
+    cfg = load_config(args.preset, [f"root={root}", *args.overrides])
+    t0 = time.perf_counter()
+    init = warm_start(cfg, RunContext(cfg).snapshot_info.id)
+    summary = train_run(cfg, init_checkpoint=init, progress=False)
+    minutes = (time.perf_counter() - t0) / 60
+    report = evaluate(cfg, summary.checkpoint, limit=args.eval_limit)
+    print(report.table())
+    print(json.dumps({"overrides": args.overrides, "minutes": round(minutes, 2),
+                      "by_modality": {k: round(v, 3) for k, v in report.by_modality.items()},
+                      "by_kind": {k: round(v, 3) for k, v in report.by_kind.items()},
+                      "confusion": report.confusion}))
+
+
+if __name__ == "__main__":
+    main()
