@@ -25,7 +25,7 @@ class LatencyProxy:
         self.one_way_s = rtt_s / 2
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="latency-proxy")
-        self.server: asyncio.base_events.Server | None = None
+        self.server: asyncio.Server | None = None
 
     def start(self) -> str:
         """Listen on a free loopback port; returns the proxy's endpoint URL."""

@@ -110,15 +110,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             bucket = f"bench-{uuid.uuid4().hex[:8]}"
             fsspec.filesystem("s3").mkdir(bucket)
+            topics = {}
             for store, url in (("file", f"file://{tmp}"), ("s3", f"s3://{bucket}")):
-                run, version = build_topic(url, full, delta, per_commit=8)
-                cases.append(compare(store, store, url, run, version, full + delta, repeats, batched))
+                topics[store] = (url, *build_topic(url, full, delta, per_commit=8))
+                cases.append(compare(store, store, *topics[store], full + delta, repeats, batched))
             if args.rtt_ms:
                 host, port = endpoint.removeprefix("http://").split(":")
                 proxy = LatencyProxy(host, int(port), rtt_s=args.rtt_ms / 1000)
                 use_endpoint(proxy.start())
                 try:  # the s3 topic above, read through the proxy
-                    cases.append(compare("s3_rtt", f"s3 + {args.rtt_ms:g} ms round trip", f"s3://{bucket}", run, version,
+                    cases.append(compare("s3_rtt", f"s3 + {args.rtt_ms:g} ms round trip", *topics["s3"],
                                          full + delta, repeats, batched))
                 finally:
                     use_endpoint(endpoint)
