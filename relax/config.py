@@ -202,6 +202,12 @@ class AlgorithmConfig:
         "ordinal (the counts of shapes and tones): a count off by one earns this instead of 0, so RL learns 'more "
         "shapes, bigger number' before it learns exact counts (docs/algorithms.md). 0 = exact match only. Held-out "
         "evaluation always scores exact match. Not with data.reward_fn or data.judge_url.", range=(0.0, 0.99))
+    stuck_group_push: float = opt(
+        0.0, "beta of the negative push on prompt groups that all missed: every sample of a group whose rewards are "
+        "all equal and below 1 (all wrong, or all near misses) gets advantage -beta * (1 - r), so the one wrong answer "
+        "the group shares loses probability to the others and an answer the policy stopped sampling comes back "
+        "(docs/algorithms.md). 0 = plain GRPO, where such a group carries no gradient. Rewards on the 0..1 scale of the "
+        "built-in verifiers; advantage grpo, drgrpo or rloo.", range=(0.0, 10.0))
     off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples.",
                           choices=("none", "decoupled", "tis", "icepop"))
     is_cap: float = opt(2.0, "Cap of truncated importance weights (TIS) or mask bound (icepop).", range=(1.0, 1000.0))

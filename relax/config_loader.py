@@ -132,6 +132,9 @@ def _cross_checks(cfg: RelaxConfig) -> None:
         raise ConfigError("algorithm.reference_role=true scores a reference nobody uses: set algorithm.kl_coef > 0 "
                           "or reference_role=false")
     a = cfg.algorithm
+    if a.stuck_group_push and a.advantage not in ("grpo", "drgrpo", "rloo"):
+        raise ConfigError(f"algorithm.stuck_group_push adds to a group estimator's advantage (grpo, drgrpo, rloo), "
+                          f"not {a.advantage!r}: set it to 0 or change algorithm.advantage")
     if a.kl_topk and (a.kl_coef == 0 or a.kl_in_reward):
         raise ConfigError("algorithm.kl_topk is the actor's KL loss term: it needs algorithm.kl_coef > 0 and "
                           "kl_in_reward=false (a reward penalty sees only the sampled tokens); set kl_topk=0 or "

@@ -28,6 +28,7 @@ from relax.algorithms.advantages import (
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
+    stuck_group_push,
 )
 from relax.algorithms.aggregation import (
     LOSS_AGG,
@@ -153,6 +154,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
+    "stuck_group_push",
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
     "tis_weights",

@@ -35,6 +35,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
+    "stuck_group_push",
 ]
 
 
@@ -100,6 +101,24 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     groups = _groups(rewards, group_size)
     others = (groups.sum(dim=-1, keepdim=True) - groups) / (group_size - 1)
     return (groups - others).reshape(-1)
+
+
+def stuck_group_push(rewards: Tensor, group_size: int, beta: float, full: float = 1.0) -> Tensor:
+    """Negative reinforcement for prompt groups that all missed (config ``stuck_group_push``).
+
+    Formula: A_i = -beta * (full - r_i) when every reward of i's group is equal and below
+    ``full``, else 0; added to a group estimator's advantage, which is 0 for such a group.
+    A group whose G samples all give the same wrong answer carries no GRPO gradient, so an
+    answer the policy stopped sampling for that prompt never comes back; pushing the shared
+    wrong answer down hands its probability to the others in proportion to theirs, so the
+    right one is sampled again (negative-sample reinforcement, "The Surprising Effectiveness
+    of Negative Reinforcement in LLM Reasoning", Zhu et al., arXiv:2506.01347, with the
+    positive side left to GRPO). All-right groups (r = full) get 0.
+    Shapes: rewards (B,) with contiguous groups of ``group_size`` -> (B,).
+    """
+    groups = _groups(rewards, group_size)
+    stuck = _all_equal(groups) & (groups < full)
+    return torch.where(stuck, -beta * (full - groups), torch.zeros_like(groups)).reshape(-1)
 
 
 def broadcast_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
@@ -242,6 +261,7 @@ def compute_advantages(
     gamma: float = 1.0,
     lam: float = 0.95,
     eps: float = 1e-6,
+    stuck_push: float = 0.0,
 ) -> tuple[Tensor, Tensor | None]:
     """Any estimator by config name, one signature: -> (advantages (B, T), returns or None).
 
@@ -250,10 +270,13 @@ def compute_advantages(
     token-level estimators receive -beta * KL_t per token, sequence-level ones the
     sequence total r_i - beta * sum_t m_it KL_it. ``returns`` (B, T) is the critic target
     for ``gae`` and None otherwise. ``eps`` is GRPO's std epsilon; the REINFORCE++ variance
-    floor stays at its own 1e-8 default.
+    floor stays at its own 1e-8 default. ``stuck_push`` > 0 adds :func:`stuck_group_push`
+    (judged on the outcome ``rewards``, before any KL penalty) to grpo, drgrpo and rloo.
     """
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage {name!r}; valid: {', '.join(sorted(ADVANTAGES))}")
+    if stuck_push and name not in ("grpo", "drgrpo", "rloo"):
+        raise ValueError(f"stuck_push works on the group estimators grpo, drgrpo and rloo, not {name!r}")
     rewards = _as_float(rewards)
     kl_kw = {"token_kl": token_kl, "kl_coef": kl_coef, "gamma": gamma}
     if name == "reinforce_pp":
@@ -275,4 +298,6 @@ def compute_advantages(
         seq_adv = drgrpo_advantages(seq_rewards, group_size)
     else:
         seq_adv = rloo_advantages(seq_rewards, group_size)
+    if stuck_push:
+        seq_adv = seq_adv + stuck_group_push(rewards, group_size, stuck_push)
     return broadcast_to_tokens(seq_adv, mask), None

@@ -55,11 +55,14 @@ def _padded_or_none(rows: list[np.ndarray] | None) -> torch.Tensor | None:
 
 
 def group_advantages(name: str, rewards: list[float], masks: list[np.ndarray], *,
-                     kl: list[np.ndarray] | None = None, kl_coef: float = 0.0) -> list[np.ndarray]:
+                     kl: list[np.ndarray] | None = None, kl_coef: float = 0.0,
+                     stuck_push: float = 0.0) -> list[np.ndarray]:
     """Advantages (L_i,) of one prompt group: ``rewards`` (G,), ``masks`` G arrays (L_i,);
-    ``kl`` G arrays (L_i,) of per-token KL folded into the reward with weight ``kl_coef``."""
+    ``kl`` G arrays (L_i,) of per-token KL folded into the reward with weight ``kl_coef``;
+    ``stuck_push``: ``algorithm.stuck_group_push``."""
     adv, _ = compute_advantages(name, torch.tensor(rewards, dtype=torch.float32), _padded(masks),
-                                group_size=len(masks), token_kl=_padded_or_none(kl), kl_coef=kl_coef)
+                                group_size=len(masks), token_kl=_padded_or_none(kl), kl_coef=kl_coef,
+                                stuck_push=stuck_push)
     return [adv[i, : len(m)].numpy().astype(np.float32) for i, m in enumerate(masks)]
 
 
@@ -145,14 +148,18 @@ class AdvantageRole:
         for i, g in enumerate(batch.groups):
             by_group.setdefault(g, []).append(i)
         values: dict[str, dict[str, Any]] = {}
+        stuck = 0
         for idx in by_group.values():
-            advs = group_advantages(self.name, [float(batch.fields["reward"][i]) for i in idx],
-                                    [batch.fields["loss_mask"][i] for i in idx],
-                                    kl=None if kl is None else [kl[i] for i in idx], kl_coef=beta)
+            rewards = [float(batch.fields["reward"][i]) for i in idx]
+            stuck += len(set(rewards)) == 1 and rewards[0] < 1.0
+            advs = group_advantages(self.name, rewards, [batch.fields["loss_mask"][i] for i in idx],
+                                    kl=None if kl is None else [kl[i] for i in idx], kl_coef=beta,
+                                    stuck_push=self.alg.stuck_group_push)
             for i, a in zip(idx, advs, strict=True):
                 values[batch.ids[i]] = {"advantages": a}
         self.producer.add_fields(values, meta={"step": batch.step})
-        return kl_metrics(kl, batch.fields["loss_mask"])
+        # the share of groups that all missed: what stuck_group_push acts on, and a collapse's early sign
+        return {**kl_metrics(kl, batch.fields["loss_mask"]), "stuck_groups": stuck / max(len(by_group), 1)}
 
     @property
     def done(self) -> bool:

@@ -181,3 +181,9 @@ def test_parse_override_values():
     assert parse_override("a=") == ("a", "")
     assert parse_override("a=[x, y]") == ("a", ["x", "y"])
     assert parse_override("url=s3://b/k=v") == ("url", "s3://b/k=v")
+
+
+def test_stuck_group_push_needs_a_group_estimator():
+    with pytest.raises(ConfigError, match="stuck_group_push adds to a group estimator"):
+        load_config(None, ["algorithm.stuck_group_push=0.2", "algorithm.advantage=reinforce_pp"])
+    assert load_config(None, ["algorithm.stuck_group_push=0.2", "algorithm.advantage=rloo"]).algorithm.stuck_group_push == 0.2

@@ -24,6 +24,7 @@ from relax.algorithms.advantages import (
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
+    stuck_group_push,
 )
 
 # float32 estimators: hand values to 6 decimals are within 1e-5
@@ -82,6 +83,32 @@ def test_rloo_three_rewards():
     # i=0: 1 - (0 + 1)/2 = 0.5; i=1: 0 - (1 + 1)/2 = -1; i=2: 1 - (1 + 0)/2 = 0.5
     # (= G/(G-1) * drgrpo = 1.5 * [1/3, -2/3, 1/3])
     assert_close_within_1e5(rloo_advantages(torch.tensor([1.0, 0.0, 1.0]), 3), [0.5, -1.0, 0.5])
+
+
+def test_stuck_group_push_three_groups_of_three():
+    # groups [0, 0, 0] (all wrong), [0.5, 0.5, 0.5] (all near misses), [1, 0, 1] (mixed); beta 0.2:
+    # all wrong -> -0.2 * (1 - 0) = -0.2 each; near misses -> -0.2 * (1 - 0.5) = -0.1 each;
+    # a mixed group is GRPO's to judge -> 0
+    rewards = torch.tensor([0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 1.0, 0.0, 1.0])
+    assert_close_within_1e5(stuck_group_push(rewards, 3, 0.2), [-0.2] * 3 + [-0.1] * 3 + [0.0] * 3)
+    # an all-right group [1, 1, 1] is not stuck: 0
+    assert_close_within_1e5(stuck_group_push(torch.tensor([1.0, 1.0, 1.0]), 3, 0.2), [0.0, 0.0, 0.0])
+
+
+def test_compute_advantages_adds_stuck_push_to_group_estimators():
+    # groups [0, 0, 0] and [1, 0, 1], beta 0.5: GRPO gives [0, 0, 0] and [0.707107, -1.414214, 0.707107];
+    # the push adds -0.5 * (1 - 0) = -0.5 to the first group only
+    rewards, mask = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 1.0]), torch.ones(6, 2)
+    adv, _ = compute_advantages("grpo", rewards, mask, group_size=3, stuck_push=0.5)
+    assert_close_within_1e5(adv[:, 0], [-0.5, -0.5, -0.5, 0.707107, -1.414214, 0.707107])
+    assert torch.equal(adv[:, 0], adv[:, 1])  # every response token carries its sequence's advantage
+    # judged on outcome rewards: a KL penalty that makes the all-wrong group's totals differ changes nothing
+    kl = torch.tensor([[0.1, 0.0], [0.0, 0.0], [0.2, 0.2]] + [[0.0, 0.0]] * 3)
+    adv_kl, _ = compute_advantages("drgrpo", rewards, mask, group_size=3, token_kl=kl, kl_coef=1.0, stuck_push=0.5)
+    # drgrpo of totals [-0.1, 0, -0.4] (mean -1/6): [1/15, 1/6, -7/30], plus -0.5 each
+    assert_close_within_1e5(adv_kl[:3, 0], [1 / 15 - 0.5, 1 / 6 - 0.5, -7 / 30 - 0.5])
+    with pytest.raises(ValueError, match="group estimators"):
+        compute_advantages("reinforce_pp", rewards, mask, group_size=3, stuck_push=0.5)
 
 
 def test_integer_and_bool_rewards_are_promoted():

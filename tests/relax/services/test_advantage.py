@@ -111,3 +111,48 @@ def test_a_step_recorded_but_never_committed_is_recomputed_at_start(tmp_path, ro
         assert all(field in queue.state.samples[sid].locs for sid in batch.ids)
     finally:
         again.close()
+
+
+def test_stuck_group_push_on_a_real_batch(tmp_path):
+    # a real rollout of the untrained tiny policy (mostly wrong answers), advantages committed by the
+    # role with stuck_group_push 0.3: a group of all-equal rewards r < 1 carries -0.3 * (1 - r) on every
+    # response token, any other group its GRPO advantage; the metric counts the first kind
+    from relax.services.actor import ActorRole
+    from relax.services.advantage import AdvantageRole
+    from relax.services.context import RunContext
+    from relax.services.rollout import RolloutRole
+    from relax.transfer.consumer import ConsumerGroup
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    ctx = RunContext(tiny_config(f"file://{tmp_path}", "stuck", "algorithm.stuck_group_push=0.3"))
+    ctx.ensure_run()
+    ActorRole(ctx).close()
+    rollout = RolloutRole(ctx)
+    rollout.step(timeout=60)
+    rollout.close()
+    role = AdvantageRole(ctx)
+    try:
+        m = role.step(timeout=60)
+    finally:
+        role.close()
+    check = ConsumerGroup(ctx.queue(), "check", ["reward", "loss_mask", "advantages"],
+                          batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10)
+    try:
+        batch = check.take(0, current_version=0, timeout=30)
+    finally:
+        check.close()
+    f = batch.fields
+    by_group: dict[str, list[int]] = {}
+    for i, g in enumerate(batch.groups):
+        by_group.setdefault(g, []).append(i)
+    stuck = 0
+    for idx in by_group.values():
+        rewards = [float(f["reward"][i]) for i in idx]
+        expected = group_advantages("grpo", rewards, [f["loss_mask"][i] for i in idx])
+        if len(set(rewards)) == 1 and rewards[0] < 1.0:
+            stuck += 1
+            expected = [-0.3 * (1.0 - rewards[0]) * np.asarray(f["loss_mask"][i], np.float32) for i in idx]
+        for i, e in zip(idx, expected, strict=True):
+            np.testing.assert_allclose(f["advantages"][i], e, atol=1e-6)
+    assert stuck > 0, "the untrained policy should miss every sample of some prompt"
+    assert m["stuck_groups"] == pytest.approx(stuck / len(by_group))
