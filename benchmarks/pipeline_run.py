@@ -7,9 +7,9 @@ its own root so several runs can go side by side:
     python benchmarks/pipeline_run.py /tmp/runs/s3 seed=3 algorithm.kl_coef=0.35
 
 Prints the evaluation table, then one JSON object as its last line: the overrides, minutes
-from warm start to the end of training, accuracy per modality and per kind of question, and
-the confusion of each kind (correct answer -> the policy's answer -> prompts). The seed
-tables in docs/benchmarks.md ("Top-k KL beside k3" and after) come from this, two runs at a time.
+from warm start to the end of training, the actor's median seconds per step (``actor_step_s``),
+accuracy per modality and per kind of question, and the confusion of each kind (correct
+answer -> the policy's answer -> prompts). The seed tables in docs/benchmarks.md ("Top-k KL beside k3" and after) come from this, two runs at a time.
 """
 
 from __future__ import annotations
@@ -25,6 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from relax.config_loader import load_config  # noqa: E402
 from relax.pipeline import evaluate, train_run, warm_start  # noqa: E402
 from relax.services.context import RunContext  # noqa: E402
+from relax.services.metrics import read_metrics  # noqa: E402
+
+
+def actor_step_seconds(run_url: str) -> float:
+    """Median wall time between the actor's step records after the first quarter of the run (the
+    actor sets a disaggregated run's pace; the first steps include start-up and the warm queue)."""
+    times = [m["time"] for m in read_metrics(run_url, "actor")]
+    times = times[len(times) // 4:]
+    gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False))
+    return gaps[len(gaps) // 2] if gaps else float("nan")
 
 
 def main() -> None:
@@ -43,6 +53,7 @@ def main() -> None:
     report = evaluate(cfg, summary.checkpoint, limit=args.eval_limit)
     print(report.table())
     print(json.dumps({"overrides": args.overrides, "minutes": round(minutes, 2),
+                      "actor_step_s": round(actor_step_seconds(summary.run_url), 4),
                       "by_modality": {k: round(v, 3) for k, v in report.by_modality.items()},
                       "by_kind": {k: round(v, 3) for k, v in report.by_kind.items()},
                       "confusion": report.confusion}))
