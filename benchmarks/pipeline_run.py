@@ -9,7 +9,8 @@ its own root so several runs can go side by side:
 Prints the evaluation table, then one JSON object as its last line: the overrides, minutes
 from warm start to the end of training, the actor's median seconds per step (``actor_step_s``),
 accuracy per modality and per kind of question, and the confusion of each kind (correct
-answer -> the policy's answer -> prompts). The seed tables in docs/benchmarks.md ("Top-k KL beside k3" and after) come from this, two runs at a time.
+answer -> the policy's answer -> prompts). The seed tables in docs/benchmarks.md ("Top-k KL
+beside k3" and after) come from this, two runs at a time.
 """
 
 from __future__ import annotations

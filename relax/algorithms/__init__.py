@@ -29,6 +29,7 @@ from relax.algorithms.advantages import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
     stuck_group_push,
+    stuck_groups,
 )
 from relax.algorithms.aggregation import (
     LOSS_AGG,
@@ -154,9 +155,10 @@ __all__ = [
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
-    "stuck_group_push",
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
+    "stuck_group_push",
+    "stuck_groups",
     "tis_weights",
     "token_kl",
     "topk_forward_kl",

@@ -36,6 +36,7 @@ __all__ = [
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
     "stuck_group_push",
+    "stuck_groups",
 ]
 
 
@@ -117,8 +118,15 @@ def stuck_group_push(rewards: Tensor, group_size: int, beta: float, full: float 
     Shapes: rewards (B,) with contiguous groups of ``group_size`` -> (B,).
     """
     groups = _groups(rewards, group_size)
-    stuck = _all_equal(groups) & (groups < full)
+    stuck = stuck_groups(rewards, group_size, full).unsqueeze(-1)
     return torch.where(stuck, -beta * (full - groups), torch.zeros_like(groups)).reshape(-1)
+
+
+def stuck_groups(rewards: Tensor, group_size: int, full: float = 1.0) -> Tensor:
+    """Which prompt groups all missed: every reward equal and below ``full``.
+    Shapes: rewards (B,) with contiguous groups of ``group_size`` -> (B // group_size,) bool."""
+    groups = _groups(rewards, group_size)
+    return (_all_equal(groups) & (groups[:, :1] < full)).squeeze(-1)
 
 
 def broadcast_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:

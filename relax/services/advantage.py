@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.algorithms import compute_advantages, masked_whiten, token_kl
+from relax.algorithms import compute_advantages, masked_whiten, stuck_groups, token_kl
 from relax.services.column import ColumnStage
 from relax.services.context import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS, RunContext
 from relax.services.media import MediaInputs, effective_masks, to_rollout_batch
@@ -151,7 +151,7 @@ class AdvantageRole:
         stuck = 0
         for idx in by_group.values():
             rewards = [float(batch.fields["reward"][i]) for i in idx]
-            stuck += len(set(rewards)) == 1 and rewards[0] < 1.0
+            stuck += bool(stuck_groups(torch.tensor(rewards), len(idx)).item())
             advs = group_advantages(self.name, rewards, [batch.fields["loss_mask"][i] for i in idx],
                                     kl=None if kl is None else [kl[i] for i in idx], kl_coef=beta,
                                     stuck_push=self.alg.stuck_group_push)

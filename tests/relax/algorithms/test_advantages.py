@@ -25,6 +25,7 @@ from relax.algorithms.advantages import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
     stuck_group_push,
+    stuck_groups,
 )
 
 # float32 estimators: hand values to 6 decimals are within 1e-5
@@ -93,6 +94,8 @@ def test_stuck_group_push_three_groups_of_three():
     assert_close_within_1e5(stuck_group_push(rewards, 3, 0.2), [-0.2] * 3 + [-0.1] * 3 + [0.0] * 3)
     # an all-right group [1, 1, 1] is not stuck: 0
     assert_close_within_1e5(stuck_group_push(torch.tensor([1.0, 1.0, 1.0]), 3, 0.2), [0.0, 0.0, 0.0])
+    assert stuck_groups(rewards, 3).tolist() == [True, True, False]
+    assert stuck_groups(torch.tensor([1.0, 1.0, 1.0]), 3).tolist() == [False]
 
 
 def test_compute_advantages_adds_stuck_push_to_group_estimators():
