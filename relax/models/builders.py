@@ -57,7 +57,8 @@ AUDIO_TINY = {"num_mel_bins": 32, "encoder_layers": 1, "encoder_attention_heads"
 # Bump when a built-in model or its processor changes what a given seed produces: cached
 # warm-starts (relax.pipeline.warm_start_key) are keyed on it. 2: relax_image_norm.
 # 3: no spatial merge in the tiny vision tower. 4: colour stem (init_colour_stem). 5: vision width 64.
-BUILTIN_VERSION = 5
+# 6: He-initialised audio convs (init_audio_convs).
+BUILTIN_VERSION = 6
 TINY_IMAGE_NORM = {"mean": [1.0, 1.0, 1.0], "std": [0.5, 0.5, 0.5]}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -233,6 +234,7 @@ def build_policy(
             torch.manual_seed(seed)
             model = model_class_for(config)._from_config(config, dtype=torch.float32)
             init_colour_stem(model)
+            init_audio_convs(model)
     else:
         path = Path(cfg.name_or_path).expanduser()
         if not (path / "config.json").is_file():
@@ -272,6 +274,23 @@ def init_colour_stem(model: torch.nn.Module) -> None:
             weight = module.weight
             with torch.no_grad():  # eye(3) picks channel k for output k; / pixels makes the sum a mean
                 weight[:3] = torch.eye(3, dtype=weight.dtype)[:, :, None, None, None] / weight[0, 0].numel()
+
+
+def init_audio_convs(model: torch.nn.Module, gain: float = 2.0) -> None:
+    """Re-draw the audio tower's two input convs with fan-in variance ``gain / (in_channels * kernel)``.
+
+    The Whisper-style tower adds a position table to ``gelu(conv2(gelu(conv1(mel))))``: sinusoids
+    of norm ``sqrt(d_model / 2)`` (4.0 at width 32) in Qwen2.5-Omni, a random table of norm 0.11 in
+    the tiny Qwen2-Audio. transformers draws the convs at std 0.02, which on the log-mel clips of the
+    tones task leaves the content at norm 0.01 a frame: 0.25% of each token the Omni LM reads.
+    The LM could not read a frozen tower (pitch at chance until it thawed), and in the main job
+    seed 0 never learned pitch (0.34-0.69 held-out in five runs). He initialisation (``gain`` 2 for
+    the GELU; He et al. 2015, eq. 10) brings the content to norm 0.5 (docs/benchmarks.md)."""
+    for name, module in model.named_modules():
+        if name.endswith(f"{ENCODER_MODULES['audio']}.conv1") or name.endswith(f"{ENCODER_MODULES['audio']}.conv2"):
+            fan_in = module.weight.shape[1] * module.weight.shape[2]
+            with torch.no_grad():
+                module.weight.normal_(0.0, (gain / fan_in) ** 0.5)
 
 
 def build_processor(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> MediaProcessor | None:

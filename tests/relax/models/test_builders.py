@@ -117,3 +117,28 @@ def test_vision_stem_starts_with_the_mean_colour_of_each_patch(tok, name: str, f
     assert torch.allclose(half[covered], (red / 2).expand(4, 3), atol=1e-3)
     # Channels 3.. stay random: the init only fixes the three colour channels.
     assert stem.proj.weight[3:].std() > 0
+
+
+@pytest.mark.parametrize(("name", "family"), [("tiny-qwen2-audio", "qwen2_audio"), ("tiny-omni", "qwen2_5_omni")])
+def test_audio_convs_carry_the_clip_beside_the_position_table(tok, name: str, family: str) -> None:
+    from relax.data.tasks import tones
+    from relax.models.processors import media_features
+
+    model, proc = build_policy(ModelConfig(name_or_path=name, family=family), tok, seed=0)
+    tower = next(m for n, m in model.named_modules() if n.endswith("audio_tower"))
+    # He init: weight std sqrt(2 / fan_in), fan_in = 32 mel bins (or channels) x kernel 3 = 96 -> 0.1443;
+    # transformers' own init would leave 0.02.
+    for conv in (tower.conv1, tower.conv2):
+        assert conv.weight.std().item() == pytest.approx((2 / 96) ** 0.5, rel=0.05)
+    clips = [s.audios[0].data for s in tones.generate(0, "train", 8, 1)]
+    out, _, _ = media_features([], clips, proc)
+    mel = out["input_features"][..., :100]  # the clip's 100 frames, without the padding
+    with torch.no_grad():
+        content = torch.nn.functional.gelu(tower.conv2(torch.nn.functional.gelu(tower.conv1(mel))))
+    # What the LM reads per frame is content + a position table of norm sqrt(32 / 2) = 4 (omni).
+    # The log-mel clips have std ~0.2, so a variance-preserving pair of convs keeps ~0.2 * sqrt(32)
+    # ~ 1 times a GELU's shrinkage: about 0.5. At std 0.02 it was 0.01 (0.25% of the token).
+    per_frame = content.transpose(1, 2).norm(dim=-1).mean().item()
+    assert 0.2 < per_frame < 2.0
+    # The clips differ, not only the frames: the content is not a constant the LM could ignore.
+    assert (content - content.mean(0)).transpose(1, 2).norm(dim=-1).mean().item() > 0.1
