@@ -286,8 +286,9 @@ def init_audio_convs(model: torch.nn.Module, gain: float = 2.0) -> None:
     The LM could not read a frozen tower (pitch at chance until it thawed), and in the main job
     seed 0 never learned pitch (0.34-0.69 held-out in five runs). He initialisation (``gain`` 2 for
     the GELU; He et al. 2015, eq. 10) brings the content to norm 0.5 (docs/benchmarks.md)."""
+    convs = tuple(f"{ENCODER_MODULES['audio']}.{conv}" for conv in ("conv1", "conv2"))
     for name, module in model.named_modules():
-        if name.endswith(f"{ENCODER_MODULES['audio']}.conv1") or name.endswith(f"{ENCODER_MODULES['audio']}.conv2"):
+        if name.endswith(convs):
             fan_in = module.weight.shape[1] * module.weight.shape[2]
             with torch.no_grad():
                 module.weight.normal_(0.0, (gain / fan_in) ** 0.5)
