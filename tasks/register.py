@@ -63,6 +63,18 @@ class OmniRLResult:
     checkpoint: FlyteDirectory
     lineage: Lineage
 
+    def __str__(self) -> str:
+        # pyflyte run ends a local run with click.echo(result): the dataclass repr (every eval
+        # confusion count, every lineage step) ran to pages, so print what a user reads instead
+        return "\n".join([
+            f"run {self.train.run_id}: {self.train.steps} actor steps on data {self.snapshot.id}, "
+            f"training reward {self.train.reward_first:.3f} -> {self.train.reward_last:.3f}",
+            self.eval_after.table(self.eval_before),
+            f"checkpoint: {self.checkpoint.path}",
+            f"curves and metrics: {self.train.report_dir}",
+            f"lineage: {len(self.lineage.steps)} checkpoints, newest {self.lineage.head}",
+        ])
+
 
 class Registered(NamedTuple):
     """The register task's outputs: the checkpoint as an Artifact, and the workflow's result."""

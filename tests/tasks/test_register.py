@@ -9,9 +9,10 @@ from dataclasses import replace
 from datetime import datetime
 
 from relax.config_loader import load_config
+from relax.data.snapshot import SnapshotInfo
 from relax.pipeline import EvalReport, TrainSummary
 from relax.transfer.lineage import LineageRecord, ParentRef, chain, chain_to_json, chain_to_text, write_record
-from tasks.register import checkpoint_dir, deck_html, lineage_from_graph
+from tasks.register import OmniRLResult, checkpoint_dir, deck_html, lineage_from_graph
 from tasks.retrain import retrain_config
 
 PNG = b"\x89PNG\r\n\x1a\nnot-really-a-png"
@@ -53,6 +54,26 @@ def test_deck_page_embeds_curves_lineage_and_the_table():
     assert re.search(r"arithmetic\s+4\s+0\.250\s+0\.750", page) and re.search(r"\[image\]\s+0\.000\s+0\.500", page)
     assert "r&lt;1&gt;" in page and "r<1>" not in page  # names are escaped, never markup
     assert "<img" not in deck_html(before, after, None, "", summary)  # no curves yet: no broken image
+
+
+def test_result_prints_as_a_summary_not_a_repr(tmp_path):
+    root = f"file://{tmp_path}/root"
+    two_runs(root)
+    records = chain(root, "b")
+    lineage = lineage_from_graph({"records": chain_to_json(records), "chain_text": chain_to_text(records), "svg": ""})
+    before = EvalReport(accuracy={"shapes": 0.25}, by_modality={"image": 0.25}, n={"shapes": 4},
+                        confusion={"shapes:count": {"3": {"2": 4}}})
+    after = replace(before, accuracy={"shapes": 0.75}, by_modality={"image": 0.75})
+    summary = TrainSummary(run_id="b", steps=7, checkpoint=f"{root}/runs/b/checkpoints/step-000000",
+                           report_dir=f"{root}/runs/b/report", reward_first=0.125, reward_last=0.5)
+    result = OmniRLResult(snapshot=SnapshotInfo(id="ds-0123456789abcdef"), eval_before=before, eval_after=after,
+                          train=summary, checkpoint=checkpoint_dir(summary.checkpoint), lineage=lineage)
+    text = str(result)
+    assert text.splitlines()[0] == "run b: 7 actor steps on data ds-0123456789abcdef, training reward 0.125 -> 0.500"
+    assert re.search(r"^shapes\s+4\s+0\.250\s+0\.750$", text, re.M)
+    assert f"checkpoint: {tmp_path}/root/runs/b/checkpoints/step-000000" in text
+    assert text.splitlines()[-1] == "lineage: 3 checkpoints, newest b/step-000000"
+    assert "confusion" not in text and "LineageStep" not in text  # the repr's detail stays in the object
 
 
 def test_checkpoint_dir_points_at_the_checkpoint_without_copying():

@@ -102,6 +102,9 @@ def test_pyflyte_run_prints_table_publishes_deck_and_reuses_cache(tmp_path):
     assert TABLE_HEADER.search(first), first
     for name in TASKS | {"[text]", "[image]", "[audio]"}:
         assert re.search(rf"^{re.escape(name)}\s", first, re.M), name
+    # the workflow's result prints as a summary, not as the dataclass repr (pages of confusion counts)
+    assert re.search(r"^lineage: [1-9]\d* checkpoints, newest \S+/step-\d{6}$", first, re.M), first[-3000:]
+    assert "by_kind=" not in first and "LineageStep(" not in first
     # a local run writes each task's deck.html under a fresh /tmp/flyte* sandbox; ours names our root
     decks = [p for p in Path(tempfile.gettempdir()).glob("flyte*/**/deck.html") if str(tmp_path) in p.read_text()]
     assert len(decks) == 1, decks
