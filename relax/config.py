@@ -80,6 +80,9 @@ class DataConfig:
         "Built-in tasks to generate when train_url is empty (docs/tasks.md).",
     )
     train_per_task: int = opt(256, "Built-in suite: training prompts per task.", range=(1, 10_000_000))
+    task_repeats: list[str] = opt(
+        [], "How often each prompt of a task comes up per epoch, as 'task:count' (e.g. [shapes:2] gives shapes "
+        "twice its share of every step's prompts); tasks not listed come up once.")
     eval_per_task: int = opt(64, "Built-in suite: held-out prompts per task.", range=(1, 10_000_000))
     difficulty: int = opt(1, "Built-in suite difficulty level (1 easiest).", range=(1, 3))
     eval_fraction: float = opt(
@@ -103,6 +106,17 @@ class DataConfig:
     judge_model: str = opt("judge", "The 'model' field sent to the judge server.")
     judge_timeout_s: float = opt(60.0, "Seconds to wait for one judgement.", range=(0.1, 3600.0))
     judge_concurrency: int = opt(16, "Judge requests in flight at once per rollout.", range=(1, 4096))
+
+    def repeats(self) -> dict[str, int]:
+        """``task_repeats`` as ``{task: count}``; ValueError naming a malformed item."""
+        out = {}
+        for item in self.task_repeats:
+            task, sep, count = str(item).partition(":")
+            if not (sep and task and count.isdigit() and int(count) >= 1):
+                raise ValueError(f"data.task_repeats item {item!r} is not 'task:count' with count >= 1 "
+                                 f"(e.g. shapes:2)")
+            out[task] = int(count)
+        return out
 
 
 @dataclass

@@ -120,6 +120,14 @@ def _cross_checks(cfg: RelaxConfig) -> None:
     if t.thaw_encoders_at and t.freeze_encoders and t.data_parallel > 1:
         raise ConfigError("trainer.thaw_encoders_at needs trainer.data_parallel=1: DDP fixes the parameters it "
                           "synchronises when it wraps the model, so a thawed encoder would drift apart per rank")
+    try:
+        repeats = cfg.data.repeats()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    unknown = sorted(set(repeats) - set(cfg.data.tasks)) if not cfg.data.train_url else []
+    if unknown:
+        raise ConfigError(f"data.task_repeats names {unknown}, not among data.tasks {cfg.data.tasks}; "
+                          f"repeat a task the run trains on")
     if cfg.data.judge_url and cfg.data.reward_fn:
         raise ConfigError("data.judge_url and data.reward_fn both replace the task verifiers; set one of them")
     if cfg.algorithm.near_miss_credit and (cfg.data.reward_fn or cfg.data.judge_url):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,20 @@ class PromptStream:
     @property
     def epoch(self) -> float:
         return self.position / len(self.samples)
+
+
+def repeat_tasks(samples: Sequence[Sample], repeats: Mapping[str, int]) -> list[Sample]:
+    """The training split with each prompt of task t listed ``repeats.get(t, 1)`` times.
+
+    The prompt stream shuffles this list per epoch, so a repeated task's prompts take a larger
+    share of every step while each step still mixes all tasks; the order stays a pure function
+    of (seed, position), as resuming needs. ValueError naming a task the split lacks."""
+    present = {s.task for s in samples}
+    missing = sorted(set(repeats) - present)
+    if missing:
+        raise ValueError(f"data.task_repeats names {missing}, but the training split has only tasks "
+                         f"{sorted(present)}; fix data.task_repeats")
+    return [s for s in samples for _ in range(repeats.get(s.task, 1))]
 
 
 @dataclass

@@ -26,7 +26,7 @@ from relax.data.tasks import load_env_fn
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import EngineLauncher, EnginePool, LocalEngines, RemoteEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
-from relax.rollout.prompts import PromptStream
+from relax.rollout.prompts import PromptStream, repeat_tasks
 from relax.rollout.rewards import RewardDispatcher
 from relax.services.api import ElasticRollout
 from relax.services.api_server import APIStartError, RolloutAPIServer, preflight
@@ -79,7 +79,8 @@ class RolloutRole:
         self.actor_view = GroupView(self.queue, ACTOR_GROUP)  # incremental: read new cursor records only
         meta = self.producer.last_meta() or {}
         self.batch = int(meta.get("batch", -1)) + 1  # the next batch index
-        self.stream = PromptStream(ctx.split("train"), seed=cfg.seed, position=int(meta.get("next_prompt", 0)))
+        self.stream = PromptStream(repeat_tasks(ctx.split("train"), cfg.data.repeats()), seed=cfg.seed,
+                                   position=int(meta.get("next_prompt", 0)))
         self.api_mode = api_mode
         try:
             self._start(engine_urls)
