@@ -273,6 +273,10 @@ class TrainerConfig:
         range=(0, 100_000_000))
     thaw_lr_scale: float = opt(
         1.0, "Multiplier of lr for thawed encoders, on top of encoder_lr_scale.", range=(0.0, 1000.0))
+    thaw_warmup_steps: int = opt(
+        0, "RL steps over which a thawed encoder's lr rises linearly from 0 to its full value, starting at "
+        "thaw_encoders_at; 0 = full at once. Its Adam moments start empty at the thaw, so the first update "
+        "moves every encoder weight by lr, however small or noisy its gradient.", range=(0, 100_000_000))
     encoder_lr_scale: float = opt(
         1.0, "Multiplier of lr for the media encoders' parameters (the policy's visual / audio_tower modules). "
         "A tiny encoder trained from scratch gets a weak, noisy share of the RL gradient through the LM.",

@@ -137,7 +137,9 @@ class Actor:
                                     temperature=cfg.rollout.temperature,
                                     autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None,
                                     lr_scales={module: t.encoder_lr_scale * (t.thaw_lr_scale if module in thawed else 1.0)
-                                               for module in ENCODER_MODULES.values()})
+                                               for module in ENCODER_MODULES.values()},
+                                    ramps={module: (self._thaw_update, t.thaw_warmup_steps * updates)
+                                           for module in thawed} if t.thaw_warmup_steps else None)
         freeze_encoders(unwrap(model), self._frozen)
         self.loss = PolicyLoss(cfg.algorithm)
 

@@ -28,25 +28,39 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "c
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int,
                     schedule: str = "constant", lr_scales: dict[str, float] | None = None,
+                    ramps: dict[str, tuple[int, int]] | None = None,
                     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over ``model``'s trainable parameters and its LR schedule.
 
     ``lr_scales`` maps a module name (one component of a parameter's dotted name, e.g. "visual")
     to a multiplier of ``lr`` for every parameter under it; the schedule scales all groups alike.
-    Groups: decayed, then not decayed (biases and norms), then the scaled ones, so a run without
-    scales keeps the two-group layout its checkpoints were saved with."""
-    groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {(1.0, True): [], (1.0, False): []}
+    ``ramps`` maps a module name to ``(start, length)``: its parameters' LR is further multiplied
+    by ``clamp((step - start + 1) / length, 0, 1)``, a warm-up of its own for an encoder that
+    thaws at optimizer step ``start`` (its Adam moments start empty there, and the first update moves
+    every weight by ``lr``, however small or noisy its gradient). Groups: decayed, then not decayed (biases
+    and norms), then the scaled or ramped ones, so a run without scales keeps the two-group
+    layout its checkpoints were saved with."""
+    groups: dict[tuple[float, bool, str], list[torch.nn.Parameter]] = {(1.0, True, ""): [], (1.0, False, ""): []}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         parts = name.split(".")
         scale = next((s for module, s in (lr_scales or {}).items() if module in parts), 1.0)
+        ramp = next((module for module in (ramps or {}) if module in parts), "")
         # no weight decay on biases and norms: decaying them only hurts small models
-        groups.setdefault((scale, p.ndim >= 2), []).append(p)
+        groups.setdefault((scale, p.ndim >= 2, ramp), []).append(p)
+    kept = [(key, params) for key, params in groups.items() if params or key in ((1.0, True, ""), (1.0, False, ""))]
     optimizer = torch.optim.AdamW(
         [{"params": params, "lr": lr * scale, "weight_decay": weight_decay if decay else 0.0}
-         for (scale, decay), params in groups.items() if params or scale == 1.0],
+         for (scale, decay, _), params in kept],
         lr=lr, betas=(0.9, 0.999), eps=1e-8)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, schedule))
+
+    def base(step: int) -> float:
+        return lr_factor(step, warmup_steps, total_steps, schedule)
+
+    def ramped(start: int, length: int):
+        return lambda step: base(step) * min(1.0, max(0.0, (step - start + 1) / max(1, length)))
+
+    lambdas = [ramped(*ramps[ramp]) if ramp else base for (_, _, ramp), _ in kept]
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
     return optimizer, scheduler

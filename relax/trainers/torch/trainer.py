@@ -105,7 +105,8 @@ class TorchTrainer:
                  total_steps: int = 1, schedule: str = "constant", grad_clip: float = 1.0,
                  micro_batch_tokens: int = 4096, layout: str = "pack", pad_id: int = 0,
                  aggregation: str = "token-mean", agg_norm: float | None = None, nan_policy: str = "skip",
-                 temperature: float = 1.0, autocast: str | None = None, lr_scales: dict[str, float] | None = None):
+                 temperature: float = 1.0, autocast: str | None = None, lr_scales: dict[str, float] | None = None,
+                 ramps: dict[str, tuple[int, int]] | None = None):
         syncs = model.forward_sync_buffers if hasattr(model, "forward_sync_buffers") else \
             getattr(model, "broadcast_buffers", False)
         if syncs:
@@ -113,7 +114,7 @@ class TorchTrainer:
                              "ranks run different numbers of micro-batches and would deadlock on buffer broadcasts")
         self.model = model
         self.optimizer, self.scheduler = build_optimizer(unwrap(model), lr, weight_decay, warmup_steps,
-                                                         total_steps, schedule, lr_scales)
+                                                         total_steps, schedule, lr_scales, ramps)
         self.grad_clip = grad_clip
         self.micro_batch_tokens = micro_batch_tokens
         # a model with a vision/audio encoder keeps its stock attention, where packed rows would

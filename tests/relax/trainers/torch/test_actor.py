@@ -217,3 +217,24 @@ def test_encoders_that_thaw_later_sit_frozen_in_the_optimizer_at_their_own_lr():
     # 2e-3 x encoder scale 2 x thaw scale 0.25 = 1e-3 on the vision tower; 2 x 2e-3 on the audio tower
     assert sorted({group_of[id(params[n])]["lr"] for n in visual}) == pytest.approx([0.5 * cfg.trainer.lr])
     assert sorted({group_of[id(params[n])]["lr"] for n in audio}) == pytest.approx([2 * cfg.trainer.lr])
+
+
+def test_a_thaw_warm_up_holds_the_tower_at_zero_then_ramps_it_from_the_thaw():
+    from relax.models import build_policy, build_tokenizer
+
+    cfg = load_config("omni-cpu", ["trainer.warmup_steps=0", "trainer.lr_schedule=constant",
+                                   "trainer.thaw_warmup_steps=2"])
+    model, _ = build_policy(cfg.model, build_tokenizer(cfg.model.tokenizer), seed=0)
+    a = Actor(model, cfg)
+    index = {id(p): i for i, g in enumerate(a.trainer.optimizer.param_groups) for p in g["params"]}
+    params = dict(model.named_parameters())
+    vision = {index[id(p)] for n, p in params.items() if "visual" in n.split(".")}
+    audio = {index[id(p)] for n, p in params.items() if "audio_tower" in n.split(".")}
+    assert vision and audio and not vision & audio  # the ramped tower has groups of its own
+    # the preset thaws vision at RL step 600 with 4 updates a step: optimizer step 2400; 2 RL steps of
+    # warm-up are 8 updates, so the factor is (step - 2400 + 1) / 8, clamped to [0, 1]
+    steps = (0, 2399, 2400, 2403, 2407, 2408)
+    for i in vision:
+        assert [a.trainer.scheduler.lr_lambdas[i](s) for s in steps] == pytest.approx([0, 0, 1 / 8, 4 / 8, 1, 1])
+    for i in audio:  # trained from the start, at the schedule's factor
+        assert [a.trainer.scheduler.lr_lambdas[i](s) for s in steps] == pytest.approx([1] * 6)
