@@ -72,7 +72,8 @@ class OmniRLResult:
             self.eval_after.table(self.eval_before),
             f"checkpoint: {self.checkpoint.path}",
             f"curves and metrics: {self.train.report_dir}",
-            f"lineage: {len(self.lineage.steps)} checkpoints, newest {self.lineage.head}",
+            f"lineage: {len(self.lineage.steps)} checkpoint{'' if len(self.lineage.steps) == 1 else 's'}, "
+            f"newest {self.lineage.head}",
         ])
 
 
