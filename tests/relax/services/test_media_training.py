@@ -159,11 +159,13 @@ def test_a_frozen_vision_encoder_keeps_its_weights_while_the_rest_trains(tmp_pat
     assert any("language_model" in n.split(".") for n in moved)
 
 
-def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes(tmp_path):
+@pytest.mark.parametrize("warmup", [0, 2])  # 2: the tower's ramped parameter groups are resumed too
+def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes(tmp_path, warmup):
     from relax.services.controller import run_colocated
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "thaw", *OMNI, "trainer.freeze_encoders=[vision]",
-                                 "trainer.thaw_encoders_at=2", "trainer.total_steps=6", "algorithm.entropy_coef=0.1"))
+                                 "trainer.thaw_encoders_at=2", "trainer.total_steps=6", "algorithm.entropy_coef=0.1",
+                                 f"trainer.thaw_warmup_steps={warmup}"))
     ctx.ensure_run()
     store = ctx.weights()
 
