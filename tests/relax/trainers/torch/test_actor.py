@@ -205,7 +205,8 @@ def test_encoders_that_thaw_later_sit_frozen_in_the_optimizer_at_their_own_lr():
     from relax.models import build_policy, build_tokenizer
 
     cfg = load_config("omni-cpu", ["trainer.warmup_steps=0", "trainer.freeze_encoders=[vision]",
-                                   "trainer.thaw_encoders_at=5", "trainer.encoder_lr_scale=2", "trainer.thaw_lr_scale=0.25"])
+                                   "trainer.thaw_encoders_at=5", "trainer.encoder_lr_scale=2", "trainer.thaw_lr_scale=0.25",
+                                   "trainer.thaw_warmup_steps=0"])
     model, _ = build_policy(cfg.model, build_tokenizer(cfg.model.tokenizer), seed=0)
     a = Actor(model, cfg)
     group_of = {id(p): g for g in a.trainer.optimizer.param_groups for p in g["params"]}
