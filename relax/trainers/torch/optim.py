@@ -40,7 +40,8 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, warm
     every weight by ``lr``, however small or noisy its gradient). Groups: decayed, then not decayed (biases
     and norms), then the scaled or ramped ones, so a run without scales keeps the two-group
     layout its checkpoints were saved with."""
-    groups: dict[tuple[float, bool, str], list[torch.nn.Parameter]] = {(1.0, True, ""): [], (1.0, False, ""): []}
+    base_groups = ((1.0, True, ""), (1.0, False, ""))  # kept even when empty: the checkpoint layout
+    groups: dict[tuple[float, bool, str], list[torch.nn.Parameter]] = {key: [] for key in base_groups}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -49,7 +50,7 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, warm
         ramp = next((module for module in (ramps or {}) if module in parts), "")
         # no weight decay on biases and norms: decaying them only hurts small models
         groups.setdefault((scale, p.ndim >= 2, ramp), []).append(p)
-    kept = [(key, params) for key, params in groups.items() if params or key in ((1.0, True, ""), (1.0, False, ""))]
+    kept = [(key, params) for key, params in groups.items() if params or key in base_groups]
     optimizer = torch.optim.AdamW(
         [{"params": params, "lr": lr * scale, "weight_decay": weight_decay if decay else 0.0}
          for (scale, decay, _), params in kept],
