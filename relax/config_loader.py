@@ -162,6 +162,17 @@ def _cross_checks(cfg: RelaxConfig) -> None:
                               f"as it generates (to filter groups, from the env) or the critic's stage expects them; "
                               f"turn those off or set data.reward_role=false")
     ro = cfg.rollout
+    if ro.explore_answers:
+        clashes = [
+            (ro.explore_answers >= ro.n_samples_per_prompt, "leaves no drawn sample in a group: keep it below "
+             f"rollout.n_samples_per_prompt ({ro.n_samples_per_prompt})"),
+            (ro.engine == "sglang", "forces tokens in the native engine, which SGLang cannot: use rollout.engine=native"),
+            (bool(ro.env_fn), "writes single-turn answers, and a custom env (rollout.env_fn) runs multi-turn episodes"),
+            (bool(cfg.data.train_url), "draws from the built-in tasks' answer spaces, and custom data (data.train_url) "
+             "has none")]
+        why = next((msg for bad, msg in clashes if bad), "")
+        if why:
+            raise ConfigError(f"rollout.explore_answers={ro.explore_answers} {why}; or set rollout.explore_answers=0")
     if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
         raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "
                           f"({ro.engine_processes}); raise it, or 0 to cap at engine_processes")

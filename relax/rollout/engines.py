@@ -147,6 +147,8 @@ class RemoteEngines:
 
     async def _one(self, p: EncodedPrompt, sp: SamplingParams, rid: str) -> list[Completion]:
         params = dataclasses.asdict(sp)  # the same names as SGLang's sampling_params
+        if not params["forced_output_ids"]:
+            del params["forced_output_ids"]  # native engines only; SGLang would refuse the unknown key
         # media goes as bytes beside the already expanded ids (docs/engines.md, "Media"): the
         # engine rebuilds the same tensors, and the tokens trained on are the ones it saw
         media = {"image_data": [_data_uri(b, "image/png") for b in p.images] or None,

@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from relax.config_loader import ConfigError
-from relax.data.tasks import load_env_fn
+from relax.data.tasks import TASKS, load_env_fn
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import EngineLauncher, EnginePool, LocalEngines, RemoteEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
+from relax.rollout.exploration import AnswerExplorer
 from relax.rollout.prompts import PromptStream, repeat_tasks
 from relax.rollout.rewards import RewardDispatcher
 from relax.services.api import ElasticRollout
@@ -111,7 +112,7 @@ class RolloutRole:
         self.runner = EpisodeRunner(self.pool, tok, processor, self.rewards, params, max_turns=r.max_turns,
                                     max_seq_len=cfg.model.max_seq_len, partial_rollout=r.partial_rollout,
                                     media=ctx.snapshot.load_media, new_weights=self._newer_weights,
-                                    reload=self.sync_weights)
+                                    reload=self.sync_weights, explorer=self._explorer())
         # a custom env (rollout.env_fn) drives every sample; otherwise tasks with an env use it
         self.make_env = load_env_fn(r.env_fn) if r.env_fn else default_env_factory(r.max_turns)
         self.needs_env = (lambda _sample: True) if r.env_fn else needs_env
@@ -124,6 +125,18 @@ class RolloutRole:
             except BaseException:
                 self.pool.close()  # stops the engine processes started above
                 raise
+
+    def _explorer(self) -> AnswerExplorer | None:
+        """rollout.explore_answers: built only when asked for, after checking every task can be explored."""
+        cfg = self.cfg
+        if not cfg.rollout.explore_answers:
+            return None
+        custom = sorted({s.task for s in self.ctx.split("train")} - set(TASKS))
+        if custom:
+            raise ConfigError(f"rollout.explore_answers draws answers from the built-in tasks' answer spaces; "
+                              f"task(s) {custom} have none: set rollout.explore_answers=0")
+        return AnswerExplorer(cfg.rollout.explore_answers, self.ctx.tokenizer, seed=cfg.seed,
+                              difficulty=cfg.data.difficulty)
 
     def _owned_engines(self, n: int, slots: int, faults: dict[str, Any]) -> RemoteEngines:
         """Start ``n`` native engine servers on the initial model; the pool owns and supervises them."""
@@ -199,12 +212,15 @@ class RolloutRole:
         self.producer.put(rows, meta={"next_prompt": self.stream.position, "batch": self.batch})
         self.batch += 1
         trajs = [t for g in kept for t in g]
+        explored = [t for t in trajs if t.forced]
+        trajs = [t for t in trajs if not t.forced]  # the reward curves show what the policy itself answers
         elapsed = time.perf_counter() - t0
         metrics = {"role": "rollout", "batch": self.batch - 1, "weight_version": self.pool.weight_version,
                    "reward": float(np.mean([t.reward for t in trajs])) if trajs else 0.0,
                    "response_tokens": float(np.mean([sum(t.mask) for t in trajs])) if trajs else 0.0,
                    "turns": float(np.mean([t.turns for t in trajs])) if trajs else 0.0,
-                   "samples": len(rows), "filtered_groups": filtered, "reward_errors": sum(bool(t.error) for t in trajs),
+                   "samples": len(rows), "filtered_groups": filtered,
+                   "reward_errors": sum(bool(t.error) for t in trajs + explored), "explored": len(explored),
                    "aborted_partials": self.runner.aborted, "wait_s": t_wait - t0, "time_s": elapsed,
                    "samples_per_s": len(rows) / max(elapsed, 1e-9), "epoch": self.stream.epoch}
         if isinstance(self.pool, RemoteEngines):
@@ -215,6 +231,8 @@ class RolloutRole:
             return metrics
         for task in sorted({t.sample.task for t in trajs}):
             metrics[f"reward/{task}"] = float(np.mean([t.reward for t in trajs if t.sample.task == task]))
+        if explored:
+            metrics["explored_reward"] = float(np.mean([t.reward for t in explored]))
         return metrics
 
     def _run(self, prompts: list) -> list[list[Trajectory]]:

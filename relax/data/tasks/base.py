@@ -15,6 +15,7 @@ Determinism rules every generator follows:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -112,6 +113,11 @@ class TaskSpec:
         if self.oracle is not None:
             return self.oracle(sample)
         return f"<answer>{sample.answer}</answer>"
+
+    def response_with(self, sample: Sample, answer: str) -> str:
+        """The oracle response to ``sample`` written for ``answer`` instead of the true one: the
+        format warm-start's demonstrations and the rollout's forced answers."""
+        return self.oracle_response(dataclasses.replace(sample, answer=answer))
 
 
 def question_kind(sample: Sample) -> str:

@@ -45,6 +45,18 @@ class _Seq:
     def last_pos(self) -> int:  # position of the newest token, the one the next decode step feeds in
         return self.prompt_len + len(self.out_ids) - 1
 
+    @property
+    def forced_next(self) -> int:
+        """The next output token when the request forces it (SamplingParams.forced_output_ids), else -1."""
+        forced = self.pending.req.params.forced_output_ids
+        return forced[len(self.out_ids)] if len(self.out_ids) < len(forced) else -1
+
+
+def _forced(seqs: list[_Seq]) -> list[int] | None:
+    """Per-row forced tokens for ``sample``; None (nothing to force) in the common case."""
+    forced = [s.forced_next for s in seqs]
+    return forced if any(f >= 0 for f in forced) else None
+
 
 @dataclass
 class _Pending:
@@ -317,7 +329,7 @@ class NativeEngine:
                 params.append(p.req.params)
                 draws.append(s.uniforms.next())
                 seqs.append(s)
-        tokens, lps = sample(last[rows], params, draws, self.banned)
+        tokens, lps = sample(last[rows], params, draws, self.banned, _forced(seqs))
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
         with self._cond:
@@ -331,7 +343,7 @@ class NativeEngine:
             logits = self.fused.step(torch.tensor([s.out_ids[-1] for s in seqs]), pos, self.cache,
                                      [s.slot for s in seqs], span)
             tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
-                                 self.banned)
+                                 self.banned, _forced(seqs))
             for s, t, lp in zip(seqs, tokens, lps, strict=True):
                 self._append(s, t, lp)
             return
@@ -340,7 +352,8 @@ class NativeEngine:
         logits = self.model(input_ids=torch.tensor([[s.out_ids[-1]] for s in seqs]),
                             position_ids=rope, attention_mask=mask[:, None, None, :],
                             cache=self.cache.view([s.slot for s in seqs], pos, span), use_cache=True).logits[:, -1]
-        tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs], self.banned)
+        tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
+                             self.banned, _forced(seqs))
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
 

@@ -19,7 +19,6 @@ keep that damage small (measured with linear probes on the shapes task, docs/ben
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -60,8 +59,7 @@ def demonstration_plan(samples: Sequence[Sample], rng: random.Random, difficulty
 
 def format_demonstration(sample: Sample, answer: str) -> str:
     """The oracle response of ``sample`` with its answer replaced by ``answer``."""
-    task = TASKS[sample.task]
-    return task.oracle_response(dataclasses.replace(sample, answer=answer))
+    return TASKS[sample.task].response_with(sample, answer)
 
 
 def prompt_inputs(sample: Sample, tokenizer: Any, processor: Any = None, load: Callable[[Any], bytes] | None = None,
