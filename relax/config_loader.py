@@ -169,7 +169,9 @@ def _cross_checks(cfg: RelaxConfig) -> None:
             (ro.engine == "sglang", "forces tokens in the native engine, which SGLang cannot: use rollout.engine=native"),
             (bool(ro.env_fn), "writes single-turn answers, and a custom env (rollout.env_fn) runs multi-turn episodes"),
             (bool(cfg.data.train_url), "draws from the built-in tasks' answer spaces, and custom data (data.train_url) "
-             "has none")]
+             "has none"),
+            (cfg.algorithm.advantage == "gae", "keeps forced answers out of a group baseline, and "
+             "algorithm.advantage=gae has none: use a group estimator (grpo, drgrpo, rloo)")]
         why = next((msg for bad, msg in clashes if bad), "")
         if why:
             raise ConfigError(f"rollout.explore_answers={ro.explore_answers} {why}; or set rollout.explore_answers=0")

@@ -57,9 +57,15 @@ def topk_reference_fields(k: int) -> tuple[Field, Field]:
     return Field("ref_topk_ids", "int32", (None, k)), Field("ref_topk_logprobs", "float32", (None, k))
 
 
-def rollout_fields(reward_role: bool) -> tuple[Field, ...]:
-    """What the rollout commits: without ``reward``/``error`` when the reward role scores."""
-    return tuple(f for f in ROLLOUT_FIELDS if not reward_role or f.name not in ("reward", "error"))
+# rollout.explore_answers: 1 for a sample whose answer was forced, 0 for a drawn one
+EXPLORED_FIELD = Field("explored", "int8")
+
+
+def rollout_fields(reward_role: bool, explore: bool = False) -> tuple[Field, ...]:
+    """What the rollout commits: without ``reward``/``error`` when the reward role scores; with
+    ``explored`` when it forces answers (only then, so runs without it keep their schema)."""
+    fields = tuple(f for f in ROLLOUT_FIELDS if not reward_role or f.name not in ("reward", "error"))
+    return fields + (EXPLORED_FIELD,) if explore else fields
 # with GAE the critic adds per-token values before the advantage role, which adds the returns
 VALUE_FIELDS = (Field("values", "float32", (None,)),)
 RETURN_FIELDS = (Field("returns", "float32", (None,)),)

@@ -37,9 +37,10 @@ from relax.services.media import pack_media
 from relax.transfer.consumer import GroupView, wait_for_capacity
 
 
-def trajectory_row(t: Trajectory, group_size: int, scored: bool = True) -> dict[str, Any]:
+def trajectory_row(t: Trajectory, group_size: int, scored: bool = True, explore: bool = False) -> dict[str, Any]:
     """A queue row; a sample whose reward failed keeps its tokens but trains with zero weight.
-    ``scored=False`` (data.reward_role): no reward or error yet, the reward role adds them."""
+    ``scored=False`` (data.reward_role): no reward or error yet, the reward role adds them.
+    ``explore`` (rollout.explore_answers): the row says whether its answer was forced."""
     mask = np.asarray(t.mask, dtype=np.int8)
     if t.error:
         mask[:] = 0
@@ -51,6 +52,8 @@ def trajectory_row(t: Trajectory, group_size: int, scored: bool = True) -> dict[
             "turn_media": pack_media(t.images[len(t.sample.images):], t.audios[len(t.sample.audios):])}
     if not scored:
         del row["reward"], row["error"]
+    if explore:
+        row["explored"] = np.int8(bool(t.forced))
     return row
 
 
@@ -75,7 +78,9 @@ class RolloutRole:
                 raise ConfigError(str(e)) from None
         self.queue = ctx.queue()
         self.scores = not cfg.data.reward_role  # else the reward role does (relax.services.reward)
-        self.producer = self.queue.producer(writer_id, rollout_fields(not self.scores), tokens_field="tokens")
+        self.explore = cfg.rollout.explore_answers > 0
+        self.producer = self.queue.producer(writer_id, rollout_fields(not self.scores, self.explore),
+                                             tokens_field="tokens")
         self.store = ctx.weights()
         self.actor_view = GroupView(self.queue, ACTOR_GROUP)  # incremental: read new cursor records only
         meta = self.producer.last_meta() or {}
@@ -208,7 +213,7 @@ class RolloutRole:
                 kept.append(group)
             if generated >= 8 * r.prompts_per_step and len(kept) < r.prompts_per_step:
                 break  # dynamic sampling found too few informative groups; ship what there is
-        rows = [trajectory_row(t, r.n_samples_per_prompt, self.scores) for g in kept for t in g]
+        rows = [trajectory_row(t, r.n_samples_per_prompt, self.scores, self.explore) for g in kept for t in g]
         self.producer.put(rows, meta={"next_prompt": self.stream.position, "batch": self.batch})
         self.batch += 1
         trajs = [t for g in kept for t in g]

@@ -55,10 +55,11 @@ def test_forced_answers_are_seeded_and_uniform_over_the_space_whatever_the_truth
 @pytest.mark.parametrize(("override", "message"), [
     ("rollout.explore_answers=4", "leaves no drawn sample"),
     ("rollout.env_fn=tests.relax.rollout.picture_env:make_env", "multi-turn"),
+    ("algorithm.advantage=gae model.value_head=true", "group estimator"),
 ])
 def test_a_config_that_cannot_explore_fails_naming_why(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
-        tiny_config(f"file://{tmp_path}", "bad", "rollout.explore_answers=1", override)
+        tiny_config(f"file://{tmp_path}", "bad", "rollout.explore_answers=1", *override.split())
     with pytest.raises(ConfigError, match="SGLang"):
         tiny_config(f"file://{tmp_path}", "bad", "rollout.explore_answers=1", "rollout.engine=sglang",
                     "resources.num_gpus=1", "resources.rollout_gpus=1")
@@ -74,7 +75,8 @@ def test_the_rollout_ships_forced_answers_with_logprobs_and_rewards(tmp_path):
     queue = ctx.queue()
     queue.refresh()
     ids = sorted(queue.state.samples)
-    rows = queue.read(ids, ["tokens", "loss_mask", "logprobs", "prompt_len", "response", "reward"])
+    rows = queue.read(ids, ["tokens", "loss_mask", "logprobs", "prompt_len", "response", "reward", "explored",
+                            "advantages"])
     by_id = {s.id: s for s in ctx.split("train")}
     ex = AnswerExplorer(2, ctx.tokenizer, seed=cfg.seed, difficulty=cfg.data.difficulty)
     task = TASKS["arithmetic"]
@@ -84,6 +86,7 @@ def test_the_rollout_ships_forced_answers_with_logprobs_and_rewards(tmp_path):
         pos, index = (int(x) for x in where.split("."))
         mask, lps = rows["loss_mask"][i], rows["logprobs"][i]
         assert np.all(lps[mask == 1] < 0)  # every trained token, forced or drawn, has a behaviour logprob
+        assert rows["explored"][i] == (index >= cfg.rollout.n_samples_per_prompt - 2)
         if index < cfg.rollout.n_samples_per_prompt - 2:
             continue
         forced += 1
@@ -95,3 +98,15 @@ def test_the_rollout_ships_forced_answers_with_logprobs_and_rewards(tmp_path):
         assert rows["tokens"][i][p:p + len(ex.forced_ids(sample, pos, index, 4))].tolist() == \
             ex.forced_ids(sample, pos, index, 4)
     assert forced == 2 * cfg.rollout.prompts_per_step * len(result.rollout)
+    # the advantage role kept them out of the baseline: a forced row's advantage is its margin over
+    # its group's drawn mean, or 0 (relax.algorithms.explored_advantages)
+    groups: dict[str, list[int]] = {}
+    for i, rid in enumerate(ids):
+        groups.setdefault(rid.rsplit(".", 1)[0], []).append(i)
+    for members in groups.values():
+        drawn = np.mean([rows["reward"][i] for i in members if not rows["explored"][i]])
+        for i in members:
+            if rows["explored"][i]:
+                trained = rows["loss_mask"][i] == 1
+                np.testing.assert_allclose(rows["advantages"][i][trained], max(0.0, rows["reward"][i] - drawn),
+                                           rtol=1e-5)

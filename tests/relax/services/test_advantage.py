@@ -21,6 +21,23 @@ def test_grpo_group_by_hand():
     np.testing.assert_allclose(adv[2], [0, -1 / math.sqrt(2)], rtol=1e-5)
 
 
+def test_forced_answers_stay_out_of_the_drawn_samples_baseline():
+    # group of 4, the last one forced (rollout.explore_answers=1): rewards (1, 0, 0 | 1).
+    # The drawn three get GRPO over (1, 0, 0) alone, as in test_grpo_group_by_hand:
+    # (sqrt 2, -1/sqrt 2, -1/sqrt 2); the forced one max(0, 1 - 1/3) = 2/3 on each response token.
+    # A forced 0 would get max(0, 0 - 1/3) = 0.
+    masks = [np.array([0, 1], np.int8)] * 3 + [np.array([0, 1, 1], np.int8)]
+    adv = group_advantages("grpo", [1.0, 0.0, 0.0, 1.0], masks, explored=[False, False, False, True])
+    np.testing.assert_allclose(np.concatenate(adv[:3]), [0, math.sqrt(2), 0, -1 / math.sqrt(2), 0, -1 / math.sqrt(2)],
+                               rtol=1e-5)
+    np.testing.assert_allclose(adv[3], [0, 2 / 3, 2 / 3], rtol=1e-5)
+    adv = group_advantages("grpo", [1.0, 0.0, 0.0, 0.0], masks, explored=[False, False, False, True])
+    np.testing.assert_allclose(adv[3], [0, 0, 0])
+    # no forced sample in the group: plain GRPO over all four
+    plain = group_advantages("grpo", [1.0, 0.0, 0.0, 1.0], masks)
+    assert group_advantages("grpo", [1.0, 0.0, 0.0, 1.0], masks, explored=[False] * 4)[3].tolist() == plain[3].tolist()
+
+
 def test_rloo_and_masked_out_error_sample():
     # RLOO: A_i = r_i - mean of the others: (1 - 0.5, 0 - 1, 1 - 0.5) = (0.5, -1, 0.5);
     # the middle sample's reward failed: its mask is all zero, so its advantage is zero everywhere
