@@ -176,11 +176,12 @@ class RolloutConfig:
         "with the new weights.", choices=("wait", "abort"))
     dynamic_sampling: bool = opt(False, "DAPO: drop prompt groups whose rewards are all equal, over-sample to refill.")
     explore_answers: int = opt(
-        0, "Samples of each prompt group whose answer is forced instead of sampled: the response is the task's own "
-        "format written with an answer drawn uniformly from its answer space, its tokens forced in the engine with "
-        "the policy's logprobs, rewarded and trained like the others. An answer the policy stopped sampling is still "
-        "tried, and learned when it is right (docs/algorithms.md). Built-in single-turn tasks and the native engine "
-        "only; the rollout reward curve counts the sampled responses alone. 0 = every sample is drawn.",
+        0, "Samples of each prompt group whose answer is forced instead of sampled: the task's own format written "
+        "with an answer drawn uniformly from those of the question's kind, its tokens forced in the engine with the "
+        "policy's logprobs. They are rewarded like the others, kept out of the group baseline, and trained only "
+        "where they beat the drawn samples: an answer the policy stopped sampling is still tried, and learned when "
+        "it is right (docs/algorithms.md). Built-in single-turn tasks and the native engine only; the rollout reward "
+        "curve counts the drawn samples alone. 0 = every sample is drawn.",
         range=(0, 1024))
     stop: list[str] = opt(
         ["</answer>"], "Stop strings: a response ends right after the first one it generates (kept in the "

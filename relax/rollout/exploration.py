@@ -5,7 +5,9 @@ GRPO learns an answer only from groups that sampled it. Once the policy stops sa
 answer (a colour, a pitch) it gets no reward signal for it again, and regularisers toward
 the warm start only keep it alive, they do not teach when it is right (docs/benchmarks.md).
 An explored sample is written by the task's own oracle format with an answer drawn
-uniformly from the task's answer space (``TaskSpec.answer_space``), and the engine forces
+uniformly from the answers of its question's kind (``TaskSpec.answers_for``: the colours for
+"What colour...", the counts for "How many..."; the whole answer space for tasks without
+kinds), and the engine forces
 its tokens (``SamplingParams.forced_output_ids``), reporting the policy's logprob of each as
 for a drawn token. It is rewarded by the same verifier and enters the group's baseline like
 the others, so a right forced answer in a group that missed gets a large advantage, a wrong
@@ -34,13 +36,16 @@ class AnswerExplorer:
             raise ValueError(f"per_group must be >= 0, got {per_group}")
         self.per_group, self.tokenizer = per_group, tokenizer
         self.seed, self.difficulty = seed, difficulty
-        self._spaces: dict[str, list[str]] = {}
+        self._spaces: dict[tuple[str, str], list[str]] = {}
 
     def answer(self, sample: Sample, position: int, index: int) -> str:
-        """The answer sample ``index`` of the group at stream ``position`` forces."""
-        space = self._spaces.get(sample.task)
+        """The answer sample ``index`` of the group at stream ``position`` forces: uniform over
+        the answers of the question's kind (``TaskSpec.answers_for``)."""
+        task = TASKS[sample.task]
+        key = (sample.task, task.kind(sample) if task.kind is not None else "")
+        space = self._spaces.get(key)
         if space is None:
-            space = self._spaces[sample.task] = list(TASKS[sample.task].answer_space(self.difficulty))
+            space = self._spaces[key] = task.answers_for(sample, self.difficulty)
         rng = random.Random(derive_seed(self.seed, "explore", sample.id, position, index))
         return rng.choice(space)
 

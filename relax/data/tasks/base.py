@@ -84,6 +84,8 @@ class TaskSpec:
     and stay at chance on the other while the task's mean looks half-way there.
     ``ordinal_kinds`` lists the kinds whose answers are ordered integers (counts): there an
     answer one away from the truth may earn ``algorithm.near_miss_credit`` during training.
+    ``kind_answer_space(difficulty)`` maps each kind to the answers a question of that kind
+    can have (the question says which kind it is, so this tells nothing about the answer).
     """
 
     name: str
@@ -97,6 +99,7 @@ class TaskSpec:
     oracle: Callable[[Sample], str] | None = None
     kind: Callable[[Sample], str] | None = None
     ordinal_kinds: tuple[str, ...] = ()
+    kind_answer_space: Callable[[int], Mapping[str, list[str]]] | None = None
 
     def __post_init__(self) -> None:
         if self.modality not in ("text", "image", "audio"):
@@ -113,6 +116,13 @@ class TaskSpec:
         if self.oracle is not None:
             return self.oracle(sample)
         return f"<answer>{sample.answer}</answer>"
+
+    def answers_for(self, sample: Sample, difficulty: int) -> list[str]:
+        """Every answer ``sample``'s question can have: its kind's answers where the task names
+        kinds (``kind_answer_space``), else the whole answer space."""
+        if self.kind is not None and self.kind_answer_space is not None:
+            return list(self.kind_answer_space(difficulty)[self.kind(sample)])
+        return list(self.answer_space(difficulty))
 
     def response_with(self, sample: Sample, answer: str) -> str:
         """The oracle response to ``sample`` written for ``answer`` instead of the true one: the

@@ -168,7 +168,7 @@ def generate_with_config(
 ) -> list[Sample]:
     """``n`` samples of ``split`` under an explicit config, e.g. a larger ``image_size``; half
     count and half colour questions, every count and every colour equally often."""
-    classes = {"count": [str(c) for c in range(1, config.max_count + 1)], "colour": list(COLOURS)}
+    classes = kind_spaces(config)
     return generate_split(NAME, seed, split, n, config, lambda r: draw_scene(r, config),
                           lambda s: s.key, lambda s, sid: scene_to_sample(s, config, sid, difficulty),
                           label=lambda s: (s.question, s.answer), classes=classes)
@@ -179,11 +179,21 @@ def generate(seed: int, split: str, n: int, difficulty: int) -> list[Sample]:
     return generate_with_config(seed, split, n, CONFIGS[difficulty], difficulty)
 
 
-def answer_space(difficulty: int) -> list[str]:
-    """Counts ``1..max_count`` and the six colour names: a guesser must also guess the question type."""
+def kind_spaces(config: ShapesConfig) -> dict[str, list[str]]:
+    """The answers of each kind of question under ``config``: counts ``1..max_count``, colour names."""
+    return {"count": [str(c) for c in range(1, config.max_count + 1)], "colour": list(COLOURS)}
+
+
+def kind_answer_space(difficulty: int) -> dict[str, list[str]]:
+    """:func:`kind_spaces` at ``difficulty``: what a question of each kind can be answered with."""
     if difficulty not in CONFIGS:
         raise DataError(f"task {NAME!r}: difficulty must be one of {tuple(CONFIGS)}, not {difficulty!r}")
-    return [str(c) for c in range(1, CONFIGS[difficulty].max_count + 1)] + list(COLOURS)
+    return kind_spaces(CONFIGS[difficulty])
+
+
+def answer_space(difficulty: int) -> list[str]:
+    """Counts ``1..max_count`` and the six colour names: a guesser must also guess the question type."""
+    return [a for space in kind_answer_space(difficulty).values() for a in space]
 
 
 def nearest_colour(rgb: tuple[float, float, float]) -> str:
@@ -203,5 +213,6 @@ TASK = TaskSpec(
     answer_space=answer_space,
     difficulties=tuple(CONFIGS),
     kind=question_kind,
+    kind_answer_space=kind_answer_space,
     ordinal_kinds=("count",),
 )

@@ -172,7 +172,7 @@ def generate_with_config(
 ) -> list[Sample]:
     """``n`` samples of ``split`` under an explicit config, e.g. longer clips; half count and
     half pitch questions, every count and every pitch equally often."""
-    classes = {"count": [str(c) for c in range(1, config.max_beeps + 1)], "pitch": list(PITCHES)}
+    classes = kind_spaces(config)
     return generate_split(NAME, seed, split, n, config, lambda r: draw_clip(r, config),
                           lambda c: c.key, lambda c, sid: clip_to_sample(c, config, sid, difficulty),
                           label=lambda c: (c.question, c.answer), classes=classes)
@@ -183,11 +183,21 @@ def generate(seed: int, split: str, n: int, difficulty: int) -> list[Sample]:
     return generate_with_config(seed, split, n, CONFIGS[difficulty], difficulty)
 
 
-def answer_space(difficulty: int) -> list[str]:
-    """Beep counts ``1..max_beeps`` and the four pitch names."""
+def kind_spaces(config: TonesConfig) -> dict[str, list[str]]:
+    """The answers of each kind of question under ``config``: counts ``1..max_beeps``, pitch names."""
+    return {"count": [str(c) for c in range(1, config.max_beeps + 1)], "pitch": list(PITCHES)}
+
+
+def kind_answer_space(difficulty: int) -> dict[str, list[str]]:
+    """:func:`kind_spaces` at ``difficulty``: what a question of each kind can be answered with."""
     if difficulty not in CONFIGS:
         raise DataError(f"task {NAME!r}: difficulty must be one of {tuple(CONFIGS)}, not {difficulty!r}")
-    return [str(c) for c in range(1, CONFIGS[difficulty].max_beeps + 1)] + list(PITCHES)
+    return kind_spaces(CONFIGS[difficulty])
+
+
+def answer_space(difficulty: int) -> list[str]:
+    """Beep counts ``1..max_beeps`` and the four pitch names."""
+    return [a for space in kind_answer_space(difficulty).values() for a in space]
 
 
 TASK = TaskSpec(
@@ -202,5 +212,6 @@ TASK = TaskSpec(
     answer_space=answer_space,
     difficulties=tuple(CONFIGS),
     kind=question_kind,
+    kind_answer_space=kind_answer_space,
     ordinal_kinds=("count",),
 )

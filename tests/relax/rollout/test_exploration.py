@@ -22,34 +22,40 @@ def tok():
     return build_tokenizer("bpe-tiny")
 
 
-def test_the_last_samples_of_a_group_force_an_answer_of_the_task_in_its_format(tok):
+def test_the_last_samples_of_a_group_force_an_answer_of_the_question_in_its_format(tok):
     sample = TASKS["shapes"].generate(0, "train", 1, 1)[0]
-    space = TASKS["shapes"].answer_space(1)
+    kind_space = TASKS["shapes"].kind_answer_space(1)[sample.metadata["question"]]
     ex = AnswerExplorer(2, tok, seed=3)
-    # group of 8: indices 0-5 draw, 6 and 7 force "<answer>X</answer>" with X from the answer space
+    # group of 8: indices 0-5 draw, 6 and 7 force "<answer>X</answer>" with X an answer of the question's kind
     assert [bool(ex.forced_ids(sample, 5, i, 8)) for i in range(8)] == [False] * 6 + [True] * 2
     for i in (6, 7):
         text = tok.decode(ex.forced_ids(sample, 5, i, 8))
-        assert text == f"<answer>{ex.answer(sample, 5, i)}</answer>" and ex.answer(sample, 5, i) in space
+        assert text == f"<answer>{ex.answer(sample, 5, i)}</answer>" and ex.answer(sample, 5, i) in kind_space
     # a group of 2 keeps one drawn sample; a group of 1 forces nothing
     assert [bool(ex.forced_ids(sample, 5, i, 2)) for i in range(2)] == [False, True]
     assert ex.forced_ids(sample, 5, 0, 1) == []
 
 
-def test_forced_answers_are_seeded_and_uniform_over_the_space_whatever_the_truth(tok):
+def test_forced_answers_are_seeded_and_uniform_over_the_kind_whatever_the_truth(tok):
     samples = TASKS["shapes"].generate(0, "train", 40, 1)
     ex, again = AnswerExplorer(1, tok, seed=0), AnswerExplorer(1, tok, seed=0)
-    drawn = [ex.answer(s, pos, 7) for pos in range(30) for s in samples]
-    assert drawn == [again.answer(s, pos, 7) for pos in range(30) for s in samples]  # a restart forces the same
-    assert drawn != [AnswerExplorer(1, tok, seed=1).answer(s, pos, 7) for pos in range(30) for s in samples]
-    counts = Counter(drawn)
-    space = TASKS["shapes"].answer_space(1)
-    # 1200 draws over the 10 answers of difficulty 1 (counts 1-4, six colours): 120 each expected;
-    # every answer within +-30% of that (a binomial's sd is 10.4)
-    assert len(space) == 10 and set(counts) == set(space) and all(84 <= c <= 156 for c in counts.values()), counts
-    # the draw does not see the truth: right answers are at chance (1/10, 120 of 1200), not above
-    right = sum(a == s.answer for a, s in zip(drawn, [s for _ in range(30) for s in samples], strict=True))
-    assert right < 160
+    pairs = [(s, pos) for pos in range(30) for s in samples]
+    drawn = [ex.answer(s, pos, 7) for s, pos in pairs]
+    assert drawn == [again.answer(s, pos, 7) for s, pos in pairs]  # a restart forces the same
+    assert drawn != [AnswerExplorer(1, tok, seed=1).answer(s, pos, 7) for s, pos in pairs]
+    spaces = TASKS["shapes"].kind_answer_space(1)  # count: 1-4, colour: six names
+    for kind, space in spaces.items():
+        mine = [a for a, (s, _) in zip(drawn, pairs, strict=True) if s.metadata["question"] == kind]
+        counts = Counter(mine)
+        expected = len(mine) / len(space)  # 20 questions of each kind x 30 positions = 600 draws
+        # every answer of the kind, each within +-30% of its share (a binomial's sd is 4-5% of it)
+        assert set(counts) == set(space) and all(0.7 * expected <= c <= 1.3 * expected for c in counts.values())
+        # the draw does not see the truth: right answers at chance (1/4 or 1/6 of the draws), not above
+        right = sum(a == s.answer for a, (s, _) in zip(drawn, pairs, strict=True) if s.metadata["question"] == kind)
+        assert right < 1.3 * expected
+    # a task without kinds draws from its whole answer space
+    text = TASKS["largest"].generate(0, "train", 1, 1)[0]
+    assert {ex.answer(text, pos, 7) for pos in range(200)} == set(TASKS["largest"].answer_space(1))
 
 
 @pytest.mark.parametrize(("override", "message"), [

@@ -119,6 +119,20 @@ def test_kind_names_the_question_a_sample_asks(suite: dict[str, list[Sample]]) -
 
 
 @pytest.mark.parametrize("difficulty", DIFFICULTIES)
+def test_each_kind_has_its_own_answers_and_together_they_are_the_space(difficulty: int) -> None:
+    suite = generate_suite(["shapes", "tones"], seed=7, train_per_task=40, eval_per_task=20, difficulty=difficulty)
+    for name in ("shapes", "tones"):
+        spec = TASKS[name]
+        spaces = spec.kind_answer_space(difficulty)
+        assert sorted(a for space in spaces.values() for a in space) == sorted(spec.answer_space(difficulty))
+        assert not set(spaces["count"]) & {a for k, space in spaces.items() if k != "count" for a in space}
+        for sample in (s for s in suite["train"] + suite["eval"] if s.task == name):
+            assert sample.answer in spec.answers_for(sample, difficulty)  # the question's kind holds its answer
+    text = generate_suite(["largest"], seed=7, train_per_task=4, eval_per_task=2, difficulty=difficulty)["train"][0]
+    assert TASKS["largest"].answers_for(text, difficulty) == TASKS["largest"].answer_space(difficulty)
+
+
+@pytest.mark.parametrize("difficulty", DIFFICULTIES)
 @pytest.mark.parametrize("name", ALL)
 def test_random_policy_stays_below_0_3(name: str, difficulty: int) -> None:
     score = random_policy_score(TASKS[name], seed=0, n=200, difficulty=difficulty)
