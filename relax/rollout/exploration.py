@@ -50,11 +50,10 @@ class AnswerExplorer:
         return rng.choice(space)
 
     def forced_ids(self, sample: Sample, position: int, index: int, group_size: int) -> list[int]:
-        """The token ids sample ``index`` (of ``group_size``) must produce; [] = draw freely.
-
-        Drawn when the group is too small to leave one drawn sample, or the task is not built in."""
-        explored = min(self.per_group, group_size - 1)
-        if index < group_size - explored or sample.task not in TASKS:
+        """The token ids sample ``index`` (of ``group_size``) must produce; [] = draw freely, as
+        every sample of a group too small to leave one drawn. Built-in tasks only (the rollout
+        role checks the split before it builds an explorer)."""
+        if index < group_size - min(self.per_group, group_size - 1):
             return []
         response = TASKS[sample.task].response_with(sample, self.answer(sample, position, index))
         return list(self.tokenizer(response, add_special_tokens=False)["input_ids"])

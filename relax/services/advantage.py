@@ -170,13 +170,12 @@ class AdvantageRole:
         stuck = 0
         for idx in by_group.values():
             rewards = [float(batch.fields["reward"][i]) for i in idx]
-            drawn = [r for i, r in zip(idx, rewards, strict=True) if not (self.explore and batch.fields["explored"][i])]
+            explored = [bool(batch.fields["explored"][i]) for i in idx] if self.explore else [False] * len(idx)
+            drawn = [r for r, e in zip(rewards, explored, strict=True) if not e]
             stuck += bool(stuck_groups(torch.tensor(drawn), len(drawn)).item())
             advs = group_advantages(self.name, rewards, [batch.fields["loss_mask"][i] for i in idx],
                                     kl=None if kl is None else [kl[i] for i in idx], kl_coef=beta,
-                                    stuck_push=self.alg.stuck_group_push,
-                                    explored=[bool(batch.fields["explored"][i]) for i in idx] if self.explore
-                                    else None)
+                                    stuck_push=self.alg.stuck_group_push, explored=explored)
             for i, a in zip(idx, advs, strict=True):
                 values[batch.ids[i]] = {"advantages": a}
         self.producer.add_fields(values, meta={"step": batch.step})
