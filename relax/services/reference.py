@@ -6,8 +6,9 @@ it: the actor for the KL loss term, the advantage role for ``kl_in_reward``. Wit
 (async), as the consumer group ``reference`` of the ``rollouts`` topic: each step takes
 ``prompts_per_step`` complete groups, scores their tokens (and media) with the reference and
 commits ``ref_logprobs`` (float32, one per token, aligned with ``tokens`` like ``logprobs``), or
-with ``algorithm.kl_topk`` its top-k at every position, ``ref_topk_ids`` (int32) and
-``ref_topk_logprobs`` (float32), (L, k) each, plus ``ref_logprobs`` when
+with ``algorithm.kl_topk`` its top-k at every trained position, ``ref_topk_ids`` (int32) and
+``ref_topk_logprobs`` (float32), (R, k) each for the row's last R positions from its first
+trained token on (readers pad the prompt's rows back as zeros), plus ``ref_logprobs`` when
 ``kl_topk_weight`` < 1 keeps part of the KL on the sampled tokens (one forward gives both).
 The actor and the advantage role then read that column and hold no second model, which is
 the memory and compute a large actor should not spend.
@@ -25,9 +26,16 @@ from typing import Any
 import numpy as np
 
 from relax.services.column import ColumnStage
-from relax.services.context import REFERENCE_FIELDS, REFERENCE_GROUP, RunContext, topk_reference_fields
+from relax.services.context import (
+    REFERENCE_FIELDS,
+    REFERENCE_GROUP,
+    RunContext,
+    topk_reference_fields,
+    topk_response_start,
+)
 from relax.services.media import MediaInputs, to_rollout_batch
 from relax.trainers.torch.actor import reference_fields
+from relax.trainers.torch.batch import TOPK_FIELDS
 from relax.transfer.consumer import Batch
 
 ROW_FIELDS = ["tokens", "loss_mask", "prompt_len", "turn_media"]
@@ -58,9 +66,11 @@ class ReferenceRole:
         else:
             columns = {"ref_logprobs": self.reference.logprobs(rollout_batch)}
         rows: dict[str, dict[str, np.ndarray]] = {sid: {} for sid in batch.ids}
+        starts = [topk_response_start(m) for m in batch.fields["loss_mask"]]
         for f in self.fields:
-            for sid, value in zip(batch.ids, columns[f.name], strict=True):
-                rows[sid][f.name] = value.detach().cpu().numpy().astype(f.dtype)
+            topk = f.name in TOPK_FIELDS  # kept from the first trained token on (topk_reference_fields)
+            for sid, value, start in zip(batch.ids, columns[f.name], starts, strict=True):
+                rows[sid][f.name] = value[start if topk else 0:].detach().cpu().numpy().astype(f.dtype)
         self.producer.add_fields(rows, meta={"step": batch.step})
 
     @property

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from relax import objstore
-from relax.services.context import RunConfigMismatch, RunContext
+from relax.services.context import RunConfigMismatch, RunContext, pad_topk_rows, topk_response_start
 from tests.relax.services.runtime_helpers import tiny_config
 
 
@@ -42,3 +43,22 @@ def test_a_setting_added_after_the_run_started_is_compared_by_its_default(tmp_pa
     changed = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine_timeout_s=5.0))
     with pytest.raises(RunConfigMismatch, match=r"rollout\.engine_timeout_s: None -> 5\.0"):
         RunContext(changed).ensure_run()
+
+
+def test_top_k_columns_keep_the_rows_from_the_first_trained_token():
+    # a prompt of 3 tokens then 2 answer tokens: positions 3 and 4 are trained
+    assert topk_response_start([0, 0, 0, 1, 1]) == 3
+    # a tool turn between two answers stays inside the kept rows (its mask is 0, but it is after the start)
+    assert topk_response_start(np.array([0, 0, 1, 0, 1], dtype=np.int8)) == 2
+    assert topk_response_start([0, 0, 0]) == 3  # nothing trained: no rows kept
+
+
+def test_a_stored_top_k_column_is_padded_back_to_its_row():
+    kept = np.array([[7, 8], [9, 10]], dtype=np.int32)  # (R=2, k=2), rows of positions 3 and 4
+    full = pad_topk_rows(kept, 5)
+    # positions 0-2 (the prompt) come back as zero rows, 3-4 as stored
+    assert full.shape == (5, 2) and full.dtype == np.int32
+    assert full[:3].tolist() == [[0, 0]] * 3 and full[3:].tolist() == [[7, 8], [9, 10]]
+    assert pad_topk_rows(full, 5) is full  # a column written whole (before this layout) is read as it is
+    with pytest.raises(ValueError, match="3 rows for a row of 2 tokens"):
+        pad_topk_rows(np.zeros((3, 2)), 2)

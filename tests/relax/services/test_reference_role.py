@@ -7,6 +7,7 @@ reference model. Disaggregated, the role is a fourth OS process."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,6 +50,12 @@ def test_a_reference_role_trains_exactly_like_a_held_reference(tmp_path, mode):
     trained = [m for m in queue.state.samples.values() if "advantages" in m.locs]
     assert trained and all(c in m.locs for m in trained for c in columns)
     assert mode == "split" or all("ref_logprobs" not in m.locs for m in trained) == (mode == "topk")
+    if mode in ("topk", "split"):  # the top-k rows are stored from each row's first trained token on
+        ids = [sid for sid, m in queue.state.samples.items() if "ref_topk_ids" in m.locs]
+        got = queue.read(ids, ["tokens", "loss_mask", "ref_topk_ids"])
+        for tokens, mask, top in zip(got["tokens"], got["loss_mask"], got["ref_topk_ids"], strict=True):
+            first = int(np.flatnonzero(mask)[0])
+            assert top.shape == (len(tokens) - first, 8) and first > 0
 
 
 def test_the_actor_holds_no_reference_with_a_reference_role(tmp_path):
