@@ -224,7 +224,7 @@ def test_a_thaw_warm_up_holds_the_tower_at_zero_then_ramps_it_from_the_thaw():
     from relax.models import build_policy, build_tokenizer
 
     cfg = load_config("omni-cpu", ["trainer.warmup_steps=0", "trainer.lr_schedule=constant",
-                                   "trainer.thaw_warmup_steps=2"])
+                                   "trainer.thaw_encoders_at=600", "trainer.thaw_warmup_steps=2"])
     model, _ = build_policy(cfg.model, build_tokenizer(cfg.model.tokenizer), seed=0)
     a = Actor(model, cfg)
     index = {id(p): i for i, g in enumerate(a.trainer.optimizer.param_groups) for p in g["params"]}
@@ -232,7 +232,7 @@ def test_a_thaw_warm_up_holds_the_tower_at_zero_then_ramps_it_from_the_thaw():
     vision = {index[id(p)] for n, p in params.items() if "visual" in n.split(".")}
     audio = {index[id(p)] for n, p in params.items() if "audio_tower" in n.split(".")}
     assert vision and audio and not vision & audio  # the ramped tower has groups of its own
-    # the preset thaws vision at RL step 600 with 4 updates a step: optimizer step 2400; 2 RL steps of
+    # vision thaws at RL step 600 with the preset's 4 updates a step: optimizer step 2400; 2 RL steps of
     # warm-up are 8 updates, so the factor is (step - 2400 + 1) / 8, clamped to [0, 1]
     steps = (0, 2399, 2400, 2403, 2407, 2408)
     for i in vision:
