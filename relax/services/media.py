@@ -25,12 +25,14 @@ from relax.data.schema import Sample
 from relax.models.processors import media_features, merge_media
 from relax.rollout.prompts import EncodedPrompt, EncodedPromptCache, encode_prompt
 from relax.services.context import pad_topk_rows
-from relax.trainers.torch.batch import TOPK_FIELDS, RolloutBatch
+from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import Batch
 
 # queue field -> RolloutBatch field, for the per-token float fields a batch may carry
 _FLOAT_FIELDS = {"logprobs": "old_logprobs", "advantages": "advantages", "values": "values", "returns": "returns",
                  "ref_logprobs": "ref_logprobs"}
+# the reference's top-k pair (TOPK_FIELDS), stored from each row's first trained token on
+_TOPK_DTYPES = {"ref_topk_ids": torch.long, "ref_topk_logprobs": torch.float32}
 
 
 def pack_media(images: Sequence[bytes], audios: Sequence[bytes]) -> bytes:
@@ -129,10 +131,10 @@ def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutB
                                                                    strict=True)]
     floats = {dst: [torch.tensor(x, dtype=torch.float32) for x in f[src]]
               for src, dst in _FLOAT_FIELDS.items() if src in f}
-    for name in TOPK_FIELDS:  # stored from the first trained token on; the trainer indexes by position
+    for name, dtype in _TOPK_DTYPES.items():  # padded back to (L, k): the trainer indexes by position
         if name in f:
-            floats[name] = [torch.tensor(pad_topk_rows(x, len(t)), dtype=torch.long if name == "ref_topk_ids" else
-                                         torch.float32) for x, t in zip(f[name], f["tokens"], strict=True)]
+            floats[name] = [torch.tensor(pad_topk_rows(x, len(t)), dtype=dtype)
+                            for x, t in zip(f[name], f["tokens"], strict=True)]
     masks = effective_masks(f["loss_mask"], f.get("error"))  # a failed reward (reward role): zero weight
     return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
                         loss_mask=[torch.tensor(m, dtype=torch.float32) for m in masks],

@@ -66,9 +66,10 @@ class ReferenceRole:
         else:
             columns = {"ref_logprobs": self.reference.logprobs(rollout_batch)}
         rows: dict[str, dict[str, np.ndarray]] = {sid: {} for sid in batch.ids}
-        starts = [topk_response_start(m) for m in batch.fields["loss_mask"]]
+        # top-k rows are kept from each row's first trained token on (topk_reference_fields)
+        starts = [topk_response_start(m) if self.topk else 0 for m in batch.fields["loss_mask"]]
         for f in self.fields:
-            topk = f.name in TOPK_FIELDS  # kept from the first trained token on (topk_reference_fields)
+            topk = f.name in TOPK_FIELDS
             for sid, value, start in zip(batch.ids, columns[f.name], starts, strict=True):
                 rows[sid][f.name] = value[start if topk else 0:].detach().cpu().numpy().astype(f.dtype)
         self.producer.add_fields(rows, meta={"step": batch.step})
