@@ -25,12 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from relax.config_loader import load_config  # noqa: E402
+from relax.objstore import absolute_url  # noqa: E402
 from relax.pipeline import evaluate, latest_checkpoint  # noqa: E402
 from relax.services.context import RunContext  # noqa: E402
-
-
-def as_url(path: str) -> str:
-    return path if "://" in path else "file://" + str(Path(path).resolve())
 
 
 def main() -> None:
@@ -42,11 +39,11 @@ def main() -> None:
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(args.preset, [f"root={as_url(tmp)}", f"data.eval_per_task={sizes[-1]}"])
+        cfg = load_config(args.preset, [f"root={absolute_url(tmp)}", f"data.eval_per_task={sizes[-1]}"])
         snapshot = RunContext(cfg).snapshot_info.id  # the larger snapshot, built once
         results = []
         for root in args.roots:
-            checkpoint = latest_checkpoint(as_url(root))
+            checkpoint = latest_checkpoint(absolute_url(root))
             if not checkpoint:
                 raise SystemExit(f"{root}: no registered checkpoint under it; is it a finished run's root?")
             for n in sizes:
