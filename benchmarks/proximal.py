@@ -51,8 +51,7 @@ def main() -> None:
     batch = grpo_batch(tokenizer, processor, prompts_per_task=2 if args.quick else 7, answers=8)
     reference = Reference(copy.deepcopy(model), layout=cfg.trainer.micro_batch_layout)
     batch.ref_topk_ids, batch.ref_topk_logprobs, batch.ref_logprobs = reference.topk(batch, cfg.algorithm.kl_topk)
-    twin = copy.deepcopy(model)  # before either Actor freezes the tower: each optimizer gets every parameter
-    actors = {"pass": Actor(model, cfg), "first": Actor(twin, cfg)}
+    actors = {"pass": Actor(model, cfg), "first": Actor(copy.deepcopy(model), cfg)}
     g = torch.Generator().manual_seed(0)
     times: dict[str, list[float]] = {k: [] for k in actors}
     for i in range(repeats + 1):  # the first round warms up allocator and kernels
