@@ -9,7 +9,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 BENCHMARKS = [("bench_data.py", []), ("transfer_queue.py", ["--quick"]), ("snapshot_open.py", ["--quick"]),
-              ("trainer.py", ["--quick"]), ("prefix.py", ["--quick"]), ("proximal.py", ["--quick"]),
+              ("trainer.py", ["--quick"]), ("prefix.py", ["--quick"]),
               ("engine.py", ["--quick"]), ("rollout_media.py", ["--quick"]),
               ("async_vs_sync.py", ["--quick"])]
 

@@ -4,8 +4,7 @@ Per micro-batch the samples' token fields are padded into (n, T) tensors and han
 ``relax.algorithms`` (policy loss, off-policy correction, KL, entropy); the per-token loss
 comes back per sample and ``TorchTrainer`` weights it by the configured aggregation over
 the whole (all-rank) batch. The proximal policy of decoupled PPO / TIS / icepop is this
-model's own logprobs before the step's first update. When the batch does not carry them, the
-first update's forward gives its part's (detached) and one gradient-free pass the rest's.
+model's own logprobs before the update, recomputed here when the batch does not carry them.
 """
 
 from __future__ import annotations
@@ -60,12 +59,8 @@ def required_fields(alg: AlgorithmConfig) -> list[str]:
 class PolicyLoss:
     """Per-token policy loss of one micro-batch (the ``TokenLoss`` a TorchTrainer step takes)."""
 
-    def __init__(self, alg: AlgorithmConfig, prox_from_forward: bool = False):
+    def __init__(self, alg: AlgorithmConfig):
         self.alg = alg
-        # True for a step's first update only: its forward runs the weights before any update of the
-        # step, which are decoupled PPO's proximal policy, so that forward's detached logprobs are the
-        # proximal ones and the batch need not carry them (``Actor.train_step``)
-        self.prox_from_forward = prox_from_forward
 
     def reader(self, batch: RolloutBatch) -> PositionReader | None:
         """With ``kl_topk``: the forward reads each position's top-k KL to the reference, (n, R).
@@ -99,7 +94,7 @@ class PolicyLoss:
         weights = None
         old = behav
         if a.off_policy != "none":  # ratio against the proximal policy, behaviour enters as a weight
-            old = lp.detach() if self.prox_from_forward else pad([batch.prox_logprobs[i] for i in idx]).to(lp.dtype)
+            old = pad([batch.prox_logprobs[i] for i in idx]).to(lp.dtype)
             corr = off_policy_correction(a.off_policy, old, behav, mask, cap=a.is_cap)
             weights, mask = corr.weights, corr.mask
         loss, metrics = compute_policy_loss(a.policy_loss, lp, old, adv, mask, clip_low=a.clip_low,
@@ -153,7 +148,6 @@ class Actor:
                                            for module in thawed} if t.thaw_warmup_steps else None)
         freeze_encoders(unwrap(model), self._frozen)
         self.loss = PolicyLoss(cfg.algorithm)
-        self._first_loss = PolicyLoss(cfg.algorithm, prox_from_forward=True)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -179,26 +173,18 @@ class Actor:
         self._thaw_if_due()
         batch.require(required_fields(self.cfg.algorithm),
                       f"policy loss {self.cfg.algorithm.policy_loss!r} with off_policy {self.cfg.algorithm.off_policy!r}")
+        if self.cfg.algorithm.off_policy != "none" and batch.prox_logprobs is None:
+            batch.prox_logprobs = self.logprobs(batch)
         t = self.cfg.trainer
         entropy = self.cfg.algorithm.entropy_coef > 0
-        n, k = len(batch), min(t.mini_batches, len(batch))
-        losses, later_prox = [self.loss] * (k * t.ppo_epochs), []
-        if self.cfg.algorithm.off_policy != "none" and batch.prox_logprobs is None:
-            if t.ppo_epochs == 1:
-                # No update has run before the first one, so its own forward gives its part's proximal
-                # logprobs; only the later parts need a pass before it (none with one mini-batch). A
-                # later epoch would revisit the first part under moved weights, hence the condition.
-                losses[0] = self._first_loss
-                later_prox = self.logprobs(batch.select(list(range(n // k, n)))) if k > 1 else []
-            else:
-                batch.prox_logprobs = self.logprobs(batch)
+        if t.mini_batches == 1 and t.ppo_epochs == 1:
+            return self.trainer.step(batch, self.loss, with_entropy=entropy, read=self.loss.reader(batch))
         # rows arrive prompt group by prompt group, so contiguous parts keep most groups whole
-        parts = [batch] if k == 1 else [batch.select(list(range(i * n // k, (i + 1) * n // k))) for i in range(k)]
-        for i, part in enumerate(parts[1:] if later_prox else [], start=1):
-            part.prox_logprobs = later_prox[i * n // k - n // k:(i + 1) * n // k - n // k]
-        results = [self.trainer.step(part, loss, with_entropy=entropy, read=loss.reader(part))
-                   for loss, part in zip(losses, [p for _ in range(t.ppo_epochs) for p in parts], strict=True)]
-        return results[0] if len(results) == 1 else merge_results(results)
+        n, k = len(batch), min(t.mini_batches, len(batch))
+        parts = [batch.select(list(range(i * n // k, (i + 1) * n // k))) for i in range(k)]
+        results = [self.trainer.step(part, self.loss, with_entropy=entropy, read=self.loss.reader(part))
+                   for _ in range(t.ppo_epochs) for part in parts]
+        return merge_results(results)
 
 
 def merge_results(results: Sequence[StepResult]) -> StepResult:
