@@ -60,6 +60,7 @@ def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int |
     after = curve[-1]
     reached = {mod: next((c["minutes"] for c in curve if c[mod] >= target), None) for mod in before.by_modality}
     return {"max_staleness": staleness, "topology": topology, "steps": steps,
+            "eval_per_task": eval_limit or cfg.data.eval_per_task,
             "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt,
             "warm_start_s": warm_s, "train_s": train_s,
             "before": before.by_modality, "after": {k: after[k] for k in before.by_modality},
@@ -97,7 +98,8 @@ def main() -> None:
         runs = [learning_run(f"file://{tmp}/s{s}", s, steps, 4 if args.quick else None, args.target, extra,
                              args.topology) for s in args.staleness]
     result = {"setup": f"2-core CPU; omni-cpu preset (tiny-omni, largest + shapes + tones), {runs[0]['steps']} steps "
-                       f"x {runs[0]['samples_per_step']} samples, {args.topology}; held-out greedy accuracy per modality (64 prompts per task)"
+                       f"x {runs[0]['samples_per_step']} samples, {args.topology}; held-out greedy accuracy per modality "
+                       f"({runs[0]['eval_per_task']} prompts per task)"
                        + (f"; {extra}" if extra else ""),
               "target": args.target, "runs": runs,
               "minutes_to_target": {f"staleness{r['max_staleness']}": r["minutes_to_target"] for r in runs},
