@@ -128,12 +128,9 @@ class Actor:
         self._thaw_update = t.thaw_encoders_at * updates
         if not self._frozen:
             freeze_encoders(unwrap(model), list(t.freeze_encoders))  # before the optimizer collects parameters
-        for kind in self._frozen:  # the optimizer takes trainable parameters only: a frozen tower could never thaw
-            if not all(p.requires_grad for p in encoder_parameters(unwrap(model), kind)):
-                raise ValueError(f"trainer.thaw_encoders_at={t.thaw_encoders_at} must train the {kind} encoder later, "
-                                 f"but the model passed to Actor has it frozen already (requires_grad=False), so "
-                                 f"the optimizer would leave it out and the thaw would change nothing: pass a model "
-                                 f"no Actor has frozen (copy it before building the first Actor)")
+        for kind in self._frozen:  # trainable while the optimizer collects them, even in a model frozen before
+            for p in encoder_parameters(unwrap(model), kind):
+                p.requires_grad_(True)
         thawed = {ENCODER_MODULES[kind] for kind in self._frozen}
         self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * updates,
                                     total_steps=t.total_steps * updates, schedule=t.lr_schedule, grad_clip=t.grad_clip,
