@@ -285,6 +285,10 @@ class TrainerConfig:
         0, "RL steps over which a thawed encoder's lr rises linearly from 0 to its full value, starting at "
         "thaw_encoders_at; 0 = full at once. Its Adam moments start empty at the thaw, so the first update "
         "moves every encoder weight by lr, however small or noisy its gradient.", range=(0, 100_000_000))
+    frozen_params: list[str] = opt(
+        [], "Parameters held fixed for the whole RL run, whatever freeze_encoders and its thaw do: dotted name "
+        "prefixes as in model.named_parameters(), matched on whole components ('visual.patch_embed' pins the "
+        "vision patch embedding). A pattern that matches nothing is an error (docs/models.md).")
     encoder_lr_scale: float = opt(
         1.0, "Multiplier of lr for the media encoders' parameters (the policy's visual / audio_tower modules). "
         "A tiny encoder trained from scratch gets a weak, noisy share of the RL gradient through the LM.",

@@ -113,9 +113,10 @@ def _cross_checks(cfg: RelaxConfig) -> None:
     unknown = sorted(set(cfg.trainer.freeze_encoders) - {"vision", "audio"})
     if unknown:
         raise ConfigError(f"trainer.freeze_encoders: unknown encoder(s) {unknown}; use 'vision' and/or 'audio'")
-    if cfg.trainer.freeze_encoders and cfg.trainer.backend != "torch":
-        raise ConfigError("trainer.freeze_encoders is supported by the torch backend only; "
-                          "set trainer.backend=torch or remove it")
+    for knob in ("freeze_encoders", "frozen_params"):
+        if getattr(cfg.trainer, knob) and cfg.trainer.backend != "torch":
+            raise ConfigError(f"trainer.{knob} is supported by the torch backend only; "
+                              "set trainer.backend=torch or remove it")
     t = cfg.trainer
     if t.thaw_encoders_at and t.freeze_encoders and t.data_parallel > 1:
         raise ConfigError("trainer.thaw_encoders_at needs trainer.data_parallel=1: DDP fixes the parameters it "

@@ -190,6 +190,24 @@ def freeze_encoders(model: torch.nn.Module, which: list[str]) -> int:
     return frozen
 
 
+def pinned_parameters(model: torch.nn.Module, patterns: list[str]) -> list[torch.nn.Parameter]:
+    """The parameters under any of ``patterns`` (``trainer.frozen_params``): dotted prefixes of
+    ``model.named_parameters()`` names matched on whole components anywhere in the name, so
+    'visual.patch_embed' finds 'model.visual.patch_embed.proj.weight' but not 'visual.patch_embedding'.
+
+    Raises ValueError naming a pattern that matches no parameter (a typo would pin nothing)."""
+    named = [(f".{n}.", p) for n, p in model.named_parameters()]
+    pinned: dict[int, torch.nn.Parameter] = {}
+    for pattern in patterns:
+        hits = [p for n, p in named if f".{pattern.strip('.')}." in n]
+        if not hits:
+            examples = ", ".join(n.strip(".") for n, _ in named[:3])
+            raise ValueError(f"trainer.frozen_params: {pattern!r} matches no parameter of the model "
+                             f"(names look like {examples}); fix or remove it")
+        pinned.update((id(p), p) for p in hits)
+    return list(pinned.values())
+
+
 def model_class_for(config: PretrainedConfig) -> type[PreTrainedModel]:
     """The generation-capable class for a config (multimodal ones are not AutoModelForCausalLM)."""
     from transformers import AutoModelForCausalLM

@@ -17,7 +17,7 @@ import torch
 
 from relax.algorithms import compute_policy_loss, kl_estimate, off_policy_correction, topk_forward_kl
 from relax.config import AlgorithmConfig, RelaxConfig
-from relax.models.builders import ENCODER_MODULES, encoder_parameters, freeze_encoders
+from relax.models.builders import ENCODER_MODULES, encoder_parameters, freeze_encoders, pinned_parameters
 from relax.trainers.torch.batch import TOPK_FIELDS, RolloutBatch
 from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.forward import PositionReader, compute_logprobs, token_logprobs
@@ -128,9 +128,14 @@ class Actor:
         self._thaw_update = t.thaw_encoders_at * updates
         if not self._frozen:
             freeze_encoders(unwrap(model), list(t.freeze_encoders))  # before the optimizer collects parameters
+        # pinned parameters never join the optimizer: no thaw reaches them, and Adam keeps no state for them
+        self._pinned = {id(p) for p in pinned_parameters(unwrap(model), list(t.frozen_params))}
         for kind in self._frozen:  # trainable while the optimizer collects them, even in a model frozen before
             for p in encoder_parameters(unwrap(model), kind):
                 p.requires_grad_(True)
+        for p in unwrap(model).parameters():
+            if id(p) in self._pinned:
+                p.requires_grad_(False)
         thawed = {ENCODER_MODULES[kind] for kind in self._frozen}
         self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * updates,
                                     total_steps=t.total_steps * updates, schedule=t.lr_schedule, grad_clip=t.grad_clip,
@@ -162,7 +167,7 @@ class Actor:
         if self._frozen and self.trainer.scheduler.last_epoch >= self._thaw_update:
             for kind in self._frozen:
                 for p in encoder_parameters(unwrap(self.model), kind):
-                    p.requires_grad_(True)
+                    p.requires_grad_(id(p) not in self._pinned)
             log.info("thawed encoders %s at RL step %d", self._frozen, self.cfg.trainer.thaw_encoders_at)
             self._frozen = []
 

@@ -10,7 +10,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from relax.config import ModelConfig  # noqa: E402
-from relax.models.builders import build_policy, count_parameters  # noqa: E402
+from relax.models.builders import build_policy, count_parameters, pinned_parameters  # noqa: E402
 from relax.models.tokenizers import build_tokenizer  # noqa: E402
 
 CASES = [
@@ -117,6 +117,17 @@ def test_vision_stem_starts_with_the_mean_colour_of_each_patch(tok, name: str, f
     assert torch.allclose(half[covered], (red / 2).expand(4, 3), atol=1e-3)
     # Channels 3.. stay random: the init only fixes the three colour channels.
     assert stem.proj.weight[3:].std() > 0
+
+
+def test_pinned_parameters_match_whole_name_components_and_name_a_pattern_that_finds_nothing(tok) -> None:
+    model, _ = build_policy(ModelConfig(name_or_path="tiny-omni", family="qwen2_5_omni"), tok, seed=0)
+    names = {id(p): n for n, p in model.named_parameters()}
+    pinned = {names[id(p)] for p in pinned_parameters(model, ["visual.patch_embed", "visual.patch_embed.proj"])}
+    assert pinned == {"model.visual.patch_embed.proj.weight"}  # the tiny tower's conv has no bias; no duplicates
+    assert {names[id(p)] for p in pinned_parameters(model, ["merger"])} == {
+        n for n in names.values() if n.startswith("model.visual.merger.")}
+    with pytest.raises(ValueError, match="'visual.patch' matches no parameter"):
+        pinned_parameters(model, ["visual.patch"])  # a prefix of a component is not a component
 
 
 @pytest.mark.parametrize(("name", "family"), [("tiny-qwen2-audio", "qwen2_audio"), ("tiny-omni", "qwen2_5_omni")])

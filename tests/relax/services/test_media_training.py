@@ -160,12 +160,12 @@ def test_a_frozen_vision_encoder_keeps_its_weights_while_the_rest_trains(tmp_pat
 
 
 @pytest.mark.parametrize("warmup", [0, 2])  # 2: the tower's ramped parameter groups are resumed too
-def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes(tmp_path, warmup):
+def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes_but_pinned_parameters_do_not(tmp_path, warmup):
     from relax.services.controller import run_colocated
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "thaw", *OMNI, "trainer.freeze_encoders=[vision]",
                                  "trainer.thaw_encoders_at=2", "trainer.total_steps=6", "algorithm.entropy_coef=0.1",
-                                 f"trainer.thaw_warmup_steps={warmup}"))
+                                 f"trainer.thaw_warmup_steps={warmup}", "trainer.frozen_params=[visual.patch_embed]"))
     ctx.ensure_run()
     store = ctx.weights()
 
@@ -184,6 +184,9 @@ def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes(tmp_
     v6 = visual(6)
     assert v0 and not moved(v0, v2)
     assert moved(v2, v4) and moved(v4, v6)
+    # trainer.frozen_params holds the patch embedding through the thaw and both resumes
+    stem = {n for n in v0 if ".patch_embed." in n}
+    assert stem and not stem & (moved(v0, v4) | moved(v4, v6))
 
 
 def test_freezing_an_encoder_the_model_lacks_names_it(tmp_path):
