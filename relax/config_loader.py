@@ -118,6 +118,9 @@ def _cross_checks(cfg: RelaxConfig) -> None:
             raise ConfigError(f"trainer.{knob} is supported by the torch backend only; "
                               "set trainer.backend=torch or remove it")
     t = cfg.trainer
+    if t.weight_decay and any("[" in pattern for pattern in t.frozen_params):
+        raise ConfigError("trainer.frozen_params pins rows ([a:b]) by zeroing their gradient, but AdamW's weight decay "
+                          "shrinks them anyway: set trainer.weight_decay=0 or pin whole parameters")
     if t.thaw_encoders_at and t.freeze_encoders and t.data_parallel > 1:
         raise ConfigError("trainer.thaw_encoders_at needs trainer.data_parallel=1: DDP fixes the parameters it "
                           "synchronises when it wraps the model, so a thawed encoder would drift apart per rank")

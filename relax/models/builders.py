@@ -17,6 +17,8 @@ max_seq_len); the vocabulary size comes from the tokenizer.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -190,22 +192,54 @@ def freeze_encoders(model: torch.nn.Module, which: list[str]) -> int:
     return frozen
 
 
-def pinned_parameters(model: torch.nn.Module, patterns: list[str]) -> list[torch.nn.Parameter]:
-    """The parameters under any of ``patterns`` (``trainer.frozen_params``): dotted prefixes of
-    ``model.named_parameters()`` names matched on whole components anywhere in the name, so
-    'visual.patch_embed' finds 'model.visual.patch_embed.proj.weight' but not 'visual.patch_embedding'.
+@dataclass(frozen=True)
+class Pin:
+    """One parameter held fixed by ``trainer.frozen_params``: all of it, or rows ``[start, stop)``
+    of its first dimension."""
 
-    Raises ValueError naming a pattern that matches no parameter (a typo would pin nothing)."""
+    name: str
+    param: torch.nn.Parameter
+    rows: tuple[int, int] | None = None
+
+    def zero_pinned_rows(self, grad: torch.Tensor) -> torch.Tensor:
+        """Gradient hook: the pinned rows get 0, so Adam's moments for them stay 0 and so does their update."""
+        out = grad.clone()
+        out[self.rows[0]:self.rows[1]] = 0
+        return out
+
+
+_PIN = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<start>\d*):(?P<stop>\d*)\])?$")
+
+
+def pinned_parameters(model: torch.nn.Module, patterns: list[str]) -> list[Pin]:
+    """The parameters ``patterns`` (``trainer.frozen_params``) pin.
+
+    A pattern is a dotted prefix of ``model.named_parameters()`` names, matched on whole components
+    anywhere in the name: 'visual.patch_embed' finds 'model.visual.patch_embed.proj.weight' but not
+    'visual.patch_embedding'. ``NAME[a:b]`` pins rows a..b-1 of the one parameter NAME names (a
+    colour stem inside a trained filter bank). Raises ValueError naming a pattern that matches no
+    parameter (a typo would pin nothing), or whose rows are not rows of exactly one parameter."""
     named = [(f".{n}.", p) for n, p in model.named_parameters()]
-    pinned: dict[int, torch.nn.Parameter] = {}
+    pins: dict[tuple[int, tuple[int, int] | None], Pin] = {}
     for pattern in patterns:
-        hits = [p for n, p in named if f".{pattern.strip('.')}." in n]
+        parsed = _PIN.match(pattern.strip())
+        name = parsed["name"].strip(".") if parsed else pattern
+        hits = [(n.strip("."), p) for n, p in named if f".{name}." in n] if parsed else []
         if not hits:
             examples = ", ".join(n.strip(".") for n, _ in named[:3])
+            quote = " (quote a pattern with [rows] on the command line)" if pattern.startswith("[") else ""
             raise ValueError(f"trainer.frozen_params: {pattern!r} matches no parameter of the model "
-                             f"(names look like {examples}); fix or remove it")
-        pinned.update((id(p), p) for p in hits)
-    return list(pinned.values())
+                             f"(names look like {examples}); fix or remove it{quote}")
+        rows = None
+        if parsed["start"] is not None:
+            (full, param), size = hits[0], hits[0][1].shape[0]
+            rows = (int(parsed["start"] or 0), int(parsed["stop"] or size))
+            if len(hits) != 1 or not 0 <= rows[0] < rows[1] <= size:
+                raise ValueError(f"trainer.frozen_params: {pattern!r} must name one parameter and rows within its "
+                                 f"first dimension; it matches {[n for n, _ in hits]} (first dimension {size})")
+        for full, param in hits:
+            pins[(id(param), rows)] = Pin(full, param, rows)
+    return list(pins.values())
 
 
 def model_class_for(config: PretrainedConfig) -> type[PreTrainedModel]:

@@ -128,8 +128,9 @@ class Actor:
         self._thaw_update = t.thaw_encoders_at * updates
         if not self._frozen:
             freeze_encoders(unwrap(model), list(t.freeze_encoders))  # before the optimizer collects parameters
-        # pinned parameters never join the optimizer: no thaw reaches them, and Adam keeps no state for them
-        self._pinned = {id(p) for p in pinned_parameters(unwrap(model), list(t.frozen_params))}
+        pins = pinned_parameters(unwrap(model), list(t.frozen_params))
+        # wholly pinned parameters never join the optimizer: no thaw reaches them, and Adam keeps no state for them
+        self._pinned = {id(pin.param) for pin in pins if pin.rows is None}
         for kind in self._frozen:  # trainable while the optimizer collects them, even in a model frozen before
             for p in encoder_parameters(unwrap(model), kind):
                 p.requires_grad_(True)
@@ -149,6 +150,12 @@ class Actor:
                                     ramps={module: (self._thaw_update, t.thaw_warmup_steps * updates)
                                            for module in thawed} if t.thaw_warmup_steps else None)
         freeze_encoders(unwrap(model), self._frozen)
+        for pin in pins:  # pinned rows: a hook zeroes their gradient (autograd takes hooks on trainable tensors only)
+            if pin.rows is not None and id(pin.param) not in self._pinned:
+                trainable = pin.param.requires_grad
+                pin.param.requires_grad_(True)
+                pin.param.register_hook(pin.zero_pinned_rows)
+                pin.param.requires_grad_(trainable)
         self.loss = PolicyLoss(cfg.algorithm)
 
     @property

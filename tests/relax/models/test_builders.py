@@ -119,15 +119,22 @@ def test_vision_stem_starts_with_the_mean_colour_of_each_patch(tok, name: str, f
     assert stem.proj.weight[3:].std() > 0
 
 
-def test_pinned_parameters_match_whole_name_components_and_name_a_pattern_that_finds_nothing(tok) -> None:
+def test_pinned_parameters_match_whole_name_components_or_rows_of_one_and_name_a_bad_pattern(tok) -> None:
     model, _ = build_policy(ModelConfig(name_or_path="tiny-omni", family="qwen2_5_omni"), tok, seed=0)
-    names = {id(p): n for n, p in model.named_parameters()}
-    pinned = {names[id(p)] for p in pinned_parameters(model, ["visual.patch_embed", "visual.patch_embed.proj"])}
-    assert pinned == {"model.visual.patch_embed.proj.weight"}  # the tiny tower's conv has no bias; no duplicates
-    assert {names[id(p)] for p in pinned_parameters(model, ["merger"])} == {
-        n for n in names.values() if n.startswith("model.visual.merger.")}
+    stem = "model.visual.patch_embed.proj.weight"
+
+    def pinned(*patterns: str) -> list[tuple[str, tuple[int, int] | None]]:
+        return [(pin.name, pin.rows) for pin in pinned_parameters(model, list(patterns))]
+
+    assert pinned("visual.patch_embed", "visual.patch_embed.proj") == [(stem, None)]  # the conv has no bias; once
+    assert {n for n, _ in pinned("merger")} == {n for n, _ in model.named_parameters() if ".merger." in n}
+    assert pinned("visual.patch_embed.proj.weight[0:3]", "patch_embed.proj.weight[60:]") == [(stem, (0, 3)), (stem, (60, 64))]
     with pytest.raises(ValueError, match="'visual.patch' matches no parameter"):
-        pinned_parameters(model, ["visual.patch"])  # a prefix of a component is not a component
+        pinned("visual.patch")  # a prefix of a component is not a component
+    with pytest.raises(ValueError, match="must name one parameter"):
+        pinned("visual.merger[0:3]")  # rows of which of its four parameters?
+    with pytest.raises(ValueError, match=r"first dimension 64"):
+        pinned("visual.patch_embed.proj.weight[3:65]")
 
 
 @pytest.mark.parametrize(("name", "family"), [("tiny-qwen2-audio", "qwen2_audio"), ("tiny-omni", "qwen2_5_omni")])
