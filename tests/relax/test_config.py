@@ -187,3 +187,11 @@ def test_stuck_group_push_needs_a_group_estimator():
     with pytest.raises(ConfigError, match="stuck_group_push adds to a group estimator"):
         load_config(None, ["algorithm.stuck_group_push=0.2", "algorithm.advantage=reinforce_pp"])
     assert load_config(None, ["algorithm.stuck_group_push=0.2", "algorithm.advantage=rloo"]).algorithm.stuck_group_push == 0.2
+
+
+def test_pinned_rows_refuse_weight_decay_which_would_shrink_them():
+    rows = 'trainer.frozen_params=["visual.patch_embed.proj.weight[0:3]"]'
+    with pytest.raises(ConfigError, match="weight_decay=0"):
+        load_config("omni-cpu", ["trainer.weight_decay=0.01", rows])
+    assert load_config("omni-cpu", ["trainer.weight_decay=0.01", "trainer.frozen_params=[visual.patch_embed]"])
+    assert load_config("omni-cpu", ["trainer.weight_decay=0", rows]).trainer.frozen_params == [rows.split('"')[1]]

@@ -1,0 +1,90 @@
+"""What the vision tower's thaw does to a run: held-out accuracy around it, and how far each part
+of the tower's patch embedding moved.
+
+The omni-cpu preset freezes the vision tower until ``trainer.thaw_encoders_at`` (500) and then
+trains it. This scores the checkpoints of finished runs (``pipeline_run.py`` roots or ``.relax``)
+just before the thaw and at later steps, and measures the relative change
+``|w_step - w_before| / |w_before|`` of the patch embedding's rows: rows 0-2 are the colour stem
+(``relax.models.builders.init_colour_stem``, weights 1/392 each), the others random filters.
+
+    python benchmarks/thaw_dip.py /tmp/runs/s0 /tmp/runs/s1 --steps 499,599,699 --out thaw_dip.json
+
+Prints one row per run and step, then one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from relax import objstore  # noqa: E402
+from relax.config_loader import load_config  # noqa: E402
+from relax.objstore import absolute_url  # noqa: E402
+from relax.pipeline import evaluate  # noqa: E402
+
+STEM = "model.visual.patch_embed.proj.weight"
+
+
+def checkpoint_url(root: str, run_id: str, step: int) -> str:
+    return objstore.join(absolute_url(root), "runs", run_id, "checkpoints", f"step-{step:06d}")
+
+
+def patch_embedding(url: str) -> torch.Tensor:
+    state = torch.load(io.BytesIO(objstore.read_bytes(objstore.join(url, "trainer.pt"))), map_location="cpu",
+                       weights_only=False)
+    return state["model"][STEM].float()
+
+
+def relative_change(after: torch.Tensor, before: torch.Tensor) -> float:
+    return round(float((after - before).norm() / before.norm()), 4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("roots", nargs="+", help="run roots with checkpoints at every --steps")
+    parser.add_argument("--steps", default="499,599,699", help="RL steps to score; the first is the reference")
+    parser.add_argument("--preset", default="omni-cpu")
+    parser.add_argument("--out", default="", help="also write the JSON here")
+    args = parser.parse_args()
+    steps = [int(s) for s in args.steps.split(",")]
+    runs = []
+    for root in args.roots:
+        cfg = load_config(args.preset, [f"root={absolute_url(root)}"])
+        urls = [checkpoint_url(root, cfg.run_id, s) for s in steps]
+        missing = [u for u in urls if not objstore.exists(objstore.join(u, "meta.json"))]
+        if missing:
+            raise SystemExit(f"{root}: no checkpoint at {missing[0]}; pick --steps the run saved "
+                             f"(trainer.checkpoint_every={cfg.trainer.checkpoint_every})")
+        before = patch_embedding(urls[0])
+        rows = []
+        for step, url in zip(steps, urls, strict=True):
+            report = evaluate(cfg, url)
+            weight = patch_embedding(url)
+            row = {"step": step, "by_modality": {k: round(v, 3) for k, v in report.by_modality.items()},
+                   "by_kind": {k: round(v, 3) for k, v in report.by_kind.items()},
+                   "never_answered": report.never_answered(),
+                   "stem_change": relative_change(weight[:3], before[:3]),
+                   "filters_change": relative_change(weight[3:], before[3:])}
+            rows.append(row)
+            kinds = row["by_kind"]
+            print(f"{root} step {step}: image {row['by_modality'].get('image', 0):.3f} "
+                  f"(count {kinds.get('shapes:count', 0):.3f}, colour {kinds.get('shapes:colour', 0):.3f})  "
+                  f"stem moved {row['stem_change']:.3f}, other filters {row['filters_change']:.3f}", flush=True)
+        record = json.loads(objstore.read_bytes(objstore.join(absolute_url(root), "runs", cfg.run_id, "run.json")))
+        runs.append({"root": root, "frozen_params": record["config"]["trainer"].get("frozen_params", []),
+                     "steps": rows})
+    line = json.dumps({"preset": args.preset, "steps": steps, "runs": runs})
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
