@@ -289,7 +289,7 @@ class TrainerConfig:
         [], "Parameters held fixed for the whole RL run, whatever freeze_encoders and its thaw do: dotted name "
         "prefixes as in model.named_parameters(), matched on whole components ('visual.patch_embed' pins the "
         "vision patch embedding); NAME[a:b] pins rows a..b-1 of the one parameter NAME (quote it on the command "
-        "line; needs weight_decay 0). A pattern that matches nothing is an error. (docs/models.md).")
+        "line; needs weight_decay 0). A pattern that matches nothing is an error (docs/models.md).")
     encoder_lr_scale: float = opt(
         1.0, "Multiplier of lr for the media encoders' parameters (the policy's visual / audio_tower modules). "
         "A tiny encoder trained from scratch gets a weak, noisy share of the RL gradient through the LM.",

@@ -232,7 +232,7 @@ def pinned_parameters(model: torch.nn.Module, patterns: list[str]) -> list[Pin]:
                              f"(names look like {examples}); fix or remove it{quote}")
         rows = None
         if parsed["start"] is not None:
-            (full, param), size = hits[0], hits[0][1].shape[0]
+            size = hits[0][1].shape[0]
             rows = (int(parsed["start"] or 0), int(parsed["stop"] or size))
             if len(hits) != 1 or not 0 <= rows[0] < rows[1] <= size:
                 raise ValueError(f"trainer.frozen_params: {pattern!r} must name one parameter and rows within its "
