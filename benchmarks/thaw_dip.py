@@ -28,12 +28,10 @@ from relax import objstore  # noqa: E402
 from relax.config_loader import load_config  # noqa: E402
 from relax.objstore import absolute_url  # noqa: E402
 from relax.pipeline import evaluate  # noqa: E402
+from relax.services.actor import checkpoint_name  # noqa: E402
+from relax.services.context import RunContext  # noqa: E402
 
 STEM = "model.visual.patch_embed.proj.weight"
-
-
-def checkpoint_url(root: str, run_id: str, step: int) -> str:
-    return objstore.join(absolute_url(root), "runs", run_id, "checkpoints", f"step-{step:06d}")
 
 
 def patch_embedding(url: str) -> torch.Tensor:
@@ -57,16 +55,17 @@ def main() -> None:
     runs = []
     for root in args.roots:
         cfg = load_config(args.preset, [f"root={absolute_url(root)}"])
-        urls = [checkpoint_url(root, cfg.run_id, s) for s in steps]
+        run_url = RunContext(cfg).run_url
+        urls = [objstore.join(run_url, "checkpoints", checkpoint_name(s)) for s in steps]
         missing = [u for u in urls if not objstore.exists(objstore.join(u, "meta.json"))]
         if missing:
             raise SystemExit(f"{root}: no checkpoint at {missing[0]}; pick --steps the run saved "
                              f"(trainer.checkpoint_every={cfg.trainer.checkpoint_every})")
-        before = patch_embedding(urls[0])
+        weights = [patch_embedding(url) for url in urls]
+        before = weights[0]
         rows = []
-        for step, url in zip(steps, urls, strict=True):
+        for step, url, weight in zip(steps, urls, weights, strict=True):
             report = evaluate(cfg, url)
-            weight = patch_embedding(url)
             row = {"step": step, "by_modality": {k: round(v, 3) for k, v in report.by_modality.items()},
                    "by_kind": {k: round(v, 3) for k, v in report.by_kind.items()},
                    "never_answered": report.never_answered(),
@@ -77,7 +76,7 @@ def main() -> None:
             print(f"{root} step {step}: image {row['by_modality'].get('image', 0):.3f} "
                   f"(count {kinds.get('shapes:count', 0):.3f}, colour {kinds.get('shapes:colour', 0):.3f})  "
                   f"stem moved {row['stem_change']:.3f}, other filters {row['filters_change']:.3f}", flush=True)
-        record = json.loads(objstore.read_bytes(objstore.join(absolute_url(root), "runs", cfg.run_id, "run.json")))
+        record = json.loads(objstore.read_bytes(objstore.join(run_url, "run.json")))
         runs.append({"root": root, "frozen_params": record["config"]["trainer"].get("frozen_params", []),
                      "steps": rows})
     line = json.dumps({"preset": args.preset, "steps": steps, "runs": runs})
