@@ -45,7 +45,9 @@ class ShapesConfig:
     The image is split into a ``grid`` x ``grid`` lattice and each shape gets its own cell
     with a one-pixel margin, which is what keeps shapes apart. A shape's side is a
     fraction of its cell, drawn from ``[min_fraction, max_fraction]``: smaller shapes are
-    harder for a vision tower to see.
+    harder for a vision tower to see. A cell of 14 pixels (``image_size // grid``) is one patch
+    of the Qwen vision towers, so each shape lies in a patch of its own; larger cells straddle
+    patch borders, and a count must then tell one shape over two patches from two shapes.
     """
 
     image_size: int = 56
@@ -73,7 +75,7 @@ class ShapesConfig:
 
 
 CONFIGS: dict[int, ShapesConfig] = {
-    1: ShapesConfig(max_count=4, min_fraction=0.7, max_fraction=0.95),
+    1: ShapesConfig(max_count=4, grid=4, min_fraction=0.7, max_fraction=0.95),  # 14-px cells: one shape a patch
     2: ShapesConfig(max_count=5, min_fraction=0.55, max_fraction=0.9),
     3: ShapesConfig(max_count=7, min_fraction=0.45, max_fraction=0.8),
 }

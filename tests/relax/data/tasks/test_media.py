@@ -88,6 +88,25 @@ def test_shapes_pixels_match_the_answer(difficulty: int, split: str) -> None:
             assert "What colour" in sample.prompt_text
 
 
+def inked_patches(pixels: np.ndarray, patch: int = 14) -> int:
+    """How many patch x patch tiles of the picture hold a non-white pixel."""
+    ink = np.any(pixels != 255, axis=-1)
+    h, w = ink.shape
+    return int(ink.reshape(h // patch, patch, w // patch, patch).any(axis=(1, 3)).sum())
+
+
+def test_at_difficulty_1_each_shape_fills_one_vision_patch_and_at_3_shapes_straddle_them() -> None:
+    # difficulty 1: a 4x4 grid of 14-px cells = the towers' 14-px patches, so the inked
+    # patches are exactly the shapes (a count of 3 inks 3 of the 16 patches)
+    for sample in shapes.generate(5, "train", 60, 1):
+        assert inked_patches(decode_png(sample)) == sample.metadata["count"], sample.id
+    # difficulty 3: 18-px cells; a shape crossing a patch border inks two or four patches,
+    # so some pictures ink more patches than they hold shapes
+    hard = [decode_png(s) for s in shapes.generate(5, "train", 60, 3)]
+    counts = [count_components(np.any(p != 255, axis=-1)) for p in hard]
+    assert any(inked_patches(p) > n for p, n in zip(hard, counts, strict=True))
+
+
 def test_shapes_image_size_is_a_knob() -> None:
     config = shapes.ShapesConfig(image_size=96, max_count=9)
     for sample in shapes.generate_with_config(0, "train", 10, config):
