@@ -204,6 +204,11 @@ class AlgorithmConfig:
     kl_coef: float = opt(0.0, "Weight of the KL penalty against the reference policy; 0 disables the reference.",
                          range=(0.0, 100.0))
     kl_estimator: str = opt("k3", "KL estimator.", choices=("k1", "k2", "k3"))
+    kl_clamp: float = opt(0.0, "Bound on each sampled token's kl_estimator value, in the actor's loss and in the reward "
+                          "penalty: a token beyond it adds no KL gradient. k3's gradient grows as pi_ref/pi_theta on a "
+                          "sampled token the policy has learned to avoid, up to exp(20) times the rest of the batch's, "
+                          "and gradient clipping then spends the whole step on that one token (docs/algorithms.md). "
+                          "10 is verl's low_var_kl bound. 0 = no bound.", range=(0.0, 1e6))
     kl_topk: int = opt(0, "0 = the KL term is kl_estimator on the sampled tokens. k > 0 = the actor's KL term is the "
                        "forward KL[pi_ref || pi_theta] computed exactly over the reference's k most likely tokens at "
                        "every response position: an answer the policy stopped sampling is still pulled back by its "

@@ -75,29 +75,38 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
-def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", clamp: float = 0.0) -> Tensor:
     """Per-token estimate of KL[pi_theta || pi_ref] with the named estimator (k1/k2/k3).
+
+    ``clamp`` > 0 bounds each token's estimate to [-clamp, clamp] (``AlgorithmConfig.kl_clamp``);
+    a token beyond the bound adds no gradient. Why: k3's gradient in log q is 1 - rho, so a sampled
+    token the policy has learned to avoid (q << p) carries a gradient of about p/q, up to exp(20),
+    which global-norm clipping then turns into the whole step's direction. verl's
+    ``low_var_kl`` bounds k3 at 10 the same way.
 
     Shapes: logprobs, ref_logprobs (B, T) -> (B, T), unmasked. Gradient flows through
     ``logprobs`` only. Raises ValueError for an unknown ``estimator``.
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl_estimator {estimator!r}; valid: {', '.join(sorted(KL_ESTIMATORS))}")
-    return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
+    kl = KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
+    return kl.clamp(-clamp, clamp) if clamp > 0 else kl
 
 
-def kl_loss(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k3") -> Tensor:
+def kl_loss(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k3",
+            clamp: float = 0.0) -> Tensor:
     """KL as a loss term (``kl_in_reward = False``): per-token KL, 0 off the mask.
 
-    Formula: l_t = m_t * k(logp_t, logp_ref_t); the trainer adds
-    kl_coef * aggregate(l, mask). Shapes: (B, T) -> (B, T).
+    Formula: l_t = m_t * clip(k(logp_t, logp_ref_t), -clamp, clamp) (no clip at clamp = 0); the
+    trainer adds kl_coef * aggregate(l, mask). Shapes: (B, T) -> (B, T).
     """
-    kl = kl_estimate(logprobs, ref_logprobs, estimator)
+    kl = kl_estimate(logprobs, ref_logprobs, estimator, clamp)
     m = mask.to(kl.dtype)
     return torch.where(m > 0, kl * m, torch.zeros_like(kl))
 
 
-def token_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k1") -> Tensor:
+def token_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k1",
+             clamp: float = 0.0) -> Tensor:
     """Per-token KL of the *sampling* policy to the reference, as a constant (``kl_in_reward``).
 
     Formula: KL_t = m_t * k(logp_t, logp_ref_t), detached: the advantage role computes it
@@ -106,7 +115,7 @@ def token_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: st
     (prompt, tool output, padding) it is exactly 0, whatever the log-probs hold there.
     Shapes: (B, T) -> (B, T).
     """
-    kl = kl_estimate(logprobs.detach(), ref_logprobs, estimator)
+    kl = kl_estimate(logprobs.detach(), ref_logprobs, estimator, clamp)
     m = mask.to(kl.dtype)
     return torch.where(m > 0, kl * m, torch.zeros_like(kl))
 

@@ -97,13 +97,13 @@ def batch_gae(rewards: list[float], masks: list[np.ndarray], values: list[np.nda
 
 
 def rows_kl(logprobs: list[np.ndarray], ref_logprobs: list[torch.Tensor], masks: list[np.ndarray],
-            estimator: str) -> list[np.ndarray]:
+            estimator: str, clamp: float = 0.0) -> list[np.ndarray]:
     """Per-row (L_i,) KL_t = m_t * k(behaviour logp_t, reference logp_t), 0 off the mask."""
     out = []
     for lp, ref, m in zip(logprobs, ref_logprobs, masks, strict=True):
         # torch.tensor copies: shard arrays are read-only views
         kl = token_kl(torch.tensor(lp, dtype=torch.float32), ref.detach().float().cpu(),
-                      torch.tensor(m, dtype=torch.float32), estimator)
+                      torch.tensor(m, dtype=torch.float32), estimator, clamp)
         out.append(kl.numpy())
     return out
 
@@ -148,7 +148,7 @@ class AdvantageRole:
             ref = [torch.tensor(r, dtype=torch.float32) for r in f["ref_logprobs"]]
         else:
             ref = self.reference.logprobs(to_rollout_batch(batch, self.media))
-        return rows_kl(f["logprobs"], ref, f["loss_mask"], self.alg.kl_estimator)
+        return rows_kl(f["logprobs"], ref, f["loss_mask"], self.alg.kl_estimator, self.alg.kl_clamp)
 
     def _commit(self, batch: Batch) -> dict[str, float]:
         """Compute and commit the batch's advantages; returns KL metrics (empty without kl_in_reward)."""

@@ -108,7 +108,7 @@ class PolicyLoss:
             metrics["kl_topk"] = kl.detach().sum() / mask.sum().clamp(min=1)
         if kl_loss_term(a) and sampled_kl_weight(a) > 0:
             ref = pad([batch.ref_logprobs[i] for i in idx]).to(lp.dtype)
-            loss = loss + a.kl_coef * sampled_kl_weight(a) * kl_estimate(lp, ref, a.kl_estimator) * mask
+            loss = loss + a.kl_coef * sampled_kl_weight(a) * kl_estimate(lp, ref, a.kl_estimator, a.kl_clamp) * mask
         if a.entropy_coef > 0 and entropies is not None:
             loss = loss - a.entropy_coef * pad(entropies) * mask
         out = {k: float(v) for k, v in metrics.items()}

@@ -17,6 +17,7 @@ from relax.algorithms.kl import (
     kl_k3,
     kl_loss,
     kl_reward_penalty,
+    token_kl,
     topk_forward_kl,
 )
 
@@ -82,6 +83,26 @@ def test_kl_reward_penalty_sign_and_no_grad():
 def test_kl_extreme_ratio_finite():
     out = kl_k3(torch.tensor([[-200.0, 0.0]]), torch.tensor([[0.0, -200.0]]))
     assert torch.isfinite(out).all()
+
+
+def test_kl_clamp_bounds_the_estimate_and_drops_the_gradient_beyond_it():
+    # log rho = ref - logp = [0, 1, 16]: k3 = rho - 1 - log rho = [0, e - 2, e^16 - 17]
+    # = [0, 0.718282, 8886093.5]; clamped at 10 -> [0, 0.718282, 10].
+    # d k3 / d logp = 1 - rho = [0, 1 - e, 1 - e^16] = [0, -1.718282, -8886109.5] unclamped;
+    # the clamp zeroes the third, so one avoided token no longer outweighs the batch by 5e6
+    logp = torch.tensor([[-1.0, -2.0, -17.0]], dtype=F64, requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0, -1.0]], dtype=F64)
+    raw = kl_estimate(logp, ref, "k3")
+    assert_close_to(raw[0, :2], [0.0, 0.718282])
+    assert raw[0, 2].item() == pytest.approx(math.exp(16) - 17, rel=1e-9)
+    clamped = kl_loss(logp, ref, torch.ones(1, 3), "k3", clamp=10.0)
+    assert_close_to(clamped, [[0.0, 0.718282, 10.0]])
+    clamped.sum().backward()
+    assert_close_to(logp.grad, [[0.0, -1.718282, 0.0]])
+    # k1 can be negative per token, so the bound is symmetric: -log rho = [0, -1, -16] -> [0, -1, -10]
+    assert_close_to(kl_estimate(logp, ref, "k1", clamp=10.0), [[0.0, -1.0, -10.0]])
+    # the reward path bounds its penalty the same way (no gradient there anyway)
+    assert_close_to(token_kl(logp, ref, torch.ones(1, 3), "k3", clamp=10.0), [[0.0, 0.718282, 10.0]])
 
 
 def test_unknown_estimator():

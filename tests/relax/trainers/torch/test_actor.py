@@ -68,6 +68,23 @@ def test_kl_term_needs_reference_logprobs_and_uses_them():
     assert a.train_step(batch).loss == pytest.approx(-18 / 38, abs=1e-6)
 
 
+def test_kl_clamp_keeps_one_avoided_token_from_taking_over_the_step():
+    # The reference puts probability 1 (log 0) on one sampled token the policy gives about 1/VOCAB:
+    # log rho ~ ln VOCAB, so k3's gradient there is ~VOCAB times a normal token's. Unbounded, it
+    # dominates the step's gradient norm; with kl_clamp=10 (k3 > 10 once log rho > ~2.5) it adds none.
+    a = actor("algorithm.off_policy=none")
+    batch = on_policy(a)
+    batch.ref_logprobs = [lp.detach().clone() for lp in batch.old_logprobs]  # policy == reference ...
+    batch.ref_logprobs[1][batch.loss_mask[1].nonzero()[0, 0]] = 0.0          # ... but for one token
+    norms = {}
+    for clamp in (0.0, 10.0):
+        norms[clamp] = actor("algorithm.kl_coef=0.5", "algorithm.off_policy=none", f"algorithm.kl_clamp={clamp}",
+                             model=copy.deepcopy(a.model)).train_step(batch).grad_norm
+    plain = actor("algorithm.off_policy=none", model=copy.deepcopy(a.model)).train_step(batch).grad_norm
+    assert norms[0.0] > 5 * plain
+    assert norms[10.0] == pytest.approx(plain, rel=1e-4)  # the clamped token adds nothing, the rest is k3 = 0
+
+
 def test_topk_kl_needs_the_reference_top_k_and_is_zero_at_the_reference():
     a = actor("algorithm.kl_coef=0.5", "algorithm.kl_topk=4", "algorithm.off_policy=none")
     batch = on_policy(a)
