@@ -237,7 +237,9 @@ class AlgorithmConfig:
         "built-in verifiers; advantage grpo, drgrpo or rloo.", range=(0.0, 10.0))
     off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples.",
                           choices=("none", "decoupled", "tis", "icepop"))
-    is_cap: float = opt(2.0, "Cap of truncated importance weights (TIS) or mask bound (icepop).", range=(1.0, 1000.0))
+    is_cap: float = opt(2.0, "Importance-weight bound: TIS truncates weights at it; icepop and decoupled drop tokens "
+                          "beyond it (decoupled: pi_prox / pi_behav > is_cap, AReaL's behav_imp_weight_cap).",
+                          range=(1.0, 1000.0))
     gamma: float = opt(1.0, "Discount (GAE).", range=(0.0, 1.0))
     lam: float = opt(0.95, "GAE lambda.", range=(0.0, 1.0))
     value_clip: float = opt(0.2, "PPO value clip eps of the critic's loss: a value moves at most this far from "

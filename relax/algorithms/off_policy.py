@@ -187,15 +187,18 @@ def off_policy_correction(
     cap: float = 2.0,
     level: str = "token",
 ) -> Correction:
-    """Any correction by config name. ``cap`` (``is_cap``) is the TIS cap / icepop bound;
-    ``decoupled`` ignores both knobs (call :func:`decoupled_weights` for AReaL's cap).
+    """Any correction by config name. ``cap`` (``is_cap``) is the TIS cap, the icepop bound and
+    decoupled's drop bound (AReaL's ``behav_imp_weight_cap``); ``level`` applies to TIS and icepop.
     Raises ValueError for an unknown ``name``."""
     if name not in OFF_POLICY:
         raise ValueError(f"unknown off_policy {name!r}; valid: {', '.join(sorted(OFF_POLICY))}")
     if name == "none":
         return no_correction(target_logprobs, behav_logprobs, mask)
     if name == "decoupled":
-        return decoupled_weights(target_logprobs, behav_logprobs, mask)
+        # Uncapped, one stale token the behaviour policy found e^-12 likely and pi_prox now
+        # expects carries a weight of 1e5 and is the whole (norm-clipped) step: see
+        # docs/benchmarks.md, "Where the gradient spikes came from".
+        return decoupled_weights(target_logprobs, behav_logprobs, mask, cap=cap)
     return OFF_POLICY[name](target_logprobs, behav_logprobs, mask, cap=cap, level=level)
 
 

@@ -93,12 +93,14 @@ class PolicyLoss:
         adv = pad([batch.advantages[i] for i in idx]).to(lp.dtype)
         weights = None
         old = behav
+        correction = {}
         if a.off_policy != "none":  # ratio against the proximal policy, behaviour enters as a weight
             old = pad([batch.prox_logprobs[i] for i in idx]).to(lp.dtype)
             corr = off_policy_correction(a.off_policy, old, behav, mask, cap=a.is_cap)
-            weights, mask = corr.weights, corr.mask
+            weights, mask, correction = corr.weights, corr.mask, corr.metrics
         loss, metrics = compute_policy_loss(a.policy_loss, lp, old, adv, mask, clip_low=a.clip_low,
                                             clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights)
+        metrics = {**correction, **metrics}  # is_weight_max / kept_frac show what the correction did
         if kl_loss_term(a) and a.kl_topk:
             if reads is None:
                 raise ValueError("algorithm.kl_topk reads its KL off the forward: pass read=PolicyLoss.reader(batch) "

@@ -133,6 +133,10 @@ def test_no_correction_and_dispatch():
         out = off_policy_correction(name, target, behav, ONES, cap=2.0)
         assert out.weights.shape == (1, 3) and torch.isfinite(out.weights).all()
     assert_close_to(off_policy_correction("tis", target, behav, ONES, cap=2.0).weights, [[2.0, 1.0, 0.25]])
+    # decoupled drops w = [3, 1, 0.25] beyond the cap 2 (AReaL's behav_imp_weight_cap): t0 goes
+    dropped = off_policy_correction("decoupled", target, behav, ONES, cap=2.0)
+    assert_close_to(dropped.mask, [[0.0, 1.0, 1.0]])
+    assert_close_to(dropped.weights, [[0.0, 1.0, 0.25]])
     with pytest.raises(ValueError, match="unknown off_policy 'is'; valid: decoupled, icepop, none, tis"):
         off_policy_correction("is", target, behav, ONES)
     with pytest.raises(ValueError, match="is_cap"):

@@ -85,6 +85,30 @@ def test_kl_clamp_keeps_one_avoided_token_from_taking_over_the_step():
     assert norms[10.0] == pytest.approx(plain, rel=1e-4)  # the clamped token adds nothing, the rest is k3 = 0
 
 
+def test_decoupled_cap_keeps_one_stale_token_from_taking_over_the_step():
+    # One token the (stale) behaviour policy found e^6 ~ 403 times less likely than pi_prox does:
+    # decoupled PPO weights it w = pi_prox / pi_behav = 403, so its gradient is ~400 times a
+    # normal token's. With is_cap=2 it is dropped (w > 2), and the step equals one where that
+    # token carries no gradient (A = 0 there, same token count); with is_cap=1000 it is kept
+    # and the step's gradient norm grows several-fold (the main job's 1e5 spikes at scale).
+    quiet = ("algorithm.off_policy=decoupled", "algorithm.entropy_coef=0", "algorithm.kl_coef=0")
+    a = actor(*quiet)
+    stale = on_policy(a)
+    j = int(stale.loss_mask[1].nonzero()[0, 0])
+    stale.old_logprobs[1] = stale.old_logprobs[1].clone()
+    stale.old_logprobs[1][j] -= 6.0
+    silent = on_policy(a)
+    silent.advantages = [adv.clone() for adv in silent.advantages]
+    silent.advantages[1][j] = 0.0
+
+    def step(batch, cap):
+        return actor(*quiet, f"algorithm.is_cap={cap}", model=copy.deepcopy(a.model)).train_step(batch)
+    capped, kept, clean = step(stale, 2.0), step(stale, 1000.0), step(silent, 2.0)
+    assert capped.grad_norm == pytest.approx(clean.grad_norm, rel=1e-5)
+    assert capped.metrics["kept_frac"] < 1.0 and clean.metrics["kept_frac"] == 1.0
+    assert kept.grad_norm > 5 * clean.grad_norm and kept.metrics["is_weight_max"] > 100
+
+
 def test_topk_kl_needs_the_reference_top_k_and_is_zero_at_the_reference():
     a = actor("algorithm.kl_coef=0.5", "algorithm.kl_topk=4", "algorithm.off_policy=none")
     batch = on_policy(a)
