@@ -316,6 +316,12 @@ class QueueConfig:
 
     max_staleness: int = opt(1, "Most policy versions a trained sample may lag; 0 = synchronous on-policy.",
                              range=(0, 1000))
+    exact_staleness: bool = opt(
+        False, "Generate batch k with policy version max(0, k - max_staleness) exactly, never a newer one that "
+        "happens to be published already: which version made which batch then no longer depends on how fast each "
+        "role ran, so a run is a function of its config and seed, on a loaded machine as on an idle one. Free where "
+        "the rollout outpaces the actor (it waits for that version anyway: 98% of omni-cpu's batches); where the "
+        "rollout is the slower role its samples are staler than they had to be. Needs rollout.partial_rollout=wait.")
     poll_interval_s: float = opt(0.05, "First poll delay of a waiting consumer (or producer, or weight "
                                  "loader); later delays are a quarter of the time already waited, up to "
                                  "max_poll_interval_s. Across processes this is the put-to-visible latency.",

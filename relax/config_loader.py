@@ -143,6 +143,9 @@ def _cross_checks(cfg: RelaxConfig) -> None:
     if cfg.algorithm.reference_role and cfg.algorithm.kl_coef == 0:
         raise ConfigError("algorithm.reference_role=true scores a reference nobody uses: set algorithm.kl_coef > 0 "
                           "or reference_role=false")
+    if cfg.queue.exact_staleness and cfg.rollout.partial_rollout == "abort":
+        raise ConfigError("queue.exact_staleness pins each batch to one policy version, and rollout.partial_rollout="
+                          "abort switches versions mid-generation: set partial_rollout=wait or exact_staleness=false")
     a = cfg.algorithm
     if a.stuck_group_push and a.advantage not in ("grpo", "drgrpo", "rloo"):
         raise ConfigError(f"algorithm.stuck_group_push adds to a group estimator's advantage (grpo, drgrpo, rloo), "

@@ -190,7 +190,9 @@ class ActorRole:
              **({"init_checkpoint": cfg.model.init_checkpoint} if cfg.model.init_checkpoint else {})}))
         self.parent_step = step
         kept = list_checkpoints(self.ctx)[-cfg.queue.keep_checkpoints:]
-        self.store.retain([read_meta(self.checkpoint_url(k))["version"] for k in kept] + [0])
+        # the rollout may still need version (actor's - max_staleness) for its next batch (queue.exact_staleness)
+        self.store.retain([read_meta(self.checkpoint_url(k))["version"] for k in kept] + [0],
+                          keep_latest=max(2, cfg.queue.max_staleness + 1))
         return url
 
     def close(self) -> None:

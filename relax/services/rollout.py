@@ -5,7 +5,9 @@ generates batch k it waits until
 
 * the queue has room: committed-but-untrained samples + this batch <= (max_staleness+1) * batch
   (``wait_for_capacity`` against the actor's consumer group), and
-* the WeightStore holds a policy version >= k - max_staleness, which it loads first.
+* the WeightStore holds a policy version >= k - max_staleness, which it loads first: the
+  newest one, or with ``queue.exact_staleness`` version k - max_staleness itself, so that the
+  version behind each batch does not depend on timing and a run repeats exactly.
 
 So batch k is trained at actor version k by samples at most ``max_staleness`` versions old;
 ``max_staleness = 0`` is synchronous on-policy training. Where to continue (prompt position,
@@ -191,15 +193,22 @@ class RolloutRole:
         self.pool.load_weights(self.store, latest)
         return True
 
+    def _exact_version(self, wanted: int) -> int:
+        """``wanted`` if the store still holds it (always, but after a resume that skipped ahead:
+        the actor keeps the newest max_staleness + 1 versions); else the oldest newer one."""
+        versions = [v for v in self.store.versions() if v >= wanted]
+        return wanted if wanted in versions else versions[0]
+
     # -- one batch ------------------------------------------------------------------------------
     def step(self, timeout: float | None = None) -> dict[str, Any]:
         cfg, r = self.cfg, self.cfg.rollout
         t0 = time.perf_counter()
         wait_for_capacity(self.queue, ACTOR_GROUP, self.ctx.batch_size, cfg.queue.max_staleness,
                           incoming=self.ctx.batch_size, timeout=timeout, view=self.actor_view)
-        latest = self.store.wait_for(max(0, self.batch - cfg.queue.max_staleness), timeout)
+        oldest = max(0, self.batch - cfg.queue.max_staleness)
+        latest = self.store.wait_for(oldest, timeout)
         t_wait = time.perf_counter()
-        self.sync_weights(latest)
+        self.sync_weights(self._exact_version(oldest) if cfg.queue.exact_staleness else latest)
         kept: list[list[Trajectory]] = []
         filtered = generated = 0
         while len(kept) < r.prompts_per_step:
@@ -221,6 +230,7 @@ class RolloutRole:
         trajs = [t for t in trajs if not t.forced]  # the reward curves show what the policy itself answers
         elapsed = time.perf_counter() - t0
         metrics = {"role": "rollout", "batch": self.batch - 1, "weight_version": self.pool.weight_version,
+                   "newest_version": latest,  # published when the batch began: above weight_version = skipped
                    "reward": float(np.mean([t.reward for t in trajs])) if trajs else 0.0,
                    "response_tokens": float(np.mean([sum(t.mask) for t in trajs])) if trajs else 0.0,
                    "turns": float(np.mean([t.turns for t in trajs])) if trajs else 0.0,

@@ -139,6 +139,12 @@ def test_near_miss_credit_refuses_a_custom_reward_and_stays_below_one():
     assert load_config(None, ["algorithm.near_miss_credit=0.5"]).algorithm.near_miss_credit == 0.5
 
 
+def test_exact_staleness_refuses_switching_versions_mid_generation():
+    with pytest.raises(ConfigError, match="partial_rollout=wait or exact_staleness=false"):
+        load_config(None, ["queue.exact_staleness=true", "rollout.partial_rollout=abort"])
+    assert load_config(None, ["queue.exact_staleness=true"]).queue.exact_staleness
+
+
 def test_unknown_preset_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="did you mean preset 'tiny-cpu'"):
         load_config("tiny-cpo")

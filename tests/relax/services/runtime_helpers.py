@@ -20,3 +20,18 @@ def tiny_config(root: str, run_id: str = "t", *overrides: str):
                                     "data.train_per_task=64", "data.eval_per_task=8", "rollout.prompts_per_step=4",
                                     "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8",
                                     "trainer.total_steps=4", "trainer.checkpoint_every=2", *overrides])
+
+
+def task_reward(response: str, sample) -> float:
+    """The task's own verifier, as a custom reward (its slow twin below scores the same)."""
+    from relax.data.tasks import TASKS
+
+    return TASKS[sample.task].reward(response, sample)
+
+
+def slow_task_reward(response: str, sample) -> float:
+    """``task_reward`` 20 ms later: a rollout that falls behind the actor."""
+    import time
+
+    time.sleep(0.02)
+    return task_reward(response, sample)

@@ -13,10 +13,12 @@ import sys
 import time
 
 import pytest
+import torch
 
 from relax.services.context import RunContext
 from relax.services.controller import role_command, train
 from relax.services.metrics import read_metrics
+from relax.transfer.weights import WeightStore
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -42,6 +44,32 @@ def test_disaggregated_processes_share_only_s3(s3_url):
     assert result.steps == 4
     stats = check_run(RunContext(cfg), 4)
     assert stats["max_staleness_seen"] <= 2
+
+
+def test_exact_staleness_repeats_a_disaggregated_run_whatever_the_timing(tmp_path):
+    # the same run twice, the second with a rollout slowed below the actor's pace (its reward
+    # sleeps): with bounded staleness it would load the newer versions it finds (measured:
+    # batches 2-7 at lag 1, other final weights); exact staleness pins batch k to version k - 2
+    helpers = "tests.relax.services.runtime_helpers"
+
+    def run(name, reward):
+        cfg = tiny_config(f"file://{tmp_path}/{name}", "exact", "topology=disaggregated", "queue.max_staleness=2",
+                          "queue.exact_staleness=true", "trainer.total_steps=8",
+                          "trainer.checkpoint_every=3", "queue.keep_checkpoints=1",  # older versions deleted early
+                          "algorithm.entropy_coef=0.01",  # every update moves the policy, rewarded or not
+                          f"data.reward_fn={helpers}:{reward}")
+        result = train(cfg, progress=False)
+        weights, _ = WeightStore(cfg.root, cfg.run_id).load()
+        return result.rollout, weights
+
+    fast, fast_weights = run("fast", "task_reward")
+    slow, slow_weights = run("slow", "slow_task_reward")
+    assert any(m["newest_version"] > m["weight_version"] for m in slow), "the slow rollout never fell behind"
+    for batches in (fast, slow):
+        assert [m["weight_version"] for m in batches] == [max(0, k - 2) for k in range(8)]
+    assert [m["reward"] for m in fast] == [m["reward"] for m in slow]
+    assert fast_weights.keys() == slow_weights.keys()
+    assert all(torch.equal(fast_weights[k], slow_weights[k]) for k in fast_weights), "the two runs diverged"
 
 
 def _cfg_file(tmp_path, cfg) -> str:
