@@ -22,7 +22,7 @@ from relax.trainers.torch.batch import TOPK_FIELDS, RolloutBatch
 from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.forward import PositionReader, compute_logprobs, token_logprobs
 from relax.trainers.torch.packing import MicroBatch
-from relax.trainers.torch.trainer import StepResult, TorchTrainer, plan_micro_batches
+from relax.trainers.torch.trainer import StepResult, TorchTrainer, combine_metrics, plan_micro_batches
 
 log = logging.getLogger(__name__)
 
@@ -101,20 +101,32 @@ class PolicyLoss:
         loss, metrics = compute_policy_loss(a.policy_loss, lp, old, adv, mask, clip_low=a.clip_low,
                                             clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights)
         metrics = {**correction, **metrics}  # is_weight_max / kept_frac show what the correction did
+        # each term's largest per-token loss: a gradient spike names the term (and so the cause) that made it
+        metrics["pg_token_max"] = _token_max(loss, mask)
         if kl_loss_term(a) and a.kl_topk:
             if reads is None:
                 raise ValueError("algorithm.kl_topk reads its KL off the forward: pass read=PolicyLoss.reader(batch) "
                                  "to TorchTrainer.step (Actor.train_step does)")
             kl = pad(reads) * mask  # (n, T): topk_forward_kl per position, from the reader
-            loss = loss + a.kl_coef * a.kl_topk_weight * kl
+            term = a.kl_coef * a.kl_topk_weight * kl
+            loss = loss + term
             metrics["kl_topk"] = kl.detach().sum() / mask.sum().clamp(min=1)
+            metrics["kl_topk_token_max"] = _token_max(term, mask)
         if kl_loss_term(a) and sampled_kl_weight(a) > 0:
             ref = pad([batch.ref_logprobs[i] for i in idx]).to(lp.dtype)
-            loss = loss + a.kl_coef * sampled_kl_weight(a) * kl_estimate(lp, ref, a.kl_estimator, a.kl_clamp) * mask
+            sampled = a.kl_coef * sampled_kl_weight(a) * kl_estimate(lp, ref, a.kl_estimator, a.kl_clamp) * mask
+            loss = loss + sampled
+            metrics["kl_sampled_token_max"] = _token_max(sampled, mask)
         if a.entropy_coef > 0 and entropies is not None:
             loss = loss - a.entropy_coef * pad(entropies) * mask
         out = {k: float(v) for k, v in metrics.items()}
         return [loss[k, :n] for k, n in enumerate(lengths)], out
+
+
+def _token_max(term: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Largest |term| over the loss-masked tokens of a (n, T) per-token loss term; 0 if none."""
+    picked = (term.detach() * mask).abs()
+    return picked.amax() if picked.numel() else picked.new_zeros(())
 
 
 class Actor:
@@ -199,13 +211,13 @@ class Actor:
 
 
 def merge_results(results: Sequence[StepResult]) -> StepResult:
-    """One batch's several optimizer steps reported as one: means of loss, grad norm and metrics."""
+    """One batch's several optimizer steps reported as one: means of loss, grad norm and metrics
+    (maxima of the ``*_max`` metrics)."""
     m = len(results)
-    keys = {k for r in results for k in r.metrics}
     return StepResult(loss=sum(r.loss for r in results) / m, grad_norm=sum(r.grad_norm for r in results) / m,
                       skipped=any(r.skipped for r in results), lr=results[-1].lr,
                       micro_batches=sum(r.micro_batches for r in results), tokens=sum(r.tokens for r in results),
-                      metrics={k: sum(r.metrics.get(k, 0.0) for r in results) / m for k in keys})
+                      metrics=combine_metrics([r.metrics for r in results]))
 
 
 class ReferenceTopK(NamedTuple):

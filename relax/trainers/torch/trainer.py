@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +98,15 @@ def wrap_ddp(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParalle
     return ddp(model, broadcast_buffers=False)
 
 
+
+def combine_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One step's metrics from its parts (micro-batches, or a batch's optimizer steps): the mean
+    (a part without the key counts 0), but the max for keys ending in ``_max``: a spike in one
+    micro-batch must show at its size, not divided by the number of micro-batches."""
+    keys = {k for part in parts for k in part}
+    return {k: max(p[k] for p in parts if k in p) if k.endswith("_max") else
+            sum(p.get(k, 0.0) for p in parts) / len(parts) for k in keys}
+
 class TorchTrainer:
     """Owns a model, its optimizer and schedule; ``step`` applies one update from a batch."""
 
@@ -155,7 +164,7 @@ class TorchTrainer:
         weights = token_weights(batch.loss_mask, self.aggregation, self.agg_norm)
         mbs = self.micro_batches(batch)
         total = torch.zeros((), dtype=torch.float64)
-        metrics: dict[str, float] = {}
+        parts: list[dict[str, float]] = []
         self.optimizer.zero_grad(set_to_none=True)
         for k, mb in enumerate(mbs):
             sync = k == len(mbs) - 1
@@ -171,8 +180,8 @@ class TorchTrainer:
                 # DDP averages gradients over ranks; the weights already normalise globally
                 (mb_loss * world).float().backward()
             total += mb_loss.detach()
-            for key, v in m.items():
-                metrics[key] = metrics.get(key, 0.0) + v / len(mbs)
+            parts.append(m)
+        metrics = combine_metrics(parts)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(total)
         finite = math.isfinite(total.item())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -76,13 +77,18 @@ def test_kl_clamp_keeps_one_avoided_token_from_taking_over_the_step():
     batch = on_policy(a)
     batch.ref_logprobs = [lp.detach().clone() for lp in batch.old_logprobs]  # policy == reference ...
     batch.ref_logprobs[1][batch.loss_mask[1].nonzero()[0, 0]] = 0.0          # ... but for one token
-    norms = {}
-    for clamp in (0.0, 10.0):
-        norms[clamp] = actor("algorithm.kl_coef=0.5", "algorithm.off_policy=none", f"algorithm.kl_clamp={clamp}",
-                             model=copy.deepcopy(a.model)).train_step(batch).grad_norm
+    steps = {clamp: actor("algorithm.kl_coef=0.5", "algorithm.off_policy=none", f"algorithm.kl_clamp={clamp}",
+                          model=copy.deepcopy(a.model)).train_step(batch) for clamp in (0.0, 10.0)}
     plain = actor("algorithm.off_policy=none", model=copy.deepcopy(a.model)).train_step(batch).grad_norm
-    assert norms[0.0] > 5 * plain
-    assert norms[10.0] == pytest.approx(plain, rel=1e-4)  # the clamped token adds nothing, the rest is k3 = 0
+    assert steps[0.0].grad_norm > 5 * plain
+    assert steps[10.0].grad_norm == pytest.approx(plain, rel=1e-4)  # the clamped token adds nothing, the rest k3 = 0
+    # the metric names the term: that token's k3 = rho - 1 - log rho with log rho = 0 - logp, times kl_coef 0.5;
+    # clamped, 0.5 * 10 = 5. Every other token has k3 = 0, and PPO's |-A| = 1 there
+    log_rho = -float(batch.old_logprobs[1][batch.loss_mask[1].nonzero()[0, 0]])
+    k3 = 0.5 * (math.exp(log_rho) - 1 - log_rho)
+    assert steps[0.0].metrics["kl_sampled_token_max"] == pytest.approx(k3, rel=1e-4) and k3 > 5
+    assert steps[10.0].metrics["kl_sampled_token_max"] == pytest.approx(5.0)
+    assert steps[0.0].metrics["pg_token_max"] == pytest.approx(1.0, rel=1e-5)
 
 
 def test_decoupled_cap_keeps_one_stale_token_from_taking_over_the_step():
@@ -105,6 +111,9 @@ def test_decoupled_cap_keeps_one_stale_token_from_taking_over_the_step():
     assert capped.grad_norm == pytest.approx(clean.grad_norm, rel=1e-5)
     assert capped.metrics["kept_frac"] < 1.0 and clean.metrics["kept_frac"] == 1.0
     assert kept.grad_norm > 5 * clean.grad_norm and kept.metrics["is_weight_max"] > 100
+    # PPO at ratio 1: that token's loss is -w * A = -e^6 * (+1) (odd samples have A = +1); the others' |-A| = 1
+    assert kept.metrics["pg_token_max"] == pytest.approx(math.exp(6.0), rel=1e-4)
+    assert capped.metrics["pg_token_max"] == pytest.approx(1.0, rel=1e-5)
 
 
 def test_topk_kl_needs_the_reference_top_k_and_is_zero_at_the_reference():

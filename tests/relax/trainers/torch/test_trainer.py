@@ -11,7 +11,7 @@ import torch
 from tiny import tiny_batch, tiny_qwen2
 
 from relax.trainers.torch.checkpoint import export_hf, load_checkpoint, save_checkpoint
-from relax.trainers.torch.trainer import TorchTrainer, sft_loss, token_weights
+from relax.trainers.torch.trainer import TorchTrainer, combine_metrics, sft_loss, token_weights
 
 WORKER = str(Path(__file__).with_name("ddp_worker.py"))
 
@@ -152,3 +152,12 @@ def test_default_ddp_wrapper_is_refused(tmp_path):
             TorchTrainer(torch.nn.parallel.DistributedDataParallel(tiny_qwen2()), lr=1e-2)
     finally:
         dist.destroy_process_group()
+
+
+def test_step_metrics_are_means_but_maxima_stay_maxima():
+    # three micro-batches: loss 1, 2, 6 -> mean 3; a key one part lacks counts 0 there: (0 + 3 + 0) / 3 = 1;
+    # *_max keys keep the largest (a spike of 400 in one micro-batch is 400, not 400 / 3)
+    parts = [{"loss": 1.0, "is_weight_max": 1.0}, {"loss": 2.0, "kl": 3.0, "is_weight_max": 400.0},
+             {"loss": 6.0, "is_weight_max": 2.0}]
+    assert combine_metrics(parts) == {"loss": 3.0, "kl": 1.0, "is_weight_max": 400.0}
+    assert combine_metrics([]) == {}
