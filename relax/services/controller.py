@@ -216,6 +216,13 @@ def run_disaggregated(ctx: RunContext, progress: bool = True) -> None:
             bar.close()
 
 
+def role_threads(role: str, cfg: RelaxConfig) -> int:
+    """Torch threads of a role in a process of its own: rollout and actor each get half the CPUs,
+    so they overlap instead of contending. Retraining a step bit for bit needs the same count
+    (``relax replay --retrain``): a float32 reduction split over other threads sums in another order."""
+    return 1 if role in ("advantage", "reference", "critic", "reward") else max(1, cfg.resources.num_cpus // 2)
+
+
 def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls: list[str] | None = None,
              on_step: Any = None, on_start: Any = None, api_mode: str = "thread") -> int:
     """The loop of one role in this process until the run's last step; returns steps done.
@@ -225,9 +232,7 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
     from relax.services.actor import ActorRole
     from relax.services.rollout import RolloutRole
 
-    # rollout and actor each get half the CPUs, so they overlap instead of contending
-    torch.set_num_threads(1 if role in ("advantage", "reference", "critic", "reward")
-                          else max(1, cfg.resources.num_cpus // 2))
+    torch.set_num_threads(role_threads(role, cfg))
     ctx = RunContext(cfg)
     total = cfg.trainer.total_steps
     if role == "rollout":
