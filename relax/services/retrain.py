@@ -62,12 +62,11 @@ class WeightComparison:
 
 
 def copy_for_retrain(root: str, run_id: str, from_step: int, into: str) -> None:
-    """Copy what resuming at checkpoint ``from_step`` reads into the local folder ``into``."""
+    """Copy what resuming at checkpoint ``from_step`` of run ``run_id`` (its run.json checked by
+    the caller) reads into the local folder ``into``."""
     src = objstore.absolute_url(root)
     run = objstore.join(src, "runs", run_id)
     name = checkpoint_name(from_step)
-    if not objstore.exists(objstore.join(run, "run.json")):
-        raise ConfigError(f"no run {run_id!r} under {src} (no run.json); check the root and run id")
     if not (objstore.exists(objstore.join(run, "checkpoints", name, "meta.json"))
             and objstore.exists(record_url(src, run_id, name))):
         have = [n for n in objstore.list_dir(objstore.join(run, "checkpoints")) if n.startswith("step-")]
