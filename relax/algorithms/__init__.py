@@ -35,6 +35,7 @@ from relax.algorithms.advantages import (
 from relax.algorithms.aggregation import (
     LOSS_AGG,
     aggregate_loss,
+    masked_max,
     masked_mean,
     masked_sum,
     masked_whiten,
@@ -145,6 +146,7 @@ __all__ = [
     "kl_loss",
     "kl_reward_penalty",
     "lookup",
+    "masked_max",
     "masked_mean",
     "masked_sum",
     "masked_whiten",

@@ -67,6 +67,17 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, m, dim) / count.clamp(min=1.0)
 
 
+def masked_max(x: Tensor, mask: Tensor) -> Tensor:
+    """Largest ``x`` (values >= 0: importance weights, |per-token loss|) where ``mask`` is 1;
+    0 for an empty or all-masked tensor.
+
+    Formula: max_i m_i x_i, the masked positions read as 0 through ``torch.where`` (as in
+    :func:`masked_sum`, so a NaN/inf there cannot leak). Shapes: x, mask (B, T) -> scalar.
+    """
+    picked = torch.where(_float_mask(mask, x) > 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return picked.amax() if picked.numel() else x.new_zeros(())
+
+
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
     """Normalise ``x`` to zero mean, unit variance over the masked positions.
 

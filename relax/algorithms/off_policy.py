@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from relax.algorithms.aggregation import masked_mean, masked_sum
+from relax.algorithms.aggregation import masked_max, masked_mean, masked_sum
 from relax.algorithms.losses import Metrics, ppo_loss
 
 __all__ = [
@@ -61,17 +61,11 @@ def _log_ratio(target_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, le
     raise ValueError(f"unknown level {level!r}; valid: sequence, token")
 
 
-def _masked_max(x: Tensor, mask: Tensor) -> Tensor:
-    # Weights are >= 0, so 0 is a neutral fill; an empty batch reports 0 instead of raising.
-    picked = torch.where(mask > 0, x, torch.zeros_like(x))
-    return picked.amax() if picked.numel() else x.new_zeros(())
-
-
 def _metrics(log_ratio: Tensor, weights: Tensor, mask: Tensor) -> Metrics:
     return {
         "mismatch_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
         "is_weight_mean": masked_mean(weights, mask),
-        "is_weight_max": _masked_max(weights, mask),
+        "is_weight_max": masked_max(weights, mask),
     }
 
 

@@ -15,7 +15,13 @@ from typing import NamedTuple
 
 import torch
 
-from relax.algorithms import compute_policy_loss, kl_estimate, off_policy_correction, topk_forward_kl
+from relax.algorithms import (
+    compute_policy_loss,
+    kl_estimate,
+    masked_max,
+    off_policy_correction,
+    topk_forward_kl,
+)
 from relax.config import AlgorithmConfig, RelaxConfig
 from relax.models.builders import ENCODER_MODULES, encoder_parameters, freeze_encoders, pinned_parameters
 from relax.trainers.torch.batch import TOPK_FIELDS, RolloutBatch
@@ -102,7 +108,7 @@ class PolicyLoss:
                                             clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights)
         metrics = {**correction, **metrics}  # is_weight_max / kept_frac show what the correction did
         # each term's largest per-token loss: a gradient spike names the term (and so the cause) that made it
-        metrics["pg_token_max"] = _token_max(loss, mask)
+        metrics["pg_token_max"] = masked_max(loss.detach().abs(), mask)
         if kl_loss_term(a) and a.kl_topk:
             if reads is None:
                 raise ValueError("algorithm.kl_topk reads its KL off the forward: pass read=PolicyLoss.reader(batch) "
@@ -111,22 +117,16 @@ class PolicyLoss:
             term = a.kl_coef * a.kl_topk_weight * kl
             loss = loss + term
             metrics["kl_topk"] = kl.detach().sum() / mask.sum().clamp(min=1)
-            metrics["kl_topk_token_max"] = _token_max(term, mask)
+            metrics["kl_topk_token_max"] = masked_max(term.detach().abs(), mask)
         if kl_loss_term(a) and sampled_kl_weight(a) > 0:
             ref = pad([batch.ref_logprobs[i] for i in idx]).to(lp.dtype)
             sampled = a.kl_coef * sampled_kl_weight(a) * kl_estimate(lp, ref, a.kl_estimator, a.kl_clamp) * mask
             loss = loss + sampled
-            metrics["kl_sampled_token_max"] = _token_max(sampled, mask)
+            metrics["kl_sampled_token_max"] = masked_max(sampled.detach().abs(), mask)
         if a.entropy_coef > 0 and entropies is not None:
             loss = loss - a.entropy_coef * pad(entropies) * mask
         out = {k: float(v) for k, v in metrics.items()}
         return [loss[k, :n] for k, n in enumerate(lengths)], out
-
-
-def _token_max(term: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Largest |term| over the loss-masked tokens of a (n, T) per-token loss term; 0 if none."""
-    picked = (term.detach() * mask).abs()
-    return picked.amax() if picked.numel() else picked.new_zeros(())
 
 
 class Actor:

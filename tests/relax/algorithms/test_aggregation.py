@@ -9,6 +9,7 @@ from hand_values import assert_close_to
 from relax.algorithms.aggregation import (
     LOSS_AGG,
     aggregate_loss,
+    masked_max,
     masked_mean,
     masked_sum,
     masked_whiten,
@@ -86,6 +87,12 @@ def test_masked_reductions():
     torch.testing.assert_close(masked_sum(LOSS, MASK, dim=-1), torch.tensor([6.0, 4.0]))
     torch.testing.assert_close(masked_mean(LOSS, MASK, dim=-1), torch.tensor([2.0, 4.0]))
     torch.testing.assert_close(masked_mean(LOSS, torch.zeros(2, 3), dim=-1), torch.zeros(2))
+    # masked_max: 9 and 7 are masked out, so the largest kept value is 4 (row 1's first); an inf
+    # on a masked position stays out; all masked or empty -> 0
+    assert float(masked_max(LOSS, MASK)) == 4.0
+    assert float(masked_max(LOSS.clone().index_put_((torch.tensor(1), torch.tensor(2)), torch.tensor(float("inf"))),
+                            MASK)) == 4.0
+    assert float(masked_max(LOSS, torch.zeros(2, 3))) == 0.0 and float(masked_max(torch.zeros(0, 3), MASK[:0])) == 0.0
 
 
 def test_masked_whiten():
