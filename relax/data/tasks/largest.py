@@ -71,7 +71,7 @@ def generate_with_config(seed: int, split: str, n: int, config: LargestConfig, d
 
     def draw_by_maximum(rng: random.Random) -> tuple[int, ...]:
         # the maximum first, uniformly, then the rest below it: balancing by rejection from
-        # `draw` would need ~2e7 draws for the rarest maximum at difficulty 3
+        # `draw` would need ~4e7 draws for the rarest maximum at difficulty 3
         top = rng.randint(config.low + config.count - 1, config.high)
         numbers = [top, *rng.sample(range(config.low, top), config.count - 1)]
         rng.shuffle(numbers)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from relax.data.errors import DataError
@@ -41,6 +43,19 @@ def test_held_out_questions_are_new_combinations():
     train = {tuple(s.metadata["numbers"]) for s in generate(0, "train", 500, 1)}
     held = {tuple(s.metadata["numbers"]) for s in generate(0, "eval", 100, 1)}
     assert held and not train & held
+
+
+def test_train_split_is_balanced_over_maxima_and_held_out_is_not():
+    # 256 train questions over the 8 maxima 2..9: 32 each, though only one set of digits, {0, 1, 2},
+    # has maximum 2 (6 orders, some of them held out), so the train split repeats those
+    train = [s.answer for s in generate(0, "train", 256, 1)]
+    assert Counter(train) == {str(v): 32 for v in range(2, 10)}
+    # held out as questions fall: P(max = k) = C(k, 2) / C(10, 3), 36/120 for 9 and 1/120 for 2
+    held = Counter(s.answer for s in generate(0, "eval", 128, 1))
+    assert held["9"] > 3 * held["5"] > 0 and held["2"] <= 4
+    # difficulty 3 (86 maxima, the rarest one draw in 4e7 by uniform draws) still balances
+    hard = Counter(s.answer for s in generate(0, "train", 172, 3))
+    assert len(hard) == 86 and set(hard.values()) == {2}
 
 
 def test_bad_config_is_refused():
