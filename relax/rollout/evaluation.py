@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from relax.data.schema import Sample
-from relax.data.tasks import TASKS
+from relax.data.tasks import kind_of
 from relax.data.verifiers import given_answer, normalize_answer
 from relax.engines.types import SamplingParams
 from relax.rollout.engines import LocalEngines
@@ -128,12 +128,6 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
                       by_kind={k: sum(v) / len(v) for k, v in kind_scores.items()},
                       n_by_kind={k: len(v) for k, v in kind_scores.items()},
                       confusion={k: {truth: dict(row) for truth, row in rows.items()} for k, rows in confusion.items()})
-
-
-def kind_of(sample: Sample) -> str:
-    """The kind of question ``sample`` asks ("count", "colour"), "" for a task without kinds."""
-    spec = TASKS.get(sample.task)
-    return spec.kind(sample) if spec is not None and spec.kind is not None else ""
 
 
 def per_task_limit(samples: Sequence[Sample], limit: int | None) -> list[Sample]:

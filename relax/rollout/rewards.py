@@ -19,9 +19,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax.data.schema import Sample
-from relax.data.tasks import TASKS, load_reward_fn
+from relax.data.tasks import TASKS, kind_of, load_reward_fn
 from relax.data.verifiers import integer_distance, numeric_match_reward
 from relax.rollout.judge import judge_from_config
+
+
+def reward_metrics(scored: Sequence[tuple[Sample, float]]) -> dict[str, float]:
+    """Mean reward per task (``reward/shapes``) and per kind of question where the task asks
+    several (``reward/shapes:colour``), over ``(sample, reward)`` pairs.
+
+    Why per kind: a policy can learn a picture's count and answer one colour to every colour
+    question (docs/benchmarks.md, "Why images stall"); the task's mean then sits at a plateau that
+    looks like slow learning, and only the kind's curve shows the collapse while the run goes on."""
+    groups: dict[str, list[float]] = {}
+    for sample, reward in scored:
+        groups.setdefault(f"reward/{sample.task}", []).append(reward)
+        kind = kind_of(sample)
+        if kind:
+            groups.setdefault(f"reward/{sample.task}:{kind}", []).append(reward)
+    return {key: math.fsum(values) / len(values) for key, values in sorted(groups.items())}
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ def render_curves(by_role: dict[str, list[dict[str, Any]]]) -> bytes:
     from PIL import Image, ImageDraw
 
     rollout, actor = by_role.get("rollout", []), by_role.get("actor", [])
-    tasks = sorted({k for r in rollout for k in r if k.startswith("reward/")})
+    # tasks only: the per-kind curves (reward/shapes:colour) would crowd the panel; they stay in metrics
+    tasks = sorted({k for r in rollout for k in r if k.startswith("reward/") and ":" not in k})
     img = Image.new("RGB", (2 * W + 10, 2 * H + 10), "white")
     draw = ImageDraw.Draw(img)
     _panel(draw, 0, 0, "reward (rollout batch)", _series(rollout, "batch", ["reward"]))

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from relax.rollout.rewards import RewardDispatcher
+from relax.data.schema import Sample
+from relax.rollout.rewards import RewardDispatcher, reward_metrics
 from relax.services.column import ColumnStage
 from relax.services.context import REWARD_FIELDS, REWARD_GROUP, RunContext
 from relax.services.media import sample_id_of
@@ -40,13 +41,13 @@ class RewardRole:
         self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
         self.repaired = self.stage.repair(self._commit)
 
-    def _commit(self, batch: Batch) -> list[tuple[str, float, str]]:
+    def _commit(self, batch: Batch) -> list[tuple[Sample, float, str]]:
         pairs = [(str(r), self.samples[sample_id_of(sid)]) for sid, r in zip(batch.ids, batch.fields["response"],
                                                                               strict=True)]
         scored = self.rewards.score_many(pairs)
         self.producer.add_fields({sid: {"reward": np.float32(s.reward), "error": s.error}
                                   for sid, s in zip(batch.ids, scored, strict=True)}, meta={"step": batch.step})
-        return [(sample.task, s.reward, s.error) for (_, sample), s in zip(pairs, scored, strict=True)]
+        return [(sample, s.reward, s.error) for (_, sample), s in zip(pairs, scored, strict=True)]
 
     @property
     def done(self) -> bool:
@@ -60,8 +61,7 @@ class RewardRole:
                                    "reward": float(np.mean([r for _, r, _ in scored])),
                                    "reward_errors": sum(bool(e) for _, _, e in scored),
                                    "time_s": time.perf_counter() - t0}
-        for task in sorted({t for t, _, _ in scored}):
-            metrics[f"reward/{task}"] = float(np.mean([r for t, r, _ in scored if t == task]))
+        metrics.update(reward_metrics([(sample, r) for sample, r, _ in scored]))
         return metrics
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from relax.rollout.engines import EngineLauncher, EnginePool, LocalEngines, Remo
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
 from relax.rollout.exploration import AnswerExplorer
 from relax.rollout.prompts import PromptStream, repeat_tasks
-from relax.rollout.rewards import RewardDispatcher
+from relax.rollout.rewards import RewardDispatcher, reward_metrics
 from relax.services.api import ElasticRollout
 from relax.services.api_server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import ACTOR_GROUP, RunContext, rollout_fields
@@ -244,8 +244,7 @@ class RolloutRole:
             for key in ("reward", "reward_errors"):
                 metrics.pop(key)
             return metrics
-        for task in sorted({t.sample.task for t in trajs}):
-            metrics[f"reward/{task}"] = float(np.mean([t.reward for t in trajs if t.sample.task == task]))
+        metrics.update(reward_metrics([(t.sample, t.reward) for t in trajs]))
         if explored:
             metrics["explored_reward"] = float(np.mean([t.reward for t in explored]))
         return metrics

@@ -25,6 +25,7 @@ __all__ = [
     "TaskSpec",
     "generate_suite",
     "get_task",
+    "kind_of",
     "load_env_fn",
     "load_reward_fn",
     "random_policy_score",
@@ -38,6 +39,12 @@ def get_task(name: str) -> TaskSpec:
     close = difflib.get_close_matches(str(name), TASKS, n=1, cutoff=0.0)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise DataError(f"unknown task {name!r}; {hint}valid tasks are {sorted(TASKS)}")
+
+
+def kind_of(sample: Sample) -> str:
+    """The kind of question ``sample`` asks ("count", "colour"), "" for a task without kinds."""
+    spec = TASKS.get(sample.task)
+    return spec.kind(sample) if spec is not None and spec.kind is not None else ""
 
 
 def generate_suite(

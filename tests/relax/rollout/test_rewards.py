@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from relax.data.schema import Message, Sample
-from relax.rollout.rewards import RewardDispatcher
+from relax.rollout.rewards import RewardDispatcher, reward_metrics
 from tests.relax.services.runtime_helpers import FAULTY_PATH
 
 
@@ -61,3 +61,16 @@ def test_near_miss_credit_refuses_a_custom_reward():
 
     with pytest.raises(ValueError, match="near_miss_credit"):
         RewardDispatcher(FAULTY_PATH, near_miss_credit=0.5)
+
+
+def test_reward_metrics_are_means_per_task_and_per_kind_of_question():
+    def picture(sid: str, question: str) -> Sample:
+        return Sample(id=sid, messages=(Message("user", "?"),), answer="1", task="shapes", metadata={"question": question})
+
+    scored = [(picture("p0", "colour"), 0.0), (picture("p1", "count"), 1.0), (picture("p2", "count"), 0.5),
+              (_sample("t0"), 1.0)]
+    # shapes: (0 + 1 + 0.5) / 3 = 0.5; its colour question alone 0, its two counts (1 + 0.5) / 2 = 0.75;
+    # arithmetic asks one kind of question, so it gets its task's key only
+    assert reward_metrics(scored) == {"reward/arithmetic": 1.0, "reward/shapes": 0.5,
+                                      "reward/shapes:colour": 0.0, "reward/shapes:count": 0.75}
+    assert reward_metrics([]) == {}

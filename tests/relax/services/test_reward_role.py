@@ -70,6 +70,7 @@ def test_a_reward_role_refuses_what_needs_rewards_during_the_rollout(tmp_path):
 
 
 def test_near_miss_credit_reaches_both_scoring_roles(tmp_path):
+    from relax.services.actor import ActorRole
     from relax.services.reward import RewardRole
     from relax.services.rollout import RolloutRole
 
@@ -80,10 +81,15 @@ def test_near_miss_credit_reaches_both_scoring_roles(tmp_path):
     count = next(s for s in ctx.split("train") if s.metadata["question"] == "count")
     truth = int(count.answer)
     near = f"<answer>{truth - 1 if truth > 1 else 2}</answer>"
+    ActorRole(ctx).close()  # publishes weight version 0, which the rollout's step waits for
     rollout, reward = RolloutRole(ctx), RewardRole(ctx)
     try:
         assert rollout.rewards.score(near, count).reward == 0.25
         assert reward.rewards.score(near, count).reward == 0.25
+        # the batch's metrics hold each kind of question's mean beside the task's, which lies between them
+        m = rollout.step(timeout=60)
+        kinds = [m["reward/tones:count"], m["reward/tones:pitch"]]
+        assert min(kinds) <= m["reward/tones"] <= max(kinds)
     finally:
         rollout.close()
         reward.close()
