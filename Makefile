@@ -8,7 +8,7 @@ export RAY_AUTH_MODE := disabled
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test test-gpu bench lint format docs clean
+.PHONY: setup run test test-fast test-gpu bench lint format docs clean
 
 setup: $(STAMP)
 
@@ -25,11 +25,15 @@ run: setup
 test: setup
 	$(BIN)/pytest -m "not gpu" $(PYTEST_ARGS)  # the pytest script, not python -m: flytekit names tasks relative to sys.argv[0]
 
+# the quick lane while editing: neither the slow tests (make test runs them) nor the GPU ones
+test-fast: setup
+	$(BIN)/pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
 test-gpu: setup
 	$(BIN)/pytest -m gpu $(PYTEST_ARGS)
 
 bench: setup
-	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)  # BENCH_ARGS=--quick for the short variants
+	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)  # BENCH_ARGS=--quick: short variants; --update-docs: publish results
 
 lint: setup
 	$(BIN)/ruff check .

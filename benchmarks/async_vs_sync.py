@@ -19,24 +19,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import torch
-from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
+from output import Output, add_arguments
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent))
-
-from relax.config_loader import load_config  # noqa: E402
-from relax.services.controller import train  # noqa: E402
-from relax.transfer.consumer import ConsumerGroup, wait_for_capacity  # noqa: E402
-from relax.transfer.queue import TransferQueue  # noqa: E402
-from relax.transfer.schema import Field  # noqa: E402
-from relax.transfer.weights import WeightStore  # noqa: E402
+from relax.config_loader import load_config
+from relax.services.train import train
+from relax.transfer.consumer import ConsumerGroup, wait_for_capacity
+from relax.transfer.queue import TransferQueue
+from relax.transfer.schema import Field
+from relax.transfer.weights import WeightStore
 
 
 def rl_run(root: str, staleness: int, steps: int, new_tokens: int) -> dict:
@@ -47,14 +42,14 @@ def rl_run(root: str, staleness: int, steps: int, new_tokens: int) -> dict:
     t0 = time.perf_counter()
     result = train(cfg, progress=False)
     wall = time.perf_counter() - t0
-    rewards = [m["reward"] for m in sorted(result.rollout, key=lambda m: m["batch"])]
+    rewards = [m["reward"] for m in sorted(result.metrics("rollout"), key=lambda m: m["batch"])]
     k = max(1, len(rewards) // 5)
-    gen = sum(m["time_s"] - m["wait_s"] for m in result.rollout) / len(result.rollout)
-    trn = sum(m["train_s"] for m in result.actor) / len(result.actor)
+    gen = sum(m["time_s"] - m["wait_s"] for m in result.metrics("rollout")) / len(result.metrics("rollout"))
+    trn = sum(m["train_s"] for m in result.metrics("actor")) / len(result.metrics("actor"))
     return {"max_staleness": staleness, "steps": result.steps, "wall_s": wall,
             "reward_first": sum(rewards[:k]) / k, "reward_last": sum(rewards[-k:]) / k,
             "generate_s_per_batch": gen, "train_s_per_step": trn,
-            "max_staleness_seen": max(m["staleness_max"] for m in result.actor)}
+            "max_staleness_seen": max(m["staleness_max"] for m in result.metrics("actor"))}
 
 
 def pipeline(root: str, gen_s: float, train_s: float, steps: int, staleness: int, batch: int = 8) -> dict:
@@ -89,7 +84,7 @@ def pipeline(root: str, gen_s: float, train_s: float, steps: int, staleness: int
             "steps_per_s": steps / wall, "bound_steps_per_s": bound, "efficiency": steps / wall / bound}
 
 
-def write_table(result: dict) -> None:
+def write_table(result: dict, output: Output) -> None:
     rows = ["| max_staleness | wall s | speed vs staleness 0 | reward first 20% | reward last 20% | "
             "gen s/batch | train s/step |", "|---|---|---|---|---|---|---|"]
     base = result["runs"][0]["wall_s"]
@@ -100,7 +95,7 @@ def write_table(result: dict) -> None:
     for p in result["pipeline"]:
         rows.append(f"| {p['gen_s']}, {p['train_s']}, {p['max_staleness']} | {p['steps_per_s']:.2f} | "
                     f"{p['bound_steps_per_s']:.2f} | {p['efficiency']:.3f} |")
-    update_table('async', rows, f"## Async vs sync (`benchmarks/async_vs_sync.py`, results/async_vs_sync.json)\n\n{result['setup']}")
+    output.table('async', rows, f"## Async vs sync (`benchmarks/async_vs_sync.py`, results/async_vs_sync.json)\n\n{result['setup']}")
 
 
 def main() -> None:
@@ -108,7 +103,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=48)
+    add_arguments(ap)
     args = ap.parse_args()
+    output = Output.from_args(args)
     steps = args.steps or (8 if args.quick else 40)
     with tempfile.TemporaryDirectory() as tmp:
         runs = [rl_run(f"file://{tmp}/rl", s, steps, args.new_tokens) for s in (0, 1, 2)]
@@ -123,10 +120,9 @@ def main() -> None:
               "async_speedup_staleness2": runs[0]["wall_s"] / runs[2]["wall_s"],
               "pipeline_efficiency": pipe[0]["efficiency"],
               "pipeline_efficiency_min": min(p["efficiency"] for p in pipe)}
-    out = HERE / "results" / ("async_vs_sync_quick.json" if args.quick else "async_vs_sync.json")
-    out.write_text(json.dumps(result, indent=1))
+    output.write_json("async_vs_sync_quick" if args.quick else "async_vs_sync", result, indent=1)
     if not args.quick:
-        write_table(result)
+        write_table(result, output)
     for r in runs:
         print(f"staleness {r['max_staleness']}: {r['wall_s']:.1f} s, reward {r['reward_first']:.3f} -> "
               f"{r['reward_last']:.3f}, gen {r['generate_s_per_batch']:.3f} s, train {r['train_s_per_step']:.3f} s")

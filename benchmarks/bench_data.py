@@ -6,7 +6,10 @@ Measured side by side in one process, reported as ratios:
   * the same snapshot written to a local folder vs to S3 (a moto server on loopback);
   * reading 20,000 text rows back as Samples: jsonl vs parquet.
 
-    python benchmarks/bench_data.py [--out benchmarks/results/data.json]
+    python benchmarks/bench_data.py [--update-docs] [--out PATH]
+
+Writes data.json to the untracked results folder (``--update-docs``: benchmarks/results/data.json;
+see output.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+
+from output import Output, add_arguments
 
 from relax.config import DataConfig
 from relax.data.readers import read_samples, write_jsonl, write_parquet
@@ -103,13 +108,12 @@ def bench_readers(tmp: Path, n: int = 20_000) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/data.json")
+    add_arguments(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as d:
         result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                   "snapshot": bench_snapshot(Path(d)), "readers": bench_readers(Path(d))}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    Output.from_args(args).write_json("data", result)
     print(json.dumps(result, indent=2))
 
 

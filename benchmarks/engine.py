@@ -12,7 +12,8 @@ and 64 clients send concurrent /generate requests: p50/p95 latency.
 
     python benchmarks/engine.py [--quick]
 
-Writes benchmarks/results/engine.json and the engine table in docs/benchmarks.md; the
+Writes engine.json and the engine table to the untracked results folder (``--update-docs``:
+benchmarks/results/engine.json and docs/benchmarks.md; see output.py); the
 last line is one JSON object with speedup_vs_hf_b32, tokens_per_s_b32, p95_latency_ms (the
 ``main`` model) and the same figures of the ``3m`` model with a ``_3m`` suffix.
 """
@@ -30,10 +31,9 @@ import sys
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
 import torch
-from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
+from output import Output, add_arguments
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from relax.config import ModelConfig
@@ -41,8 +41,6 @@ from relax.engines.native.engine import NativeEngine
 from relax.engines.types import GenerateRequest, SamplingParams
 from relax.models import build_tokenizer
 from relax.models.builders import tiny_config
-
-HERE = Path(__file__).resolve().parent
 
 
 def main_config() -> Qwen2Config:
@@ -169,7 +167,7 @@ async def _fire(url: str, requests: int, concurrency: int, new: int, vocab: int)
             "tokens_per_s": requests * new / wall}
 
 
-def write_table(result: dict) -> None:
+def write_table(result: dict, output: Output) -> None:
     rows = ["| model | batch (varied = new tokens uniform in [N/4, N]) | HF generate useful tokens/s | "
             "native tokens/s | native / HF |", "|---|---|---|---|---|"]
     for name, m in result["models"].items():
@@ -181,7 +179,7 @@ def write_table(result: dict) -> None:
             rows += ["", f"{name}: HTTP /generate, {lat['requests']} requests from {lat['concurrency']} concurrent "
                      f"clients, {lat['new_tokens']} new tokens each: p50 {lat['p50_ms']:.0f} ms, p95 "
                      f"{lat['p95_ms']:.0f} ms, {lat['tokens_per_s']:,.0f} tokens/s."]
-    update_table('engine', rows, f"## Native engine (`benchmarks/engine.py`, results/engine.json)\n\n{result['setup']}")
+    output.table('engine', rows, f"## Native engine (`benchmarks/engine.py`, results/engine.json)\n\n{result['setup']}")
 
 
 def bench_model(name: str, new: int, repeats: int) -> dict:
@@ -223,8 +221,9 @@ def summary(m: dict, suffix: str = "") -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=str(HERE / "results" / "engine.json"))
+    add_arguments(parser)
     args = parser.parse_args()
+    output = Output.from_args(args)
     new = 16 if args.quick else 32
     repeats = 1 if args.quick else 9  # short runs on a shared machine: the median of many
     models = {}
@@ -235,9 +234,8 @@ def main() -> None:
     setup = (f"Tiny Qwen2 decoders ({sizes}; see MODELS in the script), prompts of 16-32 tokens, {new} new tokens, "
              f"temperature 1, EOS ignored, median of {repeats} interleaved runs, {os.cpu_count()} CPU cores, float32.")
     result = {"quick": args.quick, "setup": setup, "models": models}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    write_table(result)
+    output.write_json("engine", result)
+    write_table(result, output)
     print(json.dumps({**summary(models["main"]), **summary(models["3m"], "_3m")}))
 
 

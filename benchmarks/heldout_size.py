@@ -7,9 +7,10 @@ or ``.relax``) on the first 64, 128 and 512 held-out prompts per task of one lar
 the same suite; the suite's prefixes are stable, so the 64 are the prompts the run was scored
 on with ``data.eval_per_task=64``.
 
-    python benchmarks/heldout_size.py /tmp/runs/s0 /tmp/runs/s4 --out benchmarks/results/heldout_size.json
+    python benchmarks/heldout_size.py /tmp/runs/s0 /tmp/runs/s4 [--update-docs]
 
-Prints one row per run and size, then one JSON object as its last line: per run and size the
+Prints one row per run and size, then one JSON object as its last line (also written as heldout_size.json to the
+untracked results folder; ``--update-docs``: benchmarks/results/, see output.py): per run and size the
 accuracy per modality and per kind of question, and the standard error per modality.
 """
 
@@ -18,16 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from output import Output, add_arguments
 
-from relax.config_loader import load_config  # noqa: E402
-from relax.objstore import absolute_url  # noqa: E402
-from relax.pipeline import evaluate, latest_checkpoint  # noqa: E402
-from relax.services.context import RunContext  # noqa: E402
+from relax.config_loader import load_config
+from relax.objstore import absolute_url
+from relax.pipeline import evaluate, latest_checkpoint
+from relax.services.context import RunContext
 
 
 def main() -> None:
@@ -35,7 +34,7 @@ def main() -> None:
     parser.add_argument("roots", nargs="+", help="run roots whose newest checkpoint to score")
     parser.add_argument("--sizes", default="64,128,512", help="held-out prompts per task, comma-separated")
     parser.add_argument("--preset", default="omni-cpu")
-    parser.add_argument("--out", default="", help="also write the JSON here")
+    add_arguments(parser)
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,10 +53,9 @@ def main() -> None:
                                 "stderr": stderr, "by_kind": {k: round(v, 3) for k, v in report.by_kind.items()}})
                 print(f"{root}  n={n:<4} " + "  ".join(f"{k} {v:.3f}±{stderr[k]:.3f}" for k, v in by_modality.items()),
                       flush=True)
-    line = json.dumps({"preset": args.preset, "snapshot": snapshot, "sizes": sizes, "runs": results})
-    if args.out:
-        Path(args.out).write_text(line + "\n")
-    print(line)
+    result = {"preset": args.preset, "snapshot": snapshot, "sizes": sizes, "runs": results}
+    Output.from_args(args).write_json("heldout_size", result, indent=None)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

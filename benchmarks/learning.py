@@ -17,20 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
+from output import Output, add_arguments
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent))
-
-from relax.config_loader import load_config  # noqa: E402
-from relax.pipeline import evaluate, train_run, warm_start  # noqa: E402
-from relax.services.context import RunContext  # noqa: E402
-from relax.services.metrics import read_all_metrics  # noqa: E402
+from relax.config_loader import load_config
+from relax.pipeline import evaluate, train_run, warm_start
+from relax.services.context import RunContext
+from relax.services.report.metrics import read_all_metrics
 
 
 def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int | None, target: float,
@@ -68,7 +63,7 @@ def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int |
             "reward_first": summary.reward_first, "reward_last": summary.reward_last}
 
 
-def write_table(result: dict) -> None:
+def write_table(result: dict, output: Output) -> None:
     rows = [f"Setup: {result['setup']}", "",
             "| max_staleness | modality | before | after | minutes to " + f"{result['target']} | train time |",
             "|---|---|---|---|---|---|"]
@@ -77,7 +72,7 @@ def write_table(result: dict) -> None:
             mins = r["minutes_to_target"][mod]
             rows.append(f"| {r['max_staleness']} | {mod} | {r['before'][mod]:.3f} | {r['after'][mod]:.3f} | "
                         f"{'not reached' if mins is None else f'{mins:.1f}'} | {r['train_s'] / 60:.1f} min |")
-    update_table("learning", rows, "## Learning speed of the main job (`benchmarks/learning.py`)")
+    output.table("learning", rows, "## Learning speed of the main job (`benchmarks/learning.py`)")
 
 
 def main() -> None:
@@ -90,7 +85,9 @@ def main() -> None:
                     help="disaggregated (default): rollout, advantage and actor as processes, so staleness lets "
                          "generation overlap training; in colocated the loop is synchronous at any staleness")
     ap.add_argument("overrides", nargs="*", help="extra config overrides key=value")
+    add_arguments(ap)
     args = ap.parse_args()
+    output = Output.from_args(args)
     steps = args.steps or (4 if args.quick else None)  # None: the preset's total_steps
     extra = list(args.overrides) + (["data.train_per_task=16", "data.eval_per_task=4", "trainer.sft_steps=2",
                                      "trainer.checkpoint_every=2"] if args.quick else [])
@@ -105,10 +102,9 @@ def main() -> None:
               "minutes_to_target": {f"staleness{r['max_staleness']}": r["minutes_to_target"] for r in runs},
               "accuracy_after": {f"staleness{r['max_staleness']}": r["after"] for r in runs},
               "accuracy_before": {f"staleness{r['max_staleness']}": r["before"] for r in runs}}
-    out = HERE / "results" / ("learning_quick.json" if args.quick else "learning.json")
-    out.write_text(json.dumps(result, indent=1))
+    output.write_json("learning_quick" if args.quick else "learning", result, indent=1)
     if not args.quick:
-        write_table(result)
+        write_table(result, output)
     for r in runs:
         print(f"staleness {r['max_staleness']}: train {r['train_s']:.0f} s; before {r['before']} after {r['after']}; "
               f"minutes to {args.target}: {r['minutes_to_target']}")

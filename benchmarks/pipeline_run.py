@@ -1,32 +1,28 @@
 """One run of the main job's steps outside Flyte, for comparing recipes across seeds.
 
-Snapshot, format warm-start, RL training and held-out evaluation, exactly as the workflow
-calls them (``relax.pipeline``), with the omni-cpu preset and ``key=value`` overrides, under
+``relax.pipeline.run`` (what ``relax run`` and the workflow do: snapshot, format warm-start,
+RL training, held-out evaluation) with the omni-cpu preset and ``key=value`` overrides, under
 its own root so several runs can go side by side:
 
     python benchmarks/pipeline_run.py /tmp/runs/s3 seed=3 algorithm.kl_coef=0.35
 
-Prints the evaluation table, then one JSON object as its last line: the overrides, minutes
-from warm start to the end of training, the actor's median seconds per step (``actor_step_s``),
+Prints the evaluation table, then one JSON object as its last line: the overrides, minutes for
+the whole pipeline (both evaluations included), the actor's median seconds per step (``actor_step_s``),
 accuracy per modality and per kind of question, and the confusion of each kind (correct
-answer -> the policy's answer -> prompts). The seed tables in docs/benchmarks.md ("Top-k KL
-beside k3" and after) come from this, two runs at a time.
+answer -> the policy's answer -> prompts). The seed tables in docs/history/ come from this, two
+runs at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from relax.config_loader import load_config  # noqa: E402
-from relax.pipeline import evaluate, train_run, warm_start  # noqa: E402
-from relax.services.context import RunContext  # noqa: E402
-from relax.services.metrics import read_metrics  # noqa: E402
+from relax.config_loader import load_config
+from relax.pipeline import run
+from relax.services.report.metrics import read_metrics
 
 
 def actor_step_seconds(run_url: str) -> float:
@@ -48,12 +44,11 @@ def main() -> None:
     root = args.root if "://" in args.root else "file://" + str(Path(args.root).resolve())
     cfg = load_config(args.preset, [f"root={root}", *args.overrides])
     t0 = time.perf_counter()
-    init = warm_start(cfg, RunContext(cfg).snapshot_info.id)
-    summary = train_run(cfg, init_checkpoint=init, progress=False)
+    result = run(cfg, progress=False, eval_limit=args.eval_limit)
     minutes = (time.perf_counter() - t0) / 60
-    report = evaluate(cfg, summary.checkpoint, limit=args.eval_limit)
-    print(report.table())
-    print(json.dumps({"overrides": args.overrides, "minutes": round(minutes, 2),
+    summary, report = result.train, result.after
+    print(report.table(result.before))
+    print(json.dumps({"overrides": args.overrides, "minutes_with_eval": round(minutes, 2),
                       "actor_step_s": round(actor_step_seconds(summary.run_url), 4),
                       "by_modality": {k: round(v, 3) for k, v in report.by_modality.items()},
                       "by_kind": {k: round(v, 3) for k, v in report.by_kind.items()},

@@ -11,7 +11,8 @@ repeats, and the speed-up.
 
     python benchmarks/prefix.py [--quick]
 
-Writes benchmarks/results/prefix.json and the prefix table in docs/benchmarks.md; the last
+Writes prefix.json and the prefix table to the untracked results folder (``--update-docs``:
+benchmarks/results/prefix.json and docs/benchmarks.md; see output.py); the last
 line is one JSON object with train_speedup and reference_speedup.
 """
 
@@ -23,19 +24,16 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
-from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
+from output import Output, add_arguments
 
 from relax.config import ModelConfig
-from relax.data.tasks import TASKS, generate_suite
+from relax.data.suite import TASKS, generate_suite
 from relax.models import build_policy, build_tokenizer, prepare_inputs
 from relax.trainers.torch.actor import Reference
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.trainer import TorchTrainer, sft_loss
-
-HERE = Path(__file__).resolve().parent
 
 
 def grpo_batch(tokenizer, processor, prompts_per_task: int, answers: int) -> RolloutBatch:
@@ -61,8 +59,9 @@ def grpo_batch(tokenizer, processor, prompts_per_task: int, answers: int) -> Rol
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=str(HERE / "results" / "prefix.json"))
+    add_arguments(parser)
     args = parser.parse_args()
+    output = Output.from_args(args)
     repeats = 3 if args.quick else 10
     tokenizer = build_tokenizer("bpe-tiny")
     model_cfg = ModelConfig(name_or_path="tiny-omni", family="qwen2_5_omni")
@@ -94,14 +93,13 @@ def main() -> None:
                         f"shapes, tones, largest) x 8 answers, {sum(batch.lengths)} tokens of which "
                         f"{prompt_tokens / sum(batch.lengths):.0%} prompt; one AdamW step (forward + backward) "
                         f"and one no-grad reference pass, median of {repeats}, 2 CPU cores.")}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    output.write_json("prefix", result)
     rows = ["| layout | train step s | reference pass s | train speed | reference speed |", "|---|---|---|---|---|"]
     for layout in layouts:
         rows.append(f"| {layout} | {med[layout]['train']:.4f} | {med[layout]['reference']:.4f} | "
                     f"{med['bucket']['train'] / med[layout]['train']:.2f}x | "
                     f"{med['bucket']['reference'] / med[layout]['reference']:.2f}x |")
-    update_table("prefix", rows, "## Shared-prefix training (`benchmarks/prefix.py`, results/prefix.json)\n\n"
+    output.table("prefix", rows, "## Shared-prefix training (`benchmarks/prefix.py`, results/prefix.json)\n\n"
                  + result["setup"])
     print(json.dumps({"train_speedup": round(result["train_speedup"], 3),
                       "reference_speedup": round(result["reference_speedup"], 3),

@@ -10,8 +10,9 @@ request, everything else equal (same model, prompts, seeds and outputs).
     python benchmarks/rollout_media.py [--quick]
 
 Batch: 16 prompts of the main job's tasks (shapes, tones, largest; omni-cpu's tiny Omni
-thinker) x 8 samples, 8 new tokens, 1 torch thread. Last line: one JSON object with
-``speedup`` and both medians.
+thinker) x 8 samples, 8 new tokens, 1 torch thread. Writes rollout_media.json to the untracked
+results folder (``--update-docs``: benchmarks/results/; see output.py). Last line: one JSON
+object with ``speedup`` and both medians.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from output import Output, add_arguments
 
 import relax.engines.native.engine as native
 from relax.config_loader import load_config
-from relax.data.tasks import generate_suite
+from relax.data.suite import generate_suite
 from relax.engines.types import GenerateRequest, SamplingParams
 from relax.models import build_policy, build_tokenizer
 from relax.rollout.prompts import encode_prompt
@@ -64,8 +65,9 @@ def generate(model, tok, prompts, samples: int, shared: bool) -> tuple[float, li
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout_media.json"))
+    add_arguments(parser)
     args = parser.parse_args()
+    output = Output.from_args(args)
     torch.set_num_threads(1)
     repeats = 2 if args.quick else 7
     cfg = load_config("omni-cpu", [])
@@ -85,8 +87,7 @@ def main() -> None:
     result = {"quick": args.quick, "prompts": len(prompts), "media_prompts": sum(bool(p.mm_inputs) for p in prompts),
               "samples_per_prompt": 8, "repeats": repeats, "seconds": times,
               "median_s": med, "speedup": med["per_request"] / med["shared"]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    output.write_json("rollout_media", result)
     print(json.dumps({"speedup": round(result["speedup"], 2), "shared_s": round(med["shared"], 4),
                       "per_request_s": round(med["per_request"], 4)}))
 

@@ -1,8 +1,11 @@
-"""Run every benchmark (``make bench``); each writes benchmarks/results/<name>.json and its
-table in docs/benchmarks.md. Pass ``--quick`` for the short variants where a script has one."""
+"""Run every benchmark (``make bench``). Pass ``--quick`` for the short variants where a script
+has one, and ``--update-docs`` to publish: each script then writes benchmarks/results/<name>.json
+and its table in docs/benchmarks.md; without it they go to the untracked results folder
+(``$RELAX_BENCH_OUT`` or benchmarks/results/local/; see output.py)."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +17,15 @@ BENCHMARKS = [("bench_data.py", []), ("transfer_queue.py", ["--quick"]), ("snaps
               ("async_vs_sync.py", ["--quick"])]
 
 if __name__ == "__main__":
-    quick = "--quick" in sys.argv[1:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the short variants")
+    parser.add_argument("--update-docs", action="store_true", help="publish the results (see output.py)")
+    args = parser.parse_args()
     failed = []
     for script, quick_args in BENCHMARKS:
         print(f"== {script}", flush=True)
-        cmd = [sys.executable, str(HERE / script), *(quick_args if quick else [])]
+        cmd = [sys.executable, str(HERE / script), *(quick_args if args.quick else []),
+               *(["--update-docs"] if args.update_docs else [])]
         if subprocess.run(cmd, cwd=HERE.parent).returncode != 0:
             failed.append(script)
     if failed:

@@ -10,8 +10,9 @@ as a remote object store would:
 
     python benchmarks/snapshot_open.py [--quick] [--rtt-ms 20]
 
-Writes benchmarks/results/snapshot_open.json, rewrites its table in docs/benchmarks.md and
-prints one JSON object as its last line.
+Writes snapshot_open.json and its table to the untracked results folder (``--update-docs``:
+benchmarks/results/snapshot_open.json and docs/benchmarks.md; see output.py) and prints one
+JSON object as its last line.
 """
 
 from __future__ import annotations
@@ -26,20 +27,18 @@ import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import fsspec
 import s3fs
-from bench_data import start_moto  # noqa: E402  (benchmarks/ is sys.path[0])
-from doc_table import update_table  # noqa: E402
-from latency_proxy import LatencyProxy  # noqa: E402
+from bench_data import start_moto  # a sibling script: benchmarks/ is sys.path[0]
+from latency_proxy import LatencyProxy
+from output import Output, add_arguments
 
-import relax.transfer.queue as queue_module  # noqa: E402
-from relax.transfer.queue import TransferQueue  # noqa: E402
-from relax.transfer.schema import Field  # noqa: E402
-from relax.transfer.writers import read_records  # noqa: E402
+import relax.transfer.queue as queue_module
+from relax.transfer.queue import TransferQueue
+from relax.transfer.schema import Field
+from relax.transfer.writers import read_records
 
-HERE = Path(__file__).resolve().parent
 PAYLOAD = [Field("payload", kind="bytes")]
 
 
@@ -100,8 +99,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smaller topic and fewer repeats")
     parser.add_argument("--rtt-ms", type=float, default=20.0,
                         help="round trip the proxy adds to each S3 request (0 skips that case)")
-    parser.add_argument("--out", default=str(HERE / "results" / "snapshot_open.json"))
+    add_arguments(parser)
     args = parser.parse_args()
+    output = Output.from_args(args)
     full, delta, repeats = (50, 40, 2) if args.quick else (200, 190, 6)
     batched = queue_module.read_record_range
     moto, endpoint = start_moto()
@@ -130,12 +130,11 @@ def main() -> None:
     result = {"quick": args.quick, "records_folded": delta, "rtt_ms": args.rtt_ms, "cases": cases,
               "setup": f"a topic of {full} commits, a full snapshot, {delta} more commits (8 samples each) and a "
                        f"delta snapshot; time to open the delta (state_at), median of {repeats}, 2 CPU cores."}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    output.write_json("snapshot_open", result)
     rows = [f"Records folded: {delta}.", "", "| store | one GET at a time s | batched s | speed-up |", "|---|---|---|---|"]
     rows += [f"| {c['store']} | {c['one_by_one_s']:.3f} | {c['batched_s']:.3f} | "
              f"{c['speedup']:.1f}x |" for c in cases]
-    update_table("snapshot_open", rows, "## Opening a delta snapshot (`benchmarks/snapshot_open.py`, "
+    output.table("snapshot_open", rows, "## Opening a delta snapshot (`benchmarks/snapshot_open.py`, "
                  "results/snapshot_open.json)\n\n" + result["setup"])
     print(json.dumps({c["key"] + "_speedup": round(c["speedup"], 2) for c in cases}))
 

@@ -5,11 +5,12 @@ The omni-cpu preset freezes the vision tower until ``trainer.thaw_encoders_at`` 
 trains it. This scores the checkpoints of finished runs (``pipeline_run.py`` roots or ``.relax``)
 just before the thaw and at later steps, and measures the relative change
 ``|w_step - w_before| / |w_before|`` of the patch embedding's rows: rows 0-2 are the colour stem
-(``relax.models.builders.init_colour_stem``, weights 1/392 each), the others random filters.
+(``relax.models.tiny_init.init_colour_stem``, weights 1/392 each), the others random filters.
 
-    python benchmarks/thaw_dip.py /tmp/runs/s0 /tmp/runs/s1 --steps 499,599,699 --out thaw_dip.json
+    python benchmarks/thaw_dip.py /tmp/runs/s0 /tmp/runs/s1 --steps 499,599,699 [--update-docs]
 
-Prints one row per run and step, then one JSON object as its last line.
+Prints one row per run and step, then one JSON object as its last line (also written as
+thaw_dip.json to the untracked results folder; ``--update-docs``: benchmarks/results/, see output.py).
 """
 
 from __future__ import annotations
@@ -17,19 +18,16 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
-from pathlib import Path
 
 import torch
+from output import Output, add_arguments
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from relax import objstore  # noqa: E402
-from relax.config_loader import load_config  # noqa: E402
-from relax.objstore import absolute_url  # noqa: E402
-from relax.pipeline import evaluate  # noqa: E402
-from relax.services.actor import checkpoint_name  # noqa: E402
-from relax.services.context import RunContext  # noqa: E402
+from relax import objstore
+from relax.config_loader import load_config
+from relax.objstore import absolute_url
+from relax.pipeline import evaluate
+from relax.services.context import RunContext
+from relax.services.roles.actor import checkpoint_name
 
 STEM = "model.visual.patch_embed.proj.weight"
 
@@ -49,7 +47,7 @@ def main() -> None:
     parser.add_argument("roots", nargs="+", help="run roots with checkpoints at every --steps")
     parser.add_argument("--steps", default="499,599,699", help="RL steps to score; the first is the reference")
     parser.add_argument("--preset", default="omni-cpu")
-    parser.add_argument("--out", default="", help="also write the JSON here")
+    add_arguments(parser)
     args = parser.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
     runs = []
@@ -76,13 +74,10 @@ def main() -> None:
             print(f"{root} step {step}: image {row['by_modality'].get('image', 0):.3f} "
                   f"(count {kinds.get('shapes:count', 0):.3f}, colour {kinds.get('shapes:colour', 0):.3f})  "
                   f"stem moved {row['stem_change']:.3f}, other filters {row['filters_change']:.3f}", flush=True)
-        record = json.loads(objstore.read_bytes(objstore.join(run_url, "run.json")))
-        runs.append({"root": root, "frozen_params": record["config"]["trainer"].get("frozen_params", []),
-                     "steps": rows})
-    line = json.dumps({"preset": args.preset, "steps": steps, "runs": runs})
-    if args.out:
-        Path(args.out).write_text(line + "\n")
-    print(line)
+        runs.append({"root": root, "steps": rows})
+    result = {"preset": args.preset, "steps": steps, "runs": runs}
+    Output.from_args(args).write_json("thaw_dip", result, indent=None)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

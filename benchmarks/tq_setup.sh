@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-tq, a separate venv holding the PyPI package `transferqueue` 0.1.11,
-# the baseline that benchmarks/tq_baseline.py measures Relax's TransferQueue against.
+# the baseline that benchmarks/baselines/tq_baseline.py measures Relax's TransferQueue against.
 #
 # Separate on purpose: the transferqueue wheel installs top-level `tests`, `scripts`,
 # `recipe` and `tutorial` packages into site-packages, which would shadow the

@@ -9,7 +9,8 @@ forward + backward + optimizer step, and the share of computed positions that ar
 
     python benchmarks/trainer.py [--quick]
 
-Writes benchmarks/results/trainer.json and the trainer table in docs/benchmarks.md; the
+Writes trainer.json and the trainer table to the untracked results folder (``--update-docs``:
+benchmarks/results/trainer.json and docs/benchmarks.md; see output.py); the
 last line is one JSON object with packing_speedup, padded_waste, packed_waste.
 """
 
@@ -20,17 +21,14 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
-from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
+from output import Output, add_arguments
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.packing import waste
 from relax.trainers.torch.trainer import TorchTrainer, sft_loss
-
-HERE = Path(__file__).resolve().parent
 
 
 def make_batch(n: int, longest: int, prompt: int, vocab: int, skewed: bool, seed: int = 0) -> RolloutBatch:
@@ -57,7 +55,7 @@ def run(layout: str, batch: RolloutBatch, budget: int, cfg: Qwen2Config) -> dict
             "micro_batches": len(mbs)}
 
 
-def write_table(result: dict) -> None:
+def write_table(result: dict, output: Output) -> None:
     rows = ["| lengths | layout | real tokens/s | padding share | micro-batches | speed vs pad |",
             "|---|---|---|---|---|---|"]
     for dist, layouts in result["distributions"].items():
@@ -65,14 +63,15 @@ def write_table(result: dict) -> None:
         for name, r in layouts.items():
             rows.append(f"| {dist} | {name} | {r['tokens_per_s']:,.0f} | {r['waste']:.1%} | {r['micro_batches']} | "
                         f"{r['tokens_per_s'] / pad:.2f}x |")
-    update_table('trainer', rows, f"## Trainer packing (`benchmarks/trainer.py`, results/trainer.json)\n\n{result['setup']}")
+    output.table('trainer', rows, f"## Trainer packing (`benchmarks/trainer.py`, results/trainer.json)\n\n{result['setup']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=str(HERE / "results" / "trainer.json"))
+    add_arguments(parser)
     args = parser.parse_args()
+    output = Output.from_args(args)
     n, longest, repeats = (32, 256, 1) if args.quick else (64, 256, 3)
     cfg = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
@@ -91,9 +90,8 @@ def main() -> None:
     result["setup"] = (f"Tiny Qwen2 (hidden 128, 4 layers, vocab 512), {n} samples of 16 prompt + "
                        f"{longest // 4}..{longest} response tokens (uniform, or log-uniform = skewed), token budget "
                        f"{budget} per micro-batch, SFT loss, one full optimizer step, median of {repeats}, 2 CPU cores.")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    write_table(result)
+    output.write_json("trainer", result)
+    write_table(result, output)
     uni, skew = result["distributions"]["uniform"], result["distributions"]["skewed"]
     speed = lambda d, k: round(d[k]["tokens_per_s"] / d["pad"]["tokens_per_s"], 3)  # noqa: E731
     summary = {"packing_speedup": speed(uni, "pack"), "packing_speedup_skewed": speed(skew, "pack"),

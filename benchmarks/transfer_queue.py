@@ -15,8 +15,9 @@ one process (the in-process wake-up fast path).
 
     python benchmarks/transfer_queue.py [--quick] [--no-tq]
 
-Writes benchmarks/results/transfer_queue.json, rewrites the transfer-queue table in
-docs/benchmarks.md, and prints one JSON object as its last line.
+Writes transfer_queue.json and the transfer-queue table to the untracked results folder
+(``--update-docs``: benchmarks/results/transfer_queue.json and docs/benchmarks.md; see
+output.py), and prints one JSON object as its last line.
 """
 
 from __future__ import annotations
@@ -36,19 +37,16 @@ from pathlib import Path
 
 import fsspec
 import numpy as np
-from doc_table import update_table  # noqa: E402  (benchmarks/ is sys.path[0])
+from bench_data import start_moto  # a sibling script: benchmarks/ is sys.path[0]
+from output import Output, add_arguments
+
+from relax import objstore
+from relax.transfer.consumer import ConsumerGroup
+from relax.transfer.queue import TransferQueue
+from relax.transfer.schema import Field
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-
-from bench_data import start_moto  # noqa: E402
-
-from relax import objstore  # noqa: E402
-from relax.transfer.consumer import ConsumerGroup  # noqa: E402
-from relax.transfer.queue import TransferQueue  # noqa: E402
-from relax.transfer.schema import Field  # noqa: E402
-
 PAYLOAD = [Field("payload", kind="bytes")]
 
 
@@ -133,7 +131,7 @@ def transferqueue(n: int, nbytes: int, k: int) -> dict | None:
     if subprocess.run(["bash", str(HERE / "tq_setup.sh")], capture_output=True).returncode != 0:
         print("transferqueue baseline unavailable (tq_setup.sh failed)", file=sys.stderr)
         return None
-    out = subprocess.run([str(REPO / ".venv-tq/bin/python"), str(HERE / "tq_baseline.py"), "--samples", str(n),
+    out = subprocess.run([str(REPO / ".venv-tq/bin/python"), str(HERE / "baselines" / "tq_baseline.py"), "--samples", str(n),
                           "--bytes", str(nbytes), "--batch", str(k), "--json"],
                          capture_output=True, text=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     if out.returncode != 0:
@@ -189,7 +187,7 @@ def visible_latency(url: str, count: int) -> dict:
             "in_process_p50_ms": ms(local, 50), "in_process_p95_ms": ms(local, 95)}
 
 
-def write_table(result: dict) -> None:
+def write_table(result: dict, output: Output) -> None:
     rows = ["| samples | store | relax put+get samples/s | relax MB/s | raw fsspec MB/s | relax / raw | "
             "raw 1 MiB writes MB/s | relax / that | transferqueue samples/s | relax / transferqueue |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -207,15 +205,16 @@ def write_table(result: dict) -> None:
     rows += ["", f"Put-to-visible latency (file://): another process, polling at the default 50 ms: "
              f"p50 {lat['cross_process_p50_ms']:.1f} ms, p95 {lat['cross_process_p95_ms']:.1f} ms; same process "
              f"(wake-up fast path): p50 {lat['in_process_p50_ms']:.2f} ms, p95 {lat['in_process_p95_ms']:.2f} ms."]
-    update_table('transfer_queue', rows, "## TransferQueue (`benchmarks/transfer_queue.py`, results/transfer_queue.json)")
+    output.table('transfer_queue', rows, "## TransferQueue (`benchmarks/transfer_queue.py`, results/transfer_queue.json)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples and repeats (under a minute)")
     parser.add_argument("--no-tq", action="store_true", help="skip the transferqueue package")
-    parser.add_argument("--out", default=str(HERE / "results" / "transfer_queue.json"))
+    add_arguments(parser)
     args = parser.parse_args()
+    output = Output.from_args(args)
     repeats = 1 if args.quick else 3
     small_n, large_n = (2000, 32) if args.quick else (10000, 64)
     moto, _ = start_moto()
@@ -247,9 +246,8 @@ def main() -> None:
     finally:
         moto.terminate()
     result = {"quick": args.quick, "cases": cases, "latency": latency}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    write_table(result)
+    output.write_json("transfer_queue", result)
+    write_table(result, output)
     small = next(c for c in cases if c["bytes"] == 4096 and c["store"] == "file")
     large = next(c for c in cases if c["bytes"] == 1 << 20 and c["store"] == "file")
     tq = small["transferqueue"]

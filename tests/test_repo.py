@@ -23,6 +23,13 @@ def test_ci_runs_the_readme_test_command_and_fails_loudly():
     assert re.search(r"^test: setup\n\t\$\(BIN\)/pytest -m \"not gpu\"", makefile, re.M)
 
 
+def test_make_test_fast_leaves_out_the_slow_and_gpu_markers():
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r'^test-fast: setup\n\t\$\(BIN\)/pytest -m "not slow and not gpu" \$\(PYTEST_ARGS\)$',
+                     makefile, re.M)
+    assert "test-fast" in re.search(r"^\.PHONY:(.*)$", makefile, re.M).group(1).split()
+
+
 def test_markers_and_license():
     pyproject = (REPO / "pyproject.toml").read_text()  # no tomllib: Python 3.10 is supported
     block = re.search(r"^markers = \[(.*?)^\]", pyproject, re.S | re.M).group(1)

@@ -132,6 +132,7 @@ ray.shutdown()
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # ~18 s: a Ray cluster started and stopped
 def test_a_local_ray_task_starts_ray_without_the_dashboard():
     import os
     import subprocess

@@ -24,6 +24,7 @@ from relax.config_loader import config_to_dict
 
 REPO = Path(__file__).resolve().parents[2]
 PYFLYTE = str(Path(sys.executable).with_name("pyflyte"))
+pytestmark = pytest.mark.slow  # each package (one per module, one for the default cluster) takes ~18 s
 NIGHTLY = {"run_id": "nightly", "root": "s3://bucket/relax"}  # the launch plan's default config
 # a 2-node GPU cluster: head 8 CPUs, one worker with 16 CPUs and 1 GPU, 4 GPUs in all
 CLUSTER = {"num_cpus": 8, "num_gpus": 4, "rollout_gpus": 2, "actor_gpus": 2, "workers": 1,

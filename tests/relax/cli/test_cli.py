@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from relax.data.readers import write_jsonl
@@ -46,6 +47,7 @@ def test_config_errors_exit_2_with_one_line(tmp_path):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # three `relax` processes, ~6 s each (the CLI imports torch at start-up)
 def test_snapshot_twice_prints_the_same_id(tmp_path):
     write_rows(tmp_path)
     first = relax("data", "snapshot", "rows.jsonl", "--root", "store", "--json", cwd=tmp_path)
@@ -67,6 +69,7 @@ def test_snapshot_missing_media_fails_cleanly(tmp_path):
     assert not (tmp_path / "store").exists()
 
 
+@pytest.mark.slow  # five `relax` processes, ~6 s each
 def test_inspect_lists_and_shows(tmp_path):
     write_rows(tmp_path)
     sid = json.loads(relax("data", "snapshot", "rows.jsonl", "--root", "store", "--json", cwd=tmp_path).stdout)["id"]

@@ -21,6 +21,7 @@ import pytest
 from relax.engines.client import EngineBadResponse
 from relax.engines.router import NoEngineAvailable, Router
 from relax.engines.types import Completion, GenerateRequest
+from tests.polling import async_wait_until
 from tests.relax.engines.contract import InProcessServer, free_port, start_subprocess
 from tests.relax.engines.faulty_engine import GARBAGE, VOCAB, faulty_app
 
@@ -94,11 +95,11 @@ def test_least_outstanding_and_round_robin(engines) -> None:
         router = Router([a, b], timeout_s=10)
         slow = [asyncio.create_task(router.generate(input_ids=[1], sampling_params={"max_new_tokens": 10}))
                 for _ in range(4)]
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: sum(e["outstanding"] for e in router.engines()) == 4, what=router.engines)
         assert sorted(e["outstanding"] for e in router.engines()) == [2, 2]
         # a is made busier: the next requests all go to b until the counts are even again
         busy = [asyncio.create_task(router.generate(input_ids=[1], sampling_params={"max_new_tokens": 10}))]
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: sum(e["outstanding"] for e in router.engines()) == 5, what=router.engines)
         first = next(e for e in router.engines() if e["outstanding"] == 3)["url"]
         other = b if first == a else a
         quick = await router.generate(input_ids=[1], sampling_params={"max_new_tokens": 1})
@@ -127,11 +128,15 @@ def test_add_and_remove_with_drain(engines) -> None:
         assert [e["url"] for e in router.engines()] == [a, b]
         pending = [asyncio.create_task(router.generate(input_ids=[1], sampling_params={"max_new_tokens": 8}))
                    for _ in range(2)]
-        await asyncio.sleep(0.05)
-        t0 = time.monotonic()
+        await async_wait_until(lambda: [e["outstanding"] for e in router.engines()] == [1, 1], what=router.engines)
+        assert not any(t.done() for t in pending)  # a's request is in flight as the removal starts
         await router.remove_engine(a, drain=True)  # waits for a's in-flight request
-        assert time.monotonic() - t0 > 0.2 and [e["url"] for e in router.engines()] == [b]
-        assert all(len(r["output_ids"]) == 8 for r in await asyncio.gather(*pending))
+        done_at_removal = [t.done() for t in pending]
+        assert [e["url"] for e in router.engines()] == [b]
+        results = await asyncio.gather(*pending)
+        assert all(len(r["output_ids"]) == 8 for r in results)
+        assert [done for done, r in zip(done_at_removal, results, strict=True)
+                if r["meta_info"]["weight_version"] == "a"] == [True]  # drained: a's request had finished
         r = await router.generate(input_ids=[1], sampling_params={"max_new_tokens": 1})
         assert r["meta_info"]["weight_version"] == "b"
         await router.remove_engine(b, drain=False)
@@ -149,7 +154,7 @@ def test_failover_when_engine_is_killed(engines) -> None:
         router = Router([a, b], timeout_s=10, retries=1, backoff_s=0.05)
         tasks = [asyncio.create_task(router.generate(input_ids=[1], sampling_params={"max_new_tokens": 10}))
                  for _ in range(4)]
-        await asyncio.sleep(0.1)
+        await async_wait_until(lambda: [e["outstanding"] for e in router.engines()] == [2, 2], what=router.engines)
         started[a].kill()  # SIGKILL with two requests in flight on a
         results = await asyncio.gather(*tasks)
         assert [r["meta_info"]["weight_version"] for r in results] == ["b"] * 4
@@ -248,12 +253,13 @@ def test_a_timeout_counts_as_a_failure(good_and_faulty) -> None:
     good, bad, state = good_and_faulty
 
     async def go() -> None:
-        state["mode"], state["slow_s"] = "slow", 1.5
+        state["mode"], state["slow_s"] = "slow", 4.0
         router = Router([bad, good], timeout_s=0.4, max_failures=2)
-        t0 = time.monotonic()
         for _ in range(2):
+            t0 = time.monotonic()
             await _hit(router, state)
-        assert time.monotonic() - t0 < 3.0  # each timed-out request moved on after 0.4 s, not 1.5 s
+            # the timed-out request moved on after 0.4 s: waiting for the slow answer takes 4 s
+            assert time.monotonic() - t0 < state["slow_s"]
         row = _row(router, bad)
         assert not row["healthy"] and row["failures"] == 2 and "no answer within 0.4 s" in row["last_error"]
         await router.close()

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,14 @@ from fastapi import Body, FastAPI
 from relax.data.schema import Message, Sample
 from relax.rollout.judge import JudgeError, JudgeReward, parse_score
 from relax.rollout.rewards import RewardDispatcher
-from relax.services.media import sample_id_of
+from relax.services.roles.media import sample_id_of
 from tests.relax.engines.contract import InProcessServer, save_tiny_model
 
 
 def grading_app() -> FastAPI:
     app = FastAPI()
     app.state.requests, app.state.inflight, app.state.peak = [], 0, 0
-    lock = threading.Lock()
+    lock = threading.Condition()
 
     @app.get("/health")
     def health() -> dict:
@@ -39,8 +38,12 @@ def grading_app() -> FastAPI:
             app.state.requests.append(body)
             app.state.inflight += 1
             app.state.peak = max(app.state.peak, app.state.inflight)
+            lock.notify_all()
+            # the server's first request waits (up to 10 s) for a second one: a concurrent client
+            # overlaps them at once, on any machine; one that sends a request at a time never does
+            if len(app.state.requests) == 1:
+                lock.wait_for(lambda: app.state.peak > 1, timeout=10)
         try:
-            time.sleep(0.05)  # long enough for concurrent requests to overlap
             prompt = body["messages"][0]["content"]
             answer = prompt.split("Reference answer: ", 1)[1].split("\n", 1)[0]
             response = prompt.split("Response to grade:\n", 1)[1].split("\n\nDoes the response", 1)[0]
@@ -120,7 +123,7 @@ def test_a_native_engine_serves_as_judge(tmp_path):
 @pytest.mark.slow
 def test_a_run_rewarded_by_the_judge(tmp_path, judge_server):
     from relax.services.context import RunContext
-    from relax.services.controller import train
+    from relax.services.train import train
     from tests.relax.services.runtime_helpers import tiny_config
 
     url, app = judge_server

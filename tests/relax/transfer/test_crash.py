@@ -2,6 +2,10 @@
 
 After every iteration the store must hold every committed sample exactly once, every
 consumed sample in exactly one step, and no torn shard may be visible.
+
+The kill points are random points of the workers' *progress* (groups put or consumed, which
+they report to a file), plus a random few milliseconds, not random wall-clock times: on a
+fast machine a worker would otherwise be done before its kill, on a slow one still importing.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import random
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,6 +22,7 @@ import pytest
 from relax import objstore
 from relax.transfer.consumer import load_group_state
 from relax.transfer.queue import TransferQueue
+from tests.polling import wait_until
 
 WORKER = str(Path(__file__).with_name("crash_worker.py"))
 GROUPS = 40
@@ -24,7 +30,24 @@ ITERATIONS = 50
 
 
 def start(role: str, root: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, WORKER, role, root, str(GROUPS)], stderr=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, WORKER, role, root, str(GROUPS), progress_file(root, role)],
+                            stderr=subprocess.PIPE)
+
+
+def progress_file(root: str, role: str) -> str:
+    return f"{root}.{role}.progress"  # beside the store, not in it
+
+
+def progress(root: str, role: str) -> int:
+    """Groups the role has put or consumed so far, over all its incarnations (0 before the first)."""
+    try:
+        return int(Path(progress_file(root, role)).read_text())
+    except FileNotFoundError:
+        return 0
+
+
+def reached(root: str, role: str, proc: subprocess.Popen, groups: int) -> bool:
+    return progress(root, role) >= groups or proc.poll() is not None
 
 
 def check_store(root: str) -> dict:
@@ -49,10 +72,20 @@ def test_sigkill_at_random_points(tmp_path):
         rng = random.Random(iteration)
         root = str(tmp_path / f"it{iteration}")
         procs = {"producer": start("producer", root), "consumer": start("consumer", root)}
-        for _ in range(rng.randint(1, 3)):  # up to three crashes of random roles at random times
-            time.sleep(rng.uniform(0.05, 0.5))
+        for _ in range(rng.randint(1, 3)):  # up to three crashes of random roles at random points
             victim = rng.choice(list(procs))
-            interrupted += procs[victim].poll() is None  # still working when the kill came
+            done = progress(root, victim)
+            if done >= GROUPS:
+                continue  # finished already: nothing left to interrupt
+            # kill it once it got past a random point well short of its last commit (at the first
+            # point this incarnation may still be importing), a few ms later so some kills land mid-write
+            target = rng.randint(done, max(done, GROUPS - 6))
+            wait_until(partial(reached, root, victim, procs[victim], target), timeout=120,
+                       what=f"iteration {iteration}: {victim} to pass {target} of {GROUPS} groups")
+            time.sleep(rng.uniform(0, 0.01))
+            code = procs[victim].poll()
+            assert code in (None, 0), f"iteration {iteration}: {victim} failed:\n{procs[victim].stderr.read().decode()}"
+            interrupted += code is None and progress(root, victim) < GROUPS  # still working when the kill came
             procs[victim].kill()
             procs[victim].wait()
             procs[victim] = start(victim, root)

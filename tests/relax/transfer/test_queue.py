@@ -17,6 +17,7 @@ from relax.transfer.errors import SchemaError, StoreError, WriterConflict
 from relax.transfer.manifest import TopicState
 from relax.transfer.queue import TransferQueue, samples_of
 from relax.transfer.schema import Field
+from tests.polling import wait_until
 
 
 def test_put_then_read_from_another_reader(any_url):
@@ -201,14 +202,18 @@ def test_in_process_consumer_is_woken_at_once(tmp_path):
     # The notification fast path: a waiting reader in the same process sees a commit without polling delay.
     import threading
 
-    q = TransferQueue(str(tmp_path), "run", "t", poll_interval_s=5.0, max_poll_interval_s=5.0)
-    p = TransferQueue(str(tmp_path), "run", "t").producer("w", ROLLOUT_FIELDS)
+    from relax.transfer.queue import InProcessNotifier
+
+    notifier = InProcessNotifier()  # the default kind, this test's own: no other waiter shares it
+    q = TransferQueue(str(tmp_path), "run", "t", poll_interval_s=60.0, max_poll_interval_s=60.0, notifier=notifier)
+    p = TransferQueue(str(tmp_path), "run", "t", notifier=notifier).producer("w", ROLLOUT_FIELDS)
     seen = []
-    t = threading.Thread(target=lambda: seen.append(q.wait_for_new(timeout=10.0)))
+    t = threading.Thread(target=lambda: seen.append(q.wait_for_new(timeout=120.0)), daemon=True)
     t.start()
-    time.sleep(0.2)
+    # the reader has found nothing and is blocked in its 60 s wait: only a notification ends it early
+    wait_until(lambda: notifier._cond(q.url)._waiters, what="the reader waiting on the notifier")
     p.put(rollout_group("g0"))
-    t.join(timeout=4.0)  # without the wake-up the reader would sleep its full 5 s poll interval
+    t.join(timeout=30.0)  # without the wake-up the reader would sleep its full 60 s poll interval
     assert seen == [True]
 
 

@@ -4,9 +4,10 @@ Relax's TransferQueue is a durable sample queue on fsspec object stores; this sc
 measures the in-memory, Ray-based `transferqueue` package on the same workload so the
 two can be compared. Run it with the separate venv made by benchmarks/tq_setup.sh
 (the package installs top-level `tests`/`scripts` packages, so it must not go into
-the project's own venv):
+the project's own venv). It lives in its own folder because benchmarks/ holds
+transfer_queue.py, which as the script's folder would shadow the package's `transfer_queue`:
 
-    RAY_AUTH_MODE=disabled .venv-tq/bin/python benchmarks/tq_baseline.py \
+    RAY_AUTH_MODE=disabled .venv-tq/bin/python benchmarks/baselines/tq_baseline.py \
         --samples 2000 --bytes 4096 --batch 200 --json
 
 Workload: N samples, each one uint8 field `payload` of B bytes plus an int64 field
@@ -44,9 +45,6 @@ import psutil  # noqa: E402  (a dependency of transferqueue)
 
 # The package warns on every call when its default of 8 torch threads exceeds the cores.
 os.environ.setdefault("TQ_NUM_THREADS", str(psutil.cpu_count(logical=False) or 1))
-
-# This script's folder also holds benchmarks/transfer_queue.py, which would shadow the package.
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
 
 import ray  # noqa: E402
 import torch  # noqa: E402
