@@ -29,10 +29,6 @@ class SamplingParams:
     n: int = 1
     ignore_eos: bool = False
     sampling_seed: int | None = None  # per-request seed: same seed -> same tokens, whatever else is batched
-    # native engine only: the first len(...) output tokens are these instead of draws, each with the
-    # logprob the policy gives it (as a sampled token's), so a trainer treats them as behaviour tokens;
-    # the rollout forces answers with it (rollout.explore_answers). SGLang has no such parameter.
-    forced_output_ids: list[int] = field(default_factory=list)
 
     @staticmethod
     def from_json(d: dict[str, Any] | None) -> SamplingParams:
@@ -60,8 +56,6 @@ class SamplingParams:
             raise EngineError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.n < 1:
             raise EngineError(f"n must be >= 1, got {self.n}")
-        if any(not isinstance(t, int) or t < 0 for t in self.forced_output_ids):
-            raise EngineError(f"forced_output_ids must be token ids (ints >= 0), got {self.forced_output_ids!r}")
 
     @property
     def greedy(self) -> bool:

@@ -3,8 +3,8 @@
 A scheduler thread owns the model. Each iteration it admits waiting requests while slots
 are free (one prefill per prompt; the n samples of a prompt share it), then runs one
 decode step for every running sequence together, then retires finished ones, so requests
-join and leave the running batch at every step. Forward passes are Hugging Face's own
-modules writing into ``SlotCache``, so returned logprobs equal a plain forward pass.
+join and leave the running batch at every step. Forward passes (``forward.py``) are Hugging
+Face's own modules writing into ``SlotCache``, so returned logprobs equal a plain forward pass.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from relax.engines.native.forward import decode_logits, prefill_logits
 from relax.engines.native.fused_decode import FusedDecoder
-from relax.engines.native.fused_decode import prefill as fused_prefill
 from relax.engines.native.kv_cache import cache_for
 from relax.engines.native.sampling import UniformStream, sample
 from relax.engines.types import Completion, EngineError, GenerateRequest
@@ -44,18 +44,6 @@ class _Seq:
     @property
     def last_pos(self) -> int:  # position of the newest token, the one the next decode step feeds in
         return self.prompt_len + len(self.out_ids) - 1
-
-    @property
-    def forced_next(self) -> int:
-        """The next output token when the request forces it (SamplingParams.forced_output_ids), else -1."""
-        forced = self.pending.req.params.forced_output_ids
-        return forced[len(self.out_ids)] if len(self.out_ids) < len(forced) else -1
-
-
-def _forced(seqs: list[_Seq]) -> list[int] | None:
-    """Per-row forced tokens for ``sample``; None (nothing to force) in the common case."""
-    forced = [s.forced_next for s in seqs]
-    return forced if any(f >= 0 for f in forced) else None
 
 
 @dataclass
@@ -281,55 +269,25 @@ class NativeEngine:
                 members.append(p)
         if not members:
             return
-        lengths = [len(p.req.input_ids) for p in todo]
-        longest = max(lengths)
-        ids = torch.zeros(len(todo), longest, dtype=torch.long)
-        for i, p in enumerate(todo):
-            ids[i, : lengths[i]] = torch.tensor(p.req.input_ids)
-        causal = torch.ones(longest, longest, dtype=torch.bool).tril_()
-        valid = torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]
-        mask = (causal[None] & valid[:, None, :])[:, None]
-        view = self.cache.view([p.seqs[0].slot for p in todo], [0] * len(todo), longest)
-        if todo[0].req.mm_inputs:
-            # media prompts let the model place their media and positions itself (Qwen2.5-VL's
-            # 3-D rope, audio feature merging take a plain 2-D padding mask); decode then
-            # continues each row's text positions from the offset the model reports (rope_deltas)
-            mm: dict[str, list[torch.Tensor]] = {}
-            for p in todo:
-                for key, value in p.req.mm_inputs.items():
-                    mm.setdefault(key, []).append(value)
-            logits = self.model(input_ids=ids, attention_mask=valid.long(), cache=view, use_cache=True,
-                                **{key: torch.cat(values) for key, values in mm.items()}).logits
-            last = logits[torch.arange(len(todo)), torch.tensor(lengths) - 1]
-            deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
+        last, deltas = prefill_logits(self.model, self.fused, self.cache, [p.req.input_ids for p in todo],
+                                      [p.seqs[0].slot for p in todo],
+                                      [p.req.mm_inputs for p in todo] if todo[0].req.mm_inputs else None)
+        if deltas is not None:  # media rows: decode continues from the model's rope offset
             for p in members:
-                delta = int(deltas.flatten()[row_of[id(p)]]) if isinstance(deltas, torch.Tensor) else 0
                 for s in p.seqs:
-                    s.rope_delta = delta
-        elif self.fused is not None:
-            last = fused_prefill(self.fused, ids, lengths, self.cache, [p.seqs[0].slot for p in todo])
-        else:
-            # only the last prompt position of each row needs logits: skip the LM head elsewhere
-            keep = sorted(set(n - 1 for n in lengths))
-            logits = self.model(input_ids=ids, position_ids=torch.arange(longest)[None].expand(len(todo), -1),
-                                attention_mask=mask, cache=view, use_cache=True,
-                                logits_to_keep=torch.tensor(keep)).logits
-            if logits.shape[1] == len(keep):
-                last = logits[torch.arange(len(todo)), torch.tensor([keep.index(n - 1) for n in lengths])]
-            else:  # a model that ignores logits_to_keep (the Qwen2.5-Omni thinker) returns every position
-                last = logits[torch.arange(len(todo)), torch.tensor(lengths) - 1]
+                    s.rope_delta = int(deltas[row_of[id(p)]])
         rows, params, draws, seqs = [], [], [], []
         for p in members:
             i = row_of[id(p)]
             source = todo[i].seqs[0].slot
             for s in p.seqs:
                 if s.slot != source:
-                    self.cache.copy_slot(source, s.slot, lengths[i])
+                    self.cache.copy_slot(source, s.slot, len(todo[i].req.input_ids))
                 rows.append(i)
                 params.append(p.req.params)
                 draws.append(s.uniforms.next())
                 seqs.append(s)
-        tokens, lps = sample(last[rows], params, draws, self.banned, _forced(seqs))
+        tokens, lps = sample(last[rows], params, draws, self.banned)
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
         with self._cond:
@@ -337,23 +295,10 @@ class NativeEngine:
 
     def _decode(self) -> None:
         seqs = sorted(self._running, key=lambda s: s.slot)  # consecutive slots read the cache without a copy
-        pos = [s.last_pos for s in seqs]
-        span = max(pos) + 1
-        if self.fused is not None and not any(s.rope_delta for s in seqs):
-            logits = self.fused.step(torch.tensor([s.out_ids[-1] for s in seqs]), pos, self.cache,
-                                     [s.slot for s in seqs], span)
-            tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
-                                 self.banned, _forced(seqs))
-            for s, t, lp in zip(seqs, tokens, lps, strict=True):
-                self._append(s, t, lp)
-            return
-        mask = torch.arange(span)[None, :] <= torch.tensor(pos)[:, None]
-        rope = torch.tensor([p + s.rope_delta for p, s in zip(pos, seqs, strict=True)])[:, None]
-        logits = self.model(input_ids=torch.tensor([[s.out_ids[-1]] for s in seqs]),
-                            position_ids=rope, attention_mask=mask[:, None, None, :],
-                            cache=self.cache.view([s.slot for s in seqs], pos, span), use_cache=True).logits[:, -1]
+        logits = decode_logits(self.model, self.fused, self.cache, [s.out_ids[-1] for s in seqs],
+                               [s.last_pos for s in seqs], [s.slot for s in seqs], [s.rope_delta for s in seqs])
         tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
-                             self.banned, _forced(seqs))
+                             self.banned)
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
 

@@ -15,13 +15,11 @@ from relax.engines.types import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float],
-           banned: torch.Tensor | None = None, forced: list[int] | None = None) -> tuple[list[int], list[float]]:
+           banned: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
     """logits (b, V) float -> (token ids, logprobs) for each row, row i drawn by inverse CDF at
     ``uniforms[i]`` in [0, 1) (its sequence's ``UniformStream.next()``). ``banned`` ids (media
     placeholders: input-only tokens a tiny or early policy could otherwise emit) are never
-    chosen; like top-k/top-p this truncates the sampling distribution, not the logprob.
-    ``forced[i] >= 0`` makes row i take that token instead of a draw (its uniform is still
-    consumed, so later draws do not shift); -1 = draw."""
+    chosen; like top-k/top-p this truncates the sampling distribution, not the logprob."""
     logits = logits.float()
     temps, greedy, truncated = [], [], []
     for i, p in enumerate(params):  # one pass: per-row Python work is a visible part of a small step
@@ -48,9 +46,6 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
     chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
     if any(greedy):
         chosen = torch.where(torch.tensor(greedy), logits.argmax(-1), chosen)
-    if forced is not None:  # SamplingParams.forced_output_ids: taken as drawn, logprob as for a draw
-        f = torch.tensor(forced)
-        chosen = torch.where(f >= 0, f, chosen)
     tokens = chosen.tolist()
     lps = logp.gather(-1, chosen[:, None]).squeeze(-1)
     return tokens, lps.tolist()

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from relax.rollout.engines import RemoteEngines
-from relax.services.engine_launcher import LocalProcessLauncher, NativeEngineProcess
+from relax.rollout.remote_engines import RemoteEngines
+from relax.services.launchers.process import LocalProcessLauncher, NativeEngineProcess
 from relax.transfer.weights import WeightStore
 from tests.relax.engines.contract import save_tiny_model
 

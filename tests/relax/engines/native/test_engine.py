@@ -124,25 +124,3 @@ def test_fused_decode_matches_the_hf_forward(family):
             ref = torch.log_softmax(logits, -1)[c.prompt_tokens - 1:-1].gather(-1, torch.tensor(c.output_ids)[:, None])
             assert torch.allclose(torch.tensor(c.logprobs), ref.squeeze(-1), atol=1e-4), family
 
-
-@pytest.mark.parametrize("background", [True, False])
-def test_forced_output_ids_come_first_with_the_policys_logprobs(background):
-    # forced [10, 11, 12] of 5 new tokens: the output starts with them, then draws 2 more; every
-    # logprob, forced or drawn, is the forward pass's log softmax at that position. The same request
-    # unforced, in the same batch, draws its own first tokens (so forcing is per request)
-    eng = NativeEngine(tiny(), None, max_batch_size=8, background=background)
-    eng = eng.start() if background else eng
-    try:
-        forced = eng.submit(req("f", 4, max_new_tokens=5, forced_output_ids=[10, 11, 12], sampling_seed=1))
-        free = eng.submit(req("u", 4, max_new_tokens=5, sampling_seed=1))
-        if not background:
-            eng.run_until_idle()
-        (c,), (u,) = forced.result(60), free.result(60)
-    finally:
-        eng.stop()
-    assert c.output_ids[:3] == [10, 11, 12] and len(c.output_ids) == 5
-    assert u.output_ids[:3] != [10, 11, 12]
-    with torch.no_grad():
-        logits = eng.model(torch.tensor([[1, 2, 3, 4] + c.output_ids])).logits[0].float()
-    ref = torch.log_softmax(logits, -1)[3:-1].gather(-1, torch.tensor(c.output_ids)[:, None]).squeeze(-1)
-    assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)

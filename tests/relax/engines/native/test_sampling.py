@@ -50,24 +50,3 @@ def test_a_uniform_stream_yields_one_draw_per_call_of_its_generator_across_chunk
     assert [stream.next() for _ in range(10)] == [torch.rand((), generator=g, dtype=torch.float64).item()
                                                   for _ in range(10)]
 
-
-def test_a_forced_token_replaces_the_draw_and_reports_the_policys_logprob():
-    # probs (3,) = [0.2, 0.3, 0.5] at T = 1; u = 0.6 draws id 2 in both rows, but row 0 forces id 0:
-    # it gets id 0 with log 0.2, the unforced row (-1) keeps its draw, id 2 with log 0.5. At T = 2 the
-    # forced id's logprob is that of the tempered row: log(0.2^0.5 / (0.2^0.5 + 0.3^0.5 + 0.5^0.5)) = -1.3365
-    logits = torch.tensor([[0.2, 0.3, 0.5]]).log().expand(2, -1)
-    tokens, lps = sample(logits, [SamplingParams(temperature=1.0)] * 2, [0.6, 0.6], forced=[0, -1])
-    assert tokens == [0, 2]
-    assert [round(x, 5) for x in lps] == [round(math.log(0.2), 5), round(math.log(0.5), 5)]
-    (tok,), (lp,) = sample(logits[:1], [SamplingParams(temperature=2.0)], [0.6], forced=[0])
-    assert tok == 0 and math.isclose(lp, -1.3365, abs_tol=1e-4)
-
-
-def test_forced_output_ids_must_be_token_ids():
-    import pytest
-
-    from relax.engines.types import EngineError
-
-    with pytest.raises(EngineError, match="forced_output_ids must be token ids"):
-        SamplingParams.from_json({"forced_output_ids": [3, -1]})
-    assert SamplingParams.from_json({"forced_output_ids": [3, 4]}).forced_output_ids == [3, 4]

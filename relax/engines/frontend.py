@@ -1,0 +1,197 @@
+"""SGLang's native wire format, translated for an in-process engine.
+
+:class:`Frontend` turns ``/generate`` bodies (text or already-expanded ids, per-prompt
+``sampling_params``, rids, base64 media) into ``GenerateRequest``s and the engine's
+``Completion``s back into SGLang's ``{"text", "output_ids", "meta_info"}`` replies (shapes of
+SGLang 0.5.x, docs/engines.md); ``update_weights_from_disk`` loads new weights into the engine.
+The HTTP routes around it are in ``server.py``; OpenAI chat in ``openai_routes.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import time
+import uuid
+from typing import Any
+
+from relax.engines.streaming import stream_response
+from relax.engines.types import Completion, EngineError, GenerateRequest, SamplingParams
+from relax.engines.weight_source import load_weights
+
+
+def decode_media(item: Any, kind: str, index: int) -> bytes:
+    """``data:<mime>;base64,<b64>`` or bare base64 -> bytes; anything else is a 400 naming the item."""
+    if not isinstance(item, str) or not item:
+        raise EngineError(f"{kind}[{index}] must be a non-empty data: URI or base64 string")
+    payload = item
+    if item.startswith("data:"):
+        head, sep, payload = item.partition(",")
+        if not sep or not head.endswith(";base64"):
+            raise EngineError(f"{kind}[{index}] is a data: URI without ';base64,' data")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise EngineError(f"{kind}[{index}] is not valid base64 (URLs and paths are not fetched)") from None
+
+
+def validate_media(images: list[bytes], audios: list[bytes]) -> None:
+    """Decode every item once, so a corrupt PNG/WAV is a 400 naming it rather than a crash later."""
+    import io
+    import wave
+
+    from PIL import Image
+
+    for i, b in enumerate(images):
+        try:  # PIL raises many exception types
+            Image.open(io.BytesIO(b)).verify()
+        except Exception as e:
+            raise EngineError(f"image_data[{i}] is not a decodable image: {e}") from None
+    for i, b in enumerate(audios):
+        try:
+            with wave.open(io.BytesIO(b)) as w:
+                w.getnframes()
+        except Exception as e:
+            raise EngineError(f"audio_data[{i}] is not a decodable WAV file: {e}") from None
+
+
+def _as_list(x: Any) -> list[Any]:
+    return [] if x is None else list(x) if isinstance(x, list) else [x]
+
+
+class Frontend:
+    """Turns wire requests into ``GenerateRequest``s and ``Completion``s back into wire responses."""
+
+    def __init__(self, engine: Any, model_path: str, processor: Any = None):
+        self.engine = engine
+        self.model_path = model_path
+        self.processor = processor  # relax.models.processors.MediaProcessor or None (text-only)
+        self.inflight: set[str] = set()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def tokenize(self, text: str, images: list[bytes], audios: list[bytes]) -> tuple[list[int], dict | None]:
+        validate_media(images, audios)
+        if not images and not audios:
+            return list(self.tokenizer.encode(text, add_special_tokens=False)), None
+        if self.processor is None:
+            kinds = " and ".join(k for k, v in (("images", images), ("audio", audios)) if v)
+            raise EngineError(f"this model takes no {kinds}; serve a multimodal model to send media")
+        from relax.models.processors import prepare_inputs
+
+        try:
+            inputs = prepare_inputs(text, images, audios, self.tokenizer, self.processor)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        ids = inputs.pop("input_ids")[0].tolist()
+        inputs.pop("attention_mask", None)
+        return ids, inputs
+
+    def media_for_ids(self, ids: list[int], images: list[bytes], audios: list[bytes]) -> dict:
+        """Media tensors for ``input_ids`` that already hold the expanded media tokens (how the
+        rollout sends a prompt it tokenized itself, or one that grew over agent turns)."""
+        validate_media(images, audios)
+        if self.processor is None:
+            raise EngineError("this model takes no images or audio; serve a multimodal model to send media")
+        from relax.models.processors import check_expanded, media_features
+
+        try:
+            mm, image_counts, audio_counts = media_features(images, audios, self.processor)
+            check_expanded(ids, image_counts, audio_counts, self.processor)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        return mm
+
+    def check_length(self, n: int) -> None:
+        limit = int(self.engine.max_context_length)
+        if n == 0:
+            raise EngineError("the prompt is empty (input_ids=[])")
+        if n >= limit:
+            raise EngineError(f"The input ({n} tokens) is longer than the model's context length ({limit} tokens).")
+
+    async def run(self, req: GenerateRequest) -> list[Completion]:
+        self.inflight.add(req.rid)
+        try:
+            return await self.engine.generate(req)
+        finally:
+            self.inflight.discard(req.rid)
+
+    def decode(self, ids: list[int], finish: dict[str, Any], trim: bool) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        matched = finish.get("matched") if finish else None
+        if trim and isinstance(matched, str) and matched in text:
+            text = text[: text.index(matched)]
+        return text
+
+    def to_native(self, c: Completion, n: int, t0: float, opts: dict[str, Any]) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": c.rid if n == 1 else f"{c.rid}-{c.index}", "finish_reason": c.finish_reason,
+            "prompt_tokens": c.prompt_tokens, "completion_tokens": len(c.output_ids), "cached_tokens": 0,
+            "weight_version": c.weight_version, "e2e_latency": time.perf_counter() - t0}
+        if opts.get("return_logprob"):
+            with_text = bool(opts.get("return_text_in_logprobs"))
+            meta["output_token_logprobs"] = [
+                [float(lp), int(t), self.tokenizer.decode([t]) if with_text else None]
+                for lp, t in zip(c.logprobs, c.output_ids, strict=False)
+            ]
+        trim = not opts.get("no_stop_trim", False)
+        return {"text": self.decode(c.output_ids, c.finish_reason, trim), "output_ids": list(c.output_ids),
+                "meta_info": meta}
+
+    async def generate(self, body: dict[str, Any]) -> Any:
+        """SGLang ``/generate``: a dict for one prompt with n=1, a list for a batch or n>1."""
+        t0 = time.perf_counter()
+        text, ids = body.get("text"), body.get("input_ids")
+        if (text is None) == (ids is None):
+            raise EngineError("send exactly one of 'text' or 'input_ids'")
+        batched = isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
+        prompts = (text if isinstance(text, list) else [text]) if text is not None else (ids if batched else [ids])
+        b = len(prompts)
+        sps = body.get("sampling_params") or {}
+        sps = sps if isinstance(sps, list) else [sps] * b
+        rids = body.get("rid") or [uuid.uuid4().hex for _ in range(b)]
+        rids = rids if isinstance(rids, list) else [rids]
+        if len(sps) != b or len(rids) != b or len(set(rids)) != b:
+            raise EngineError(f"sampling_params and rid must have one (unique) entry per prompt ({b})")
+        media = {}
+        for kind in ("image_data", "audio_data"):
+            items = body.get(kind)
+            per = [_as_list(items)] if not batched else [_as_list(x) for x in _as_list(items)]
+            if batched and items is not None and len(per) != b:
+                raise EngineError(f"{kind} has {len(per)} entries for a batch of {b}")
+            media[kind] = per if items is not None else [[] for _ in range(b)]
+        reqs = []
+        for i, p in enumerate(prompts):
+            params = SamplingParams.from_json(sps[i])
+            imgs = [decode_media(x, "image_data", j) for j, x in enumerate(media["image_data"][i])]
+            auds = [decode_media(x, "audio_data", j) for j, x in enumerate(media["audio_data"][i])]
+            if isinstance(p, str):
+                pid, mm = self.tokenize(p, imgs, auds)
+            else:
+                if not all(isinstance(t, int) for t in p):
+                    raise EngineError("input_ids must be a list of ints or a list of such lists")
+                pid, mm = list(p), (self.media_for_ids(p, imgs, auds) if imgs or auds else None)
+            self.check_length(len(pid))
+            reqs.append(GenerateRequest(rid=str(rids[i]), input_ids=pid, params=params, mm_inputs=mm))
+        if body.get("stream"):
+            if len(reqs) != 1:
+                raise EngineError("stream=true takes one prompt (n may be > 1); send a batch without stream")
+            return stream_response(self, reqs[0], t0, body)
+        results = await asyncio.gather(*(self.run(r) for r in reqs))
+        out = [self.to_native(c, r.params.n, t0, body) for r, cs in zip(reqs, results, strict=True) for c in cs]
+        return out if batched or len(out) > 1 else out[0]
+
+    async def update_weights_from_disk(self, body: dict[str, Any], store_root: str | None,
+                                       run_id: str | None) -> tuple[int, dict[str, Any]]:
+        path = str(body.get("model_path") or "")
+        try:
+            state, version = await asyncio.to_thread(load_weights, path, store_root, run_id)
+            version = str(body.get("weight_version") or version)
+            await asyncio.to_thread(self.engine.update_weights, state, version)
+        except Exception as e:  # the engine keeps its old weights; the caller decides what to do
+            return 400, {"success": False, "message": f"{type(e).__name__}: {e}", "num_paused_requests": 0}
+        return 200, {"success": True, "message": f"loaded {path} as weight_version {version}",
+                     "num_paused_requests": 0}

@@ -1,0 +1,223 @@
+"""The rollout's pool of engines over HTTP: :class:`RemoteEngines`.
+
+Any number of SGLang-compatible URLs (native servers, real SGLang) behind
+:class:`relax.engines.router.Router`: least-loaded routing, fail-over when an engine dies or
+answers garbage, weight versions loaded into every engine, engines added and removed at
+runtime by the elastic REST API. Engine processes it owns are replaced when they die by its
+:class:`~relax.rollout.engine_supervisor.EngineSupervisor`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from relax.engines.client import EngineClient
+from relax.engines.router import Router
+from relax.engines.types import Completion, SamplingParams
+from relax.rollout.engine_supervisor import EngineLauncher, EngineSupervisor, LaunchedEngine
+from relax.rollout.prompts import EncodedPrompt
+from relax.transfer.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+
+class RemoteEngines:
+    """SGLang-compatible engines by URL; a private event loop thread runs the async router.
+
+    The pool routes (least-loaded, fail-over and failure counting in its router), loads weight
+    versions into its engines, and adds and removes engines. *External* engines (plain URLs)
+    are routed around when they fail; *owned* ones (``owned``, or ``add_engine(...,
+    process=...)``) are processes this pool stops on removal or close. Keeping them serving is
+    its :class:`~relax.rollout.engine_supervisor.EngineSupervisor` (``self.supervisor``,
+    given ``launcher``): :meth:`supervise` runs one pass, and with ``supervise_interval_s > 0``
+    a background thread runs one that often.
+    """
+
+    def __init__(self, urls: list[str], timeout_s: float = 120.0, *, owned: list[LaunchedEngine] | None = None,
+                 launcher: EngineLauncher | None = None, store: WeightStore | None = None, max_failures: int = 3,
+                 vocab_size: int | None = None, supervise_interval_s: float = 0.0):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="relax-rollout-http", daemon=True)
+        self._thread.start()
+        self.owned: dict[str, LaunchedEngine] = {e.url.rstrip("/"): e for e in owned or []}
+        urls = list(dict.fromkeys([*(u.rstrip("/") for u in urls), *self.owned]))
+        self.router: Router = self.run(self._make_router(urls, timeout_s=timeout_s, max_failures=max_failures,
+                                                         vocab_size=vocab_size))
+        self.store = store
+        self.weight_version = -1
+        self.target_version = -1  # the version being loaded: engines added meanwhile load it too
+        self.removed: list[str] = []  # external engines dropped after refusing new weights
+        self.supervisor = EngineSupervisor(self, launcher, supervise_interval_s)
+
+    @property
+    def launcher(self) -> EngineLauncher | None:
+        """Where the supervisor gets replacement engines (the elastic API may set it later)."""
+        return self.supervisor.launcher
+
+    @launcher.setter
+    def launcher(self, launcher: EngineLauncher | None) -> None:
+        self.supervisor.launcher = launcher
+
+    @property
+    def replaced(self) -> int:
+        """Owned engines the supervisor replaced."""
+        return self.supervisor.replaced
+
+    @staticmethod
+    async def _make_router(urls: list[str], **kwargs: Any) -> Router:
+        return Router(urls, **kwargs)  # built on the loop that will use its clients
+
+    def run(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run a coroutine on the pool's loop from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _one(self, p: EncodedPrompt, sp: SamplingParams, rid: str) -> list[Completion]:
+        params = dataclasses.asdict(sp)  # the same names as SGLang's sampling_params
+        # media goes as bytes beside the already expanded ids (docs/engines.md, "Media"): the
+        # engine rebuilds the same tensors, and the tokens trained on are the ones it saw
+        media = {"image_data": [_data_uri(b, "image/png") for b in p.images] or None,
+                 "audio_data": [_data_uri(b, "audio/wav") for b in p.audios] or None}
+        out = await self.router.generate(input_ids=p.input_ids, sampling_params=params, return_logprob=True, rid=rid,
+                                         **media)
+        items = out if isinstance(out, list) else [out]
+        return [_completion(rid, i, item, len(p.input_ids)) for i, item in enumerate(items)]
+
+    def generate(self, prompts: list[EncodedPrompt], params: list[SamplingParams], rids: list[str],
+                 should_abort: Callable[[], bool] | None = None) -> list[list[Completion]]:
+        async def all_of():
+            return await asyncio.gather(*(self._one(p, sp, rid) for p, sp, rid in zip(prompts, params, rids,
+                                                                                        strict=True)))
+        return self.run(all_of())
+
+    # -- weights -----------------------------------------------------------------------------------
+    def load_weights(self, store: WeightStore, version: int) -> None:
+        self.store = store
+        self.run(self._load_all(store, version))
+
+    async def _load_all(self, store: WeightStore, version: int) -> None:
+        self.target_version = version  # set before the broadcast snapshots the engines (see admit)
+        results = await self.router.broadcast("update_weights_from_disk", store.version_url(version), str(version))
+        failed = {u: r for u, r in results.items() if isinstance(r, Exception) or not r.get("success")}
+        if len(failed) == len(results) and (results or not self.supervisor.vacancies):
+            raise RuntimeError(f"no engine could load weight version {version}: {failed or 'the pool has no engines'}")
+        for url, why in failed.items():
+            # an engine that cannot take the new weights would serve stale ones: take it out of rotation
+            log.warning("engine %s failed to load weight version %s (%s); removing it", url, version, why)
+            if url in self.owned:
+                await self.supervisor.retire(url, f"it failed to load weight version {version}")
+            else:
+                try:
+                    await self.router.remove_engine(url, drain=False)
+                except KeyError:
+                    continue  # a supervision pass on the other thread took it out meanwhile
+                self.removed.append(url)
+        self.weight_version = version
+
+    # -- membership ----------------------------------------------------------------------------------
+    def add_engine(self, url: str, store: WeightStore | None = None, process: LaunchedEngine | None = None) -> None:
+        """Load the current weights into ``url`` first, then route to it (never serve stale weights).
+
+        ``process``: the pool owns the engine (stops it on removal or close, replaces it when it
+        dies). If the pool moved to a newer version while this engine loaded (a broadcast it was
+        not part of yet), the newer one is loaded into it too, until it matches."""
+        self.run(self.admit(url.rstrip("/"), store))
+        if process is not None:
+            self.owned[url.rstrip("/")] = process
+
+    async def admit(self, url: str, store: WeightStore | None) -> None:
+        """On the pool's loop: load the current weights into ``url``, then route to it."""
+        async def load(version: int) -> None:
+            client = EngineClient(url, retries=1)
+            try:
+                r = await client.update_weights_from_disk(store.version_url(version), str(version))
+            finally:
+                await client.close()
+            if not r.get("success"):
+                raise RuntimeError(f"engine {url} could not load weight version {version}: {r}")
+
+        loaded = self.target_version
+        if store is not None and loaded >= 0:
+            await load(loaded)
+        # In the table but not routed to: a broadcast from now on reaches it, and one that started
+        # before set the target version that is loaded here. No await between the last check and
+        # mark_ready, so no request meets it on an older version than the pool's.
+        await self.router.add_engine(url, ready=False)
+        while store is not None and self.target_version != loaded:
+            loaded = self.target_version
+            await load(loaded)
+        self.router.mark_ready(url)
+
+    def remove_engines(self, urls: list[str], drain: bool = True,
+                       timeout_s: float | None = 300.0) -> dict[str, BaseException | None]:
+        """Stop routing to ``urls`` at once (so draining one does not push its share onto another
+        about to drain), wait for their outstanding requests; per url None or the error. Owned
+        engines that were removed are stopped (they are not replaced)."""
+        async def all_of():
+            return await asyncio.gather(*(self.router.remove_engine(u, drain=drain, timeout_s=timeout_s)
+                                          for u in urls), return_exceptions=True)
+        results = dict(zip(urls, self.run(all_of()), strict=True))
+        for url, error in results.items():
+            process = self.owned.pop(url.rstrip("/"), None) if error is None else None
+            if process is not None:
+                process.stop()
+        return results
+
+    def remove_engine(self, url: str, drain: bool = True, timeout_s: float | None = 300.0) -> None:
+        error = self.remove_engines([url], drain, timeout_s)[url]
+        if error is not None:
+            raise error
+
+    def engines(self) -> list[dict[str, Any]]:
+        """The router's table, read on its own loop (which is where it changes)."""
+        async def table() -> list[dict[str, Any]]:
+            return self.router.engines()
+        return self.run(table(), timeout=30)
+
+    def fault_counts(self) -> dict[str, int]:
+        """Counters for the rollout's metrics (cumulative over the pool's life)."""
+        table = self.engines()
+        return {"engine_retries": self.router.retries, "engine_unhealthy_marks": self.router.unhealthy_marks,
+                "engines_replaced": self.replaced, "engines_healthy": sum(e["healthy"] and e["ready"] and not e["draining"] for e in table)}
+
+    # -- supervision and shutdown ---------------------------------------------------------------------
+    def supervise(self) -> dict[str, list[str]]:
+        """One supervision pass (:meth:`EngineSupervisor.supervise`)."""
+        return self.supervisor.supervise()
+
+    def stop_owned(self) -> None:
+        """Shutdown: stop supervising, then every engine process the pool owns (and any
+        replacement being started)."""
+        self.supervisor.stop()
+        for url in list(self.owned):
+            process = self.owned.pop(url, None)
+            if process is not None:
+                process.stop()
+
+    def close(self) -> None:
+        try:
+            self.stop_owned()
+            self.supervisor.join(timeout=60)
+            self.run(self.router.close(), timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _data_uri(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+
+
+def _completion(rid: str, index: int, item: dict[str, Any], prompt_tokens: int) -> Completion:
+    meta = item.get("meta_info", {})
+    lps = [float(x[0]) for x in meta.get("output_token_logprobs") or []]
+    ids = [int(t) for t in item.get("output_ids", [])]
+    if len(lps) != len(ids):
+        raise ValueError(f"engine answered {len(ids)} tokens with {len(lps)} logprobs for request {rid}")
+    return Completion(rid, index, ids, lps, meta.get("finish_reason") or {}, prompt_tokens,
+                      str(meta.get("weight_version", "-1")))
+
