@@ -29,7 +29,6 @@ __all__ = [
     "broadcast_to_tokens",
     "compute_advantages",
     "drgrpo_advantages",
-    "explored_advantages",
     "gae_advantages",
     "grpo_advantages",
     "outcome_to_token_rewards",
@@ -121,22 +120,6 @@ def stuck_group_push(rewards: Tensor, group_size: int, beta: float, full: float 
     groups = _groups(rewards, group_size)
     stuck = stuck_groups(rewards, group_size, full).unsqueeze(-1)
     return torch.where(stuck, -beta * (full - groups), torch.zeros_like(groups)).reshape(-1)
-
-
-def explored_advantages(forced_rewards: Tensor, drawn_rewards: Tensor) -> Tensor:
-    """Advantage of a group's forced answers (config ``rollout.explore_answers``).
-
-    Formula: A_j = max(0, r_j - mean_i r_i), the mean over the group's *drawn* samples i. A
-    forced answer that beats what the policy itself answers is reinforced by the margin; one
-    that does not gets 0. Forced answers are drawn uniformly, not by the policy, so they are
-    kept out of the drawn samples' baseline (which the estimator computes over the drawn
-    samples alone) and never pushed down: a wrong guess says nothing about the policy, and
-    GRPO-normalised (r - mean) / std would give it -2.65 in a group of 8 the policy answers
-    right, the largest term of the batch. An epsilon-greedy style bonus, not an unbiased
-    policy gradient (docs/algorithms.md, "Forced answers").
-    Shapes: forced_rewards (m,), drawn_rewards (G - m,) with G - m >= 1 -> (m,).
-    """
-    return (_as_float(forced_rewards) - _as_float(drawn_rewards).mean()).clamp(min=0.0)
 
 
 def stuck_groups(rewards: Tensor, group_size: int, full: float = 1.0) -> Tensor:

@@ -191,7 +191,7 @@ def off_policy_correction(
     if name == "decoupled":
         # Uncapped, one stale token the behaviour policy found e^-12 likely and pi_prox now
         # expects carries a weight of 1e5 and is the whole (norm-clipped) step: see
-        # docs/benchmarks.md, "Where the gradient spikes came from".
+        # docs/history/learning-recipe.md, "Where the gradient spikes came from".
         return decoupled_weights(target_logprobs, behav_logprobs, mask, cap=cap)
     return OFF_POLICY[name](target_logprobs, behav_logprobs, mask, cap=cap, level=level)
 

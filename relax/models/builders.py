@@ -10,6 +10,9 @@ smoke runs need no download and the same seed always gives the same ``state_dict
   and 2 s windows; its audio token is the tokenizer's ``<audio>`` id.
 * ``tiny-omni`` — the Qwen2.5-Omni *thinker* (vision + audio + text, no talker).
 
+Their media towers then get the init tweaks of ``relax.models.tiny_init`` (colour stem,
+He-initialised audio convs), under the same seed.
+
 A local folder is loaded with the class its ``config.json`` names, ``local_files_only``.
 Sizes of the decoder come from ``ModelConfig`` (hidden_size, num_layers, num_heads,
 max_seq_len); the vocabulary size comes from the tokenizer.
@@ -17,8 +20,6 @@ max_seq_len); the vocabulary size comes from the tokenizer.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from relax.config import ModelConfig
 from relax.models.processors import MediaProcessor, build_media_processor
+from relax.models.tiny_init import init_tiny_towers
 from relax.models.tokenizers import (
     AUDIO_END,
     AUDIO_START,
@@ -44,7 +46,7 @@ BUILTIN_MODELS = ("tiny-qwen2", "tiny-qwen2-vl", "tiny-qwen2-audio", "tiny-omni"
 # learned shapes far slower under RL (held-out 0.42 after 300 shapes-only steps, against 0.63
 # with the 16 unmerged patch tokens, for 1.14x the step time). Width 64, not 32: frozen for 200
 # steps and then thawed, the 64-wide tower learned shapes alone to 0.78 / 0.81 held-out in 400
-# RL steps (seeds 0 / 1), the 32-wide one to 0.70 / 0.52 (docs/benchmarks.md).
+# RL steps (seeds 0 / 1), the 32-wide one to 0.70 / 0.52 (docs/history/learning-recipe.md).
 VISION_TINY = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "patch_size": 14,
                "spatial_merge_size": 1, "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [0]}
 # 32 mel bins and 100 encoder positions = 200 mel frames = a 2 s window at 16 kHz / hop 160.
@@ -58,8 +60,8 @@ AUDIO_TINY = {"num_mel_bins": 32, "encoder_layers": 1, "encoder_attention_heads"
 # steps; with this normalisation 0.75). Real checkpoints keep CLIP's constants.
 # Bump when a built-in model or its processor changes what a given seed produces: cached
 # warm-starts (relax.pipeline.warm_start_key) are keyed on it. 2: relax_image_norm.
-# 3: no spatial merge in the tiny vision tower. 4: colour stem (init_colour_stem). 5: vision width 64.
-# 6: He-initialised audio convs (init_audio_convs).
+# 3: no spatial merge in the tiny vision tower. 4: colour stem (tiny_init.init_colour_stem). 5: vision width 64.
+# 6: He-initialised audio convs (tiny_init.init_audio_convs).
 BUILTIN_VERSION = 6
 TINY_IMAGE_NORM = {"mean": [1.0, 1.0, 1.0], "std": [0.5, 0.5, 0.5]}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -164,84 +166,6 @@ def tiny_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Pretrai
     raise ValueError(f"unknown built-in model {name!r}; built-ins are {BUILTIN_MODELS}, or give a local folder")
 
 
-# The module (a component of the parameter names) of each media encoder in the supported families.
-ENCODER_MODULES = {"vision": "visual", "audio": "audio_tower"}
-
-
-def encoder_parameters(model: torch.nn.Module, kind: str) -> list[torch.nn.Parameter]:
-    """The parameters of the model's ``kind`` ('vision' or 'audio') encoder; empty if it has none."""
-    return [p for n, p in model.named_parameters() if ENCODER_MODULES[kind] in n.split(".")]
-
-
-def freeze_encoders(model: torch.nn.Module, which: list[str]) -> int:
-    """Stop gradients into the named media encoders ('vision', 'audio'); returns the parameters frozen.
-
-    Raises ValueError naming the encoder when the model has none of it (a text model asked to
-    freeze 'vision' is a config mistake, not a no-op)."""
-    frozen = 0
-    for kind in which:
-        if kind not in ENCODER_MODULES:
-            raise ValueError(f"trainer.freeze_encoders: unknown encoder {kind!r}; choose from {sorted(ENCODER_MODULES)}")
-        params = encoder_parameters(model, kind)
-        if not params:
-            raise ValueError(f"trainer.freeze_encoders: the model has no {kind} encoder "
-                             f"(no '{ENCODER_MODULES[kind]}' module); remove {kind!r}")
-        for p in params:
-            p.requires_grad_(False)
-            frozen += p.numel()
-    return frozen
-
-
-@dataclass(frozen=True)
-class Pin:
-    """One parameter held fixed by ``trainer.frozen_params``: all of it, or rows ``[start, stop)``
-    of its first dimension."""
-
-    name: str
-    param: torch.nn.Parameter
-    rows: tuple[int, int] | None = None
-
-    def zero_pinned_rows(self, grad: torch.Tensor) -> torch.Tensor:
-        """Gradient hook: the pinned rows get 0, so Adam's moments for them stay 0 and so does their update."""
-        out = grad.clone()
-        out[self.rows[0]:self.rows[1]] = 0
-        return out
-
-
-_PIN = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<start>\d*):(?P<stop>\d*)\])?$")
-
-
-def pinned_parameters(model: torch.nn.Module, patterns: list[str]) -> list[Pin]:
-    """The parameters ``patterns`` (``trainer.frozen_params``) pin.
-
-    A pattern is a dotted prefix of ``model.named_parameters()`` names, matched on whole components
-    anywhere in the name: 'visual.patch_embed' finds 'model.visual.patch_embed.proj.weight' but not
-    'visual.patch_embedding'. ``NAME[a:b]`` pins rows a..b-1 of the one parameter NAME names (a
-    colour stem inside a trained filter bank). Raises ValueError naming a pattern that matches no
-    parameter (a typo would pin nothing), or whose rows are not rows of exactly one parameter."""
-    named = [(f".{n}.", p) for n, p in model.named_parameters()]
-    pins: dict[tuple[int, tuple[int, int] | None], Pin] = {}
-    for pattern in patterns:
-        parsed = _PIN.match(pattern.strip())
-        name = parsed["name"].strip(".") if parsed else pattern
-        hits = [(n.strip("."), p) for n, p in named if f".{name}." in n] if parsed else []
-        if not hits:
-            examples = ", ".join(n.strip(".") for n, _ in named[:3])
-            quote = " (quote a pattern with [rows] on the command line)" if pattern.startswith("[") else ""
-            raise ValueError(f"trainer.frozen_params: {pattern!r} matches no parameter of the model "
-                             f"(names look like {examples}); fix or remove it{quote}")
-        rows = None
-        if parsed["start"] is not None:
-            size = hits[0][1].shape[0]
-            rows = (int(parsed["start"] or 0), int(parsed["stop"] or size))
-            if len(hits) != 1 or not 0 <= rows[0] < rows[1] <= size:
-                raise ValueError(f"trainer.frozen_params: {pattern!r} must name one parameter and rows within its "
-                                 f"first dimension; it matches {[n for n, _ in hits]} (first dimension {size})")
-        for full, param in hits:
-            pins[(id(param), rows)] = Pin(full, param, rows)
-    return list(pins.values())
-
-
 def model_class_for(config: PretrainedConfig) -> type[PreTrainedModel]:
     """The generation-capable class for a config (multimodal ones are not AutoModelForCausalLM)."""
     from transformers import AutoModelForCausalLM
@@ -285,8 +209,7 @@ def build_policy(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = model_class_for(config)._from_config(config, dtype=torch.float32)
-            init_colour_stem(model)
-            init_audio_convs(model)
+            init_tiny_towers(model)  # relax.models.tiny_init: the colour stem, then the audio convs
     else:
         path = Path(cfg.name_or_path).expanduser()
         if not (path / "config.json").is_file():
@@ -308,42 +231,6 @@ def build_policy(
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, build_media_processor(model.config, tokenizer)
-
-
-def init_colour_stem(model: torch.nn.Module) -> None:
-    """Start channels 0-2 of each vision patch embedding as per-colour-channel patch means.
-
-    The patch embedding is a Conv3d, weight ``(D, 3, T, P, P)``; output ``k < 3`` becomes
-    ``mean over the T*P*P pixels of input channel k``: a patch a fraction ``f`` covered by
-    a shape of normalised colour ``(r, g, b)`` on the zero background gives ``f * (r, g, b)``.
-    Why: a real VLM's tower arrives pretrained and sees colour; a random one sees
-    ``sum_c v_c * (sum of channel c's filter over the covered pixels)``, which mixes the colour
-    with the shape's footprint, and RL never untangled it (held-out colour stuck at the most
-    common answer). The other D-3 channels keep their random init; models without a vision
-    tower are left alone."""
-    for name, module in model.named_modules():
-        if name.endswith(f"{ENCODER_MODULES['vision']}.patch_embed.proj"):
-            weight = module.weight
-            with torch.no_grad():  # eye(3) picks channel k for output k; / pixels makes the sum a mean
-                weight[:3] = torch.eye(3, dtype=weight.dtype)[:, :, None, None, None] / weight[0, 0].numel()
-
-
-def init_audio_convs(model: torch.nn.Module, gain: float = 2.0) -> None:
-    """Re-draw the audio tower's two input convs with fan-in variance ``gain / (in_channels * kernel)``.
-
-    The Whisper-style tower adds a position table to ``gelu(conv2(gelu(conv1(mel))))``: sinusoids
-    of norm ``sqrt(d_model / 2)`` (4.0 at width 32) in Qwen2.5-Omni, a random table of norm 0.11 in
-    the tiny Qwen2-Audio. transformers draws the convs at std 0.02, which on the log-mel clips of the
-    tones task leaves the content at norm 0.01 a frame: 0.25% of each token the Omni LM reads.
-    The LM could not read a frozen tower (pitch at chance until it thawed), and in the main job
-    seed 0 never learned pitch (0.34-0.69 held-out in five runs). He initialisation (``gain`` 2 for
-    the GELU; He et al. 2015, eq. 10) brings the content to norm 0.5 (docs/benchmarks.md)."""
-    convs = tuple(f"{ENCODER_MODULES['audio']}.{conv}" for conv in ("conv1", "conv2"))
-    for name, module in model.named_modules():
-        if name.endswith(convs):
-            fan_in = module.weight.shape[1] * module.weight.shape[2]
-            with torch.no_grad():
-                module.weight.normal_(0.0, (gain / fan_in) ** 0.5)
 
 
 def build_processor(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> MediaProcessor | None:

@@ -68,7 +68,7 @@ def suite_corpus(seed: int = 0, n_per_task: int = 64, difficulties: tuple[int, .
     This is what 'bpe-tiny' is trained on; it covers the prompt wording, the numbers and
     the ``<tool_call>{...}</tool_call>`` / ``<answer>..</answer>`` formats the policy writes.
     """
-    from relax.data.tasks import TASKS
+    from relax.data.suite import TASKS
 
     texts: list[str] = []
     for name in _SUITE_TASKS:

@@ -19,12 +19,11 @@ from typing import Any
 import torch
 
 from relax.data.schema import Sample
-from relax.data.tasks import TASKS, Env
-from relax.data.tasks.base import derive_seed
+from relax.data.suite import TASKS, Env
+from relax.data.suite.base import derive_seed
 from relax.engines.types import Completion, SamplingParams
 from relax.models.processors import merge_media
 from relax.rollout.engines import EnginePool
-from relax.rollout.exploration import AnswerExplorer
 from relax.rollout.prompts import EncodedPrompt, EncodedPromptCache, encode_prompt
 from relax.rollout.rewards import RewardDispatcher
 
@@ -50,7 +49,6 @@ class Trajectory:
     # the media bytes behind mm_inputs, in order: an HTTP engine takes bytes, not tensors
     images: list[bytes] = field(default_factory=list)
     audios: list[bytes] = field(default_factory=list)
-    forced: list[int] = field(default_factory=list)  # response tokens forced, not drawn (rollout.explore_answers)
 
     @property
     def policy_version(self) -> int:
@@ -78,10 +76,8 @@ class EpisodeRunner:
     def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher | None,
                  params: SamplingParams, *, max_turns: int = 4, max_seq_len: int = 256,
                  partial_rollout: str = "wait", media: Callable[[Any], bytes] | None = None,
-                 new_weights: Callable[[], bool] | None = None, reload: Reloader | None = None,
-                 explorer: AnswerExplorer | None = None):
+                 new_weights: Callable[[], bool] | None = None, reload: Reloader | None = None):
         self.pool, self.tokenizer, self.processor = pool, tokenizer, processor
-        self.explorer = explorer  # forces the answers of the last samples of a single-turn group
         self.rewards, self.params = rewards, params
         self.max_turns, self.max_seq_len = max_turns, max_seq_len
         self.partial_rollout = partial_rollout
@@ -110,8 +106,7 @@ class EpisodeRunner:
             params = [SamplingParams(max_new_tokens=left[i], temperature=self.params.temperature,
                                      top_p=self.params.top_p, top_k=self.params.top_k, stop=self.params.stop,
                                      stop_token_ids=self.params.stop_token_ids,
-                                     sampling_seed=_seed(trajs[i], len(trajs[i].tokens)),
-                                     forced_output_ids=_forced_left(trajs[i])) for i in todo]
+                                     sampling_seed=_seed(trajs[i], len(trajs[i].tokens))) for i in todo]
             rids = [f"{trajs[i].sample.id}@{trajs[i].position}:{trajs[i].index}:{len(trajs[i].tokens)}" for i in todo]
             abort = self.new_weights if self.partial_rollout == "abort" else None
             results = self.pool.generate(prompts, params, rids, should_abort=abort)
@@ -137,8 +132,6 @@ class EpisodeRunner:
             enc = self.encode(sample)
             for i in range(n):
                 trajs.append(_start(sample, pos, i, enc))
-                if self.explorer is not None:
-                    trajs[-1].forced = self.explorer.forced_ids(sample, pos, i, n)
         budget = [min(self.params.max_new_tokens, self.max_seq_len - len(t.tokens)) for t in trajs]
         self._generate(trajs, budget)
         for t in trajs:
@@ -236,12 +229,6 @@ def _start(sample: Sample, position: int, index: int, enc: EncodedPrompt) -> Tra
     n = len(enc.input_ids)
     return Trajectory(sample, position, index, list(enc.input_ids), [0] * n, [0.0] * n, n, enc.mm_inputs,
                       images=list(enc.images), audios=list(enc.audios))
-
-
-def _forced_left(t: Trajectory) -> list[int]:
-    """The forced tokens a (possibly resumed) single-turn trajectory has not produced yet."""
-    done = len(t.tokens) - t.prompt_len
-    return t.forced[done:] if done < len(t.forced) else []
 
 
 def _seed(t: Trajectory, length: int) -> int:

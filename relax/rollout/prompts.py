@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from relax.data.schema import Sample
-from relax.data.tasks.base import derive_seed
+from relax.data.suite.base import derive_seed
 from relax.models.processors import MediaProcessor, prepare_inputs
 
 
@@ -54,20 +54,6 @@ class PromptStream:
         return self.position / len(self.samples)
 
 
-def repeat_tasks(samples: Sequence[Sample], repeats: Mapping[str, int]) -> list[Sample]:
-    """The training split with each prompt of task t listed ``repeats.get(t, 1)`` times.
-
-    The prompt stream shuffles this list per epoch, so a repeated task's prompts take a larger
-    share of every step while each step still mixes all tasks; the order stays a pure function
-    of (seed, position), as resuming needs. ValueError naming a task the split lacks."""
-    present = {s.task for s in samples}
-    missing = sorted(set(repeats) - present)
-    if missing:
-        raise ValueError(f"data.task_repeats names {missing}, but the training split has only tasks "
-                         f"{sorted(present)}; fix data.task_repeats")
-    return [s for s in samples for _ in range(repeats.get(s.task, 1))]
-
-
 @dataclass
 class EncodedPrompt:
     """A prompt ready for an engine: expanded token ids, media tensors for the prefill, and the
@@ -94,7 +80,7 @@ class EncodedPromptCache:
     Every prompt of the training split comes back once per epoch, and rendering it (chat
     template, tokenizer, image processor, log-mel features) took 1.6 ms per omni-cpu prompt,
     a fifth of the rollout role's step (profiled, 2 cores); the trainer-side roles rebuild
-    each row's media from the same encodings (``relax.services.media.MediaInputs``). Entries are shared,
+    each row's media from the same encodings (``relax.services.roles.media.MediaInputs``). Entries are shared,
     not copied: callers copy the token list before extending it and never write into the
     media tensors (``merge_media`` builds new dicts). Bounded by the bytes of the media
     tensors it holds (plus a fixed 4 KiB per entry), least recently used first out.

@@ -23,9 +23,9 @@ from relax.algorithms import (
     topk_forward_kl,
 )
 from relax.config import AlgorithmConfig, RelaxConfig
-from relax.models.builders import ENCODER_MODULES, encoder_parameters, freeze_encoders, pinned_parameters
 from relax.trainers.torch.batch import TOPK_FIELDS, RolloutBatch
 from relax.trainers.torch.checkpoint import unwrap
+from relax.trainers.torch.encoders import EncoderSchedule
 from relax.trainers.torch.forward import PositionReader, compute_logprobs, token_logprobs
 from relax.trainers.torch.packing import MicroBatch
 from relax.trainers.torch.trainer import StepResult, TorchTrainer, combine_metrics, plan_micro_batches
@@ -136,22 +136,8 @@ class Actor:
         t = cfg.trainer
         self.cfg = cfg
         updates = t.mini_batches * t.ppo_epochs  # optimizer steps per RL step: the schedule counts those
-        # Encoders that thaw later join the optimizer now, frozen, so the parameter groups (and with
-        # them every checkpoint's optimizer state) have one layout before and after the thaw.
-        self._frozen = list(t.freeze_encoders) if t.thaw_encoders_at else []
-        self._thaw_update = t.thaw_encoders_at * updates
-        if not self._frozen:
-            freeze_encoders(unwrap(model), list(t.freeze_encoders))  # before the optimizer collects parameters
-        pins = pinned_parameters(unwrap(model), list(t.frozen_params))
-        # wholly pinned parameters never join the optimizer: no thaw reaches them, and Adam keeps no state for them
-        self._pinned = {id(pin.param) for pin in pins if pin.rows is None}
-        for kind in self._frozen:  # trainable while the optimizer collects them, even in a model frozen before
-            for p in encoder_parameters(unwrap(model), kind):
-                p.requires_grad_(True)
-        for p in unwrap(model).parameters():
-            if id(p) in self._pinned:
-                p.requires_grad_(False)
-        thawed = {ENCODER_MODULES[kind] for kind in self._frozen}
+        # encoders that thaw later join the optimizer now, frozen (relax.trainers.torch.encoders)
+        self.encoders = EncoderSchedule(unwrap(model), t, updates)
         self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * updates,
                                     total_steps=t.total_steps * updates, schedule=t.lr_schedule, grad_clip=t.grad_clip,
                                     micro_batch_tokens=t.micro_batch_tokens, layout=t.micro_batch_layout,
@@ -159,17 +145,8 @@ class Actor:
                                     agg_norm=float(cfg.rollout.max_new_tokens), nan_policy=t.nan_policy,
                                     temperature=cfg.rollout.temperature,
                                     autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None,
-                                    lr_scales={module: t.encoder_lr_scale * (t.thaw_lr_scale if module in thawed else 1.0)
-                                               for module in ENCODER_MODULES.values()},
-                                    ramps={module: (self._thaw_update, t.thaw_warmup_steps * updates)
-                                           for module in thawed} if t.thaw_warmup_steps else None)
-        freeze_encoders(unwrap(model), self._frozen)
-        for pin in pins:  # pinned rows: a hook zeroes their gradient (autograd takes hooks on trainable tensors only)
-            if pin.rows is not None and id(pin.param) not in self._pinned:
-                trainable = pin.param.requires_grad
-                pin.param.requires_grad_(True)
-                pin.param.register_hook(pin.zero_pinned_rows)
-                pin.param.requires_grad_(trainable)
+                                    lr_scales=self.encoders.lr_scales, ramps=self.encoders.ramps)
+        self.encoders.hold(unwrap(model))
         self.loss = PolicyLoss(cfg.algorithm)
 
     @property
@@ -185,12 +162,9 @@ class Actor:
 
         Counted from the scheduler's update count, which checkpoints restore, so a run resumed
         after the thaw point thaws on its first step."""
-        if self._frozen and self.trainer.scheduler.last_epoch >= self._thaw_update:
-            for kind in self._frozen:
-                for p in encoder_parameters(unwrap(self.model), kind):
-                    p.requires_grad_(id(p) not in self._pinned)
-            log.info("thawed encoders %s at RL step %d", self._frozen, self.cfg.trainer.thaw_encoders_at)
-            self._frozen = []
+        thawed = self.encoders.thaw_if_due(unwrap(self.model), self.trainer.scheduler.last_epoch)
+        if thawed:
+            log.info("thawed encoders %s at RL step %d", thawed, self.encoders.thaw_step)
 
     def train_step(self, batch: RolloutBatch) -> StepResult:
         self._thaw_if_due()

@@ -7,7 +7,7 @@ answer, so the warm-started policy emits well-formed answers at chance accuracy,
 accuracy above chance after RL was learned by RL.
 
 Random labels also teach the model to ignore its input, which RL must then undo. Two choices
-keep that damage small (measured with linear probes on the shapes task, docs/benchmarks.md):
+keep that damage small (measured with linear probes on the shapes task, docs/history/learning-recipe.md):
 
 * balanced answers: a prompt is demonstrated with several *distinct* answers in the same step
   (its whole answer space when that is small), so each prompt's target is close to the uniform
@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 from relax.data.schema import Sample
-from relax.data.tasks import TASKS
-from relax.data.tasks.base import derive_seed
-from relax.models.builders import ENCODER_MODULES, encoder_parameters
+from relax.data.suite import TASKS
+from relax.data.suite.base import derive_seed
 from relax.models.processors import prepare_inputs
 from relax.trainers.torch.batch import RolloutBatch
+from relax.trainers.torch.encoders import ENCODER_MODULES, encoder_parameters
 from relax.trainers.torch.trainer import StepResult, TorchTrainer, sft_loss
 
 IM_END = "<|im_end|>"

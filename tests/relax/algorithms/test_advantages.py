@@ -18,7 +18,6 @@ from relax.algorithms.advantages import (
     broadcast_to_tokens,
     compute_advantages,
     drgrpo_advantages,
-    explored_advantages,
     gae_advantages,
     grpo_advantages,
     outcome_to_token_rewards,
@@ -97,15 +96,6 @@ def test_stuck_group_push_three_groups_of_three():
     assert_close_within_1e5(stuck_group_push(torch.tensor([1.0, 1.0, 1.0]), 3, 0.2), [0.0, 0.0, 0.0])
     assert stuck_groups(rewards, 3).tolist() == [True, True, False]
     assert stuck_groups(torch.tensor([1.0, 1.0, 1.0]), 3).tolist() == [False]
-
-
-def test_explored_advantages_reward_only_the_margin_over_the_drawn_mean():
-    # drawn rewards (0, 0.5, 1): mean 0.5. Forced rewards (1, 0.5, 0): 1 - 0.5 = 0.5 (beats the
-    # policy), 0.5 - 0.5 = 0 (ties it), 0 - 0.5 = -0.5 -> clamped to 0 (a wrong guess is not pushed)
-    assert_close_within_1e5(explored_advantages(torch.tensor([1.0, 0.5, 0.0]), torch.tensor([0.0, 0.5, 1.0])),
-                            [0.5, 0.0, 0.0])
-    # a dropped answer: the drawn (0, 0, 0) all miss, the forced one is right -> 1 - 0 = 1
-    assert_close_within_1e5(explored_advantages(torch.tensor([1]), torch.tensor([0, 0, 0])), [1.0])
 
 
 def test_compute_advantages_adds_stuck_push_to_group_estimators():

@@ -13,7 +13,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from relax.config import ModelConfig  # noqa: E402
-from relax.data.tasks import generate_suite  # noqa: E402
+from relax.data.suite import generate_suite  # noqa: E402
 from relax.models.builders import build_policy  # noqa: E402
 from relax.models.processors import audio_token_count, decode_wav, prepare_inputs  # noqa: E402
 from relax.models.tokenizers import build_tokenizer  # noqa: E402

@@ -3,8 +3,6 @@ encoded prompts are remembered by sample id within a byte budget."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -39,7 +37,7 @@ def test_empty_split_is_refused():
 
 def test_a_cached_prompt_is_the_same_encoding_as_a_fresh_one():
     from relax.config import ModelConfig
-    from relax.data.tasks import shapes, tones
+    from relax.data.suite import shapes, tones
     from relax.models import build_processor, build_tokenizer
 
     tok = build_tokenizer("bpe-tiny")
@@ -74,34 +72,3 @@ def test_the_cache_drops_the_least_recently_used_prompt_past_its_byte_budget():
     small = EncodedPromptCache(encode, max_bytes=8000)
     small(a)
     assert not small.entries and small.bytes == 0
-
-
-def test_task_repeats_give_a_task_its_share_of_every_epoch():
-    from relax.rollout.prompts import repeat_tasks
-
-    # a, a, b (three prompts); b:2 lists b twice, so an epoch is 4 prompts and b is half of them
-    samples = [replace(s, task=t) for s, t in zip(_samples(3), ["a", "a", "b"], strict=True)]
-    listed = repeat_tasks(samples, {"b": 2})
-    assert [s.id for s in listed] == ["s0", "s1", "s2", "s2"]
-    epoch = PromptStream(listed, seed=0).take(4)
-    assert sorted(s.id for _, s in epoch) == ["s0", "s1", "s2", "s2"]
-    assert repeat_tasks(samples, {}) == samples
-    with pytest.raises(ValueError, match=r"names \['c'\], but the training split has only tasks \['a', 'b'\]"):
-        repeat_tasks(samples, {"c": 2})
-
-
-@pytest.mark.parametrize("item", ["shapes", "shapes:0", "shapes:two", "shapes:-1"])
-def test_malformed_task_repeats_name_the_item(item):
-    from relax.config_loader import ConfigError, load_config
-
-    with pytest.raises(ConfigError, match=rf"data.task_repeats item '{item}' is not 'task:count'"):
-        load_config("omni-cpu", [f"data.task_repeats=[{item}]"])
-
-
-def test_task_repeats_must_name_a_task_of_the_run():
-    from relax.config_loader import ConfigError, load_config
-
-    cfg = load_config("omni-cpu", ["data.task_repeats=[shapes:2]"])
-    assert cfg.data.repeats() == {"shapes": 2}
-    with pytest.raises(ConfigError, match=r"data.task_repeats names \['shape'\], not among data.tasks"):
-        load_config("omni-cpu", ["data.task_repeats=[shape:2]"])

@@ -8,7 +8,7 @@ import torch
 from tiny import tiny_batch, tiny_qwen2
 
 from relax.config import ModelConfig
-from relax.data.tasks import generate_suite
+from relax.data.suite import generate_suite
 from relax.models import build_policy, build_tokenizer, prepare_inputs
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.critic import critic_layout

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relax.config import ModelConfig
-from relax.data.tasks import TASKS, generate_suite
+from relax.data.suite import TASKS, generate_suite
 from relax.models import build_policy, build_tokenizer
 from relax.trainers.torch.sft import (
     demonstration_answers,
