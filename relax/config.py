@@ -9,8 +9,11 @@ Loading (presets, YAML files, ``key=value`` overrides) lives in ``relax.config_l
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from relax.config_checks import build, validate
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, range: tuple | None = None) -> Any:
@@ -80,9 +83,6 @@ class DataConfig:
         "Built-in tasks to generate when train_url is empty (docs/tasks.md).",
     )
     train_per_task: int = opt(256, "Built-in suite: training prompts per task.", range=(1, 10_000_000))
-    task_repeats: list[str] = opt(
-        [], "How often each prompt of a task comes up per epoch, as 'task:count' (e.g. [shapes:2] gives shapes "
-        "twice its share of every step's prompts); tasks not listed come up once.")
     eval_per_task: int = opt(64, "Built-in suite: held-out prompts per task.", range=(1, 10_000_000))
     difficulty: int = opt(1, "Built-in suite difficulty level (1 easiest).", range=(1, 3))
     eval_fraction: float = opt(
@@ -95,28 +95,16 @@ class DataConfig:
         "each task's own verifier.",
     )
     reward_role: bool = opt(
-        False, "Score rewards in a role of its own (relax.services.reward): a process (disaggregated), Serve "
-        "deployment (async) or colocated stage that commits reward and error per row, so slow verifiers or judge "
-        "calls leave generation alone. Not with rollout.dynamic_sampling, agent tasks or algorithm.advantage=gae.")
+        False, "Score rewards in a role of its own (relax.services.roles.reward, docs/runtime.md) that commits reward "
+        "and error per row, apart from generation. Not with rollout.dynamic_sampling, agent tasks or "
+        "algorithm.advantage=gae.")
     judge_url: str = opt(
-        "", "Base URL of a judge model behind an OpenAI-compatible /v1/chat/completions (a native Relax engine, "
-        "SGLang, vLLM) that grades every response instead of the verifiers: it must answer <score>S</score> with "
-        "S in [0, 1]; an answer without one is a reward error (reward 0, zero weight). API key, if any, from "
-        "RELAX_JUDGE_API_KEY. Empty = no judge.")
+        "", "Base URL of an OpenAI-compatible /v1/chat/completions judge (a native Relax engine, SGLang, vLLM) that "
+        "grades every response instead of the verifiers, answering <score>S</score> with S in [0, 1]; API key, if "
+        "any, from RELAX_JUDGE_API_KEY. Empty = no judge.")
     judge_model: str = opt("judge", "The 'model' field sent to the judge server.")
     judge_timeout_s: float = opt(60.0, "Seconds to wait for one judgement.", range=(0.1, 3600.0))
     judge_concurrency: int = opt(16, "Judge requests in flight at once per rollout.", range=(1, 4096))
-
-    def repeats(self) -> dict[str, int]:
-        """``task_repeats`` as ``{task: count}``; ValueError naming a malformed item."""
-        out = {}
-        for item in self.task_repeats:
-            task, sep, count = str(item).partition(":")
-            if not (sep and task and count.isdigit() and int(count) >= 1):
-                raise ValueError(f"data.task_repeats item {item!r} is not 'task:count' with count >= 1 "
-                                 f"(e.g. shapes:2)")
-            out[task] = int(count)
-        return out
 
 
 @dataclass
@@ -127,25 +115,22 @@ class RolloutConfig:
                       choices=("native", "sglang"))
     num_engines: int = opt(1, "Engine replicas at start (the elastic API can change it).", range=(1, 4096))
     engine_processes: int = opt(
-        0, "Native engine server processes the rollout starts and owns (text, image and audio tasks), behind "
-        "the router; 0 = one engine inside the rollout process. An owned engine whose process dies or that turns "
-        "unhealthy is replaced by a new one loaded with the current weights. Ignored with --engine-url: those "
-        "engines are routed around when they fail, never replaced.", range=(0, 4096))
+        0, "Native engine server processes the rollout starts and owns behind the router, each replaced with the "
+        "current weights if it dies or turns unhealthy; 0 = one engine inside the rollout process. Ignored with "
+        "--engine-url (those engines are routed around when they fail, never replaced).", range=(0, 4096))
     engine_launcher: str = opt(
         "process", "Where engine processes the rollout owns run: 'process' = children of the rollout process on its "
-        "host; 'ray' = Ray actors placed by the Ray cluster (each holding engine_cpus and engine_gpus), so a "
-        "scale-out is refused when the cluster lacks the resources. 'ray' needs a Ray cluster and the model "
-        "folder at the same path on every node.", choices=("process", "ray"))
+        "host; 'ray' = Ray actors holding engine_cpus and engine_gpus each, placed by the Ray cluster. 'ray' needs a "
+        "running Ray cluster and the model folder at the same path on every node.", choices=("process", "ray"))
     engine_cpus: float = opt(1.0, "CPUs each Ray engine actor holds (engine_launcher=ray).", range=(0.0, 1024.0))
     engine_gpus: float = opt(0.0, "GPUs each Ray engine actor holds (engine_launcher=ray).", range=(0.0, 64.0))
     max_engine_processes: int = opt(
         0, "Most engine processes the rollout may own at once, replacements and REST API scale-outs included "
         "(a scale-out past it is refused as a whole); 0 = engine_processes.", range=(0, 4096))
     api_port: int = opt(
-        0, "Serve the elastic rollout REST API (docs/rest_api.md: scale_out, scale_in, engines) from the "
-        "rollout process on this port; 0 = off. Needs HTTP engines (engine_processes > 0 or --engine-url) and "
-        "the bearer token in the RELAX_API_TOKEN environment variable (never in the config, which is saved "
-        "with the run).", range=(0, 65535))
+        0, "Serve the elastic rollout REST API (docs/rest_api.md) from the rollout process on this port; 0 = off. "
+        "Needs HTTP engines (engine_processes > 0 or --engine-url) and the bearer token in the RELAX_API_TOKEN "
+        "environment variable.", range=(0, 65535))
     api_host: str = opt("127.0.0.1", "Address the rollout REST API binds (0.0.0.0 to reach it from other hosts).")
     engine_timeout_s: float = opt(
         120.0, "A request to an HTTP engine that takes longer fails on that engine (a fault, counted like a "
@@ -168,25 +153,15 @@ class RolloutConfig:
     max_turns: int = opt(4, "Most assistant turns in a multi-turn (agent) episode.", range=(1, 1000))
     env_fn: str = opt(
         "", "Dotted path 'package.module:function' of a custom env factory make_env(sample) -> Env "
-        "(relax.data.tasks.Env: reset(sample), step(action_text) -> (observation, reward, done, info)); every "
-        "sample then runs through the agent loop with a fresh env. Empty = each task's own env (tool_lookup); "
-        "the other tasks are single-turn.")
+        "(relax.data.suite.Env, docs/tasks.md) that runs every sample through the agent loop with a fresh env. "
+        "Empty = each task's own env (tool_lookup); the other tasks are single-turn.")
     partial_rollout: str = opt(
         "wait", "On a weight update mid-generation: 'wait' for in-flight requests, or 'abort' and resume them "
         "with the new weights.", choices=("wait", "abort"))
     dynamic_sampling: bool = opt(False, "DAPO: drop prompt groups whose rewards are all equal, over-sample to refill.")
-    explore_answers: int = opt(
-        0, "Samples of each prompt group whose answer is forced instead of sampled: the task's own format written "
-        "with an answer drawn uniformly from those of the question's kind, its tokens forced in the engine with the "
-        "policy's logprobs. They are rewarded like the others, kept out of the group baseline, and trained only "
-        "where they beat the drawn samples: an answer the policy stopped sampling is still tried, and learned when "
-        "it is right (docs/algorithms.md). Built-in single-turn tasks and the native engine only; the rollout reward "
-        "curve counts the drawn samples alone. 0 = every sample is drawn.",
-        range=(0, 1024))
     stop: list[str] = opt(
-        ["</answer>"], "Stop strings: a response ends right after the first one it generates (kept in the "
-        "response, so rewards still see a closed tag). Ending at the answer keeps responses short and stops "
-        "RL from drifting into text after it; [] generates to end-of-turn or max_new_tokens.")
+        ["</answer>"], "Stop strings: a response ends right after the first one it generates, which stays in the "
+        "response (docs/tasks.md). [] generates to end-of-turn or max_new_tokens.")
 
 
 @dataclass
@@ -205,36 +180,28 @@ class AlgorithmConfig:
                          range=(0.0, 100.0))
     kl_estimator: str = opt("k3", "KL estimator.", choices=("k1", "k2", "k3"))
     kl_clamp: float = opt(0.0, "Bound on each sampled token's kl_estimator value, in the actor's loss and in the reward "
-                          "penalty: a token beyond it adds no KL gradient. k3's gradient grows as pi_ref/pi_theta on a "
-                          "sampled token the policy has learned to avoid, up to exp(20) times the rest of the batch's, "
-                          "and gradient clipping then spends the whole step on that one token (docs/algorithms.md). "
-                          "10 is verl's low_var_kl bound. 0 = no bound.", range=(0.0, 1e6))
-    kl_topk: int = opt(0, "0 = the KL term is kl_estimator on the sampled tokens. k > 0 = the actor's KL term is the "
-                       "forward KL[pi_ref || pi_theta] computed exactly over the reference's k most likely tokens at "
-                       "every response position: an answer the policy stopped sampling is still pulled back by its "
-                       "reference probability every step (docs/algorithms.md). Needs kl_in_reward=false; with reference_role "
-                       "the reference role commits its top-k (L, k) columns.", range=(0, 1_000_000))
-    kl_topk_weight: float = opt(1.0, "With kl_topk > 0: the share of kl_coef on the top-k forward KL. The rest, "
-                                "(1 - w) * kl_coef, stays on kl_estimator over the sampled tokens, so the reference "
-                                "also scores those (ref_logprobs). 1 = the top-k term alone.", range=(0.0, 1.0))
+                          "penalty: a token beyond it adds no KL gradient (docs/algorithms.md). 0 = no bound; 10 is "
+                          "verl's low_var_kl bound.", range=(0.0, 1e6))
+    kl_topk: int = opt(0, "k > 0: the actor's KL term is the forward KL[pi_ref || pi_theta] computed exactly over the "
+                       "reference's k most likely tokens at every response position (docs/algorithms.md); 0 = "
+                       "kl_estimator on the sampled tokens. Needs kl_in_reward=false.", range=(0, 1_000_000))
+    kl_topk_weight: float = opt(1.0, "With kl_topk > 0: the share w of kl_coef on the top-k forward KL; the rest, "
+                                "(1 - w) * kl_coef, stays on kl_estimator over the sampled tokens (ref_logprobs). "
+                                "1 = the top-k term alone.", range=(0.0, 1.0))
     kl_in_reward: bool = opt(False, "Apply the KL as a per-token reward penalty -kl_coef * KL_t (computed by the "
                              "advantage role against policy version 0) instead of a loss term in the actor.")
-    reference_role: bool = opt(False, "Score the reference policy (version 0) in a role of its own: a fourth process "
-                               "(disaggregated) or Serve deployment (async) that commits ref_logprobs to the queue, "
-                               "so the actor and the advantage role hold no reference model. False = the role that "
+    reference_role: bool = opt(False, "Score the reference policy (version 0) in a role of its own that commits "
+                               "ref_logprobs (and with kl_topk its top-k columns) to the queue; false = the role that "
                                "needs the reference holds a copy. Needs kl_coef > 0.")
     entropy_coef: float = opt(0.0, "Entropy bonus weight.", range=(0.0, 10.0))
     near_miss_credit: float = opt(
-        0.0, "Training reward for an answer one away from the truth in the kinds of question a built-in task marks "
-        "ordinal (the counts of shapes and tones): a count off by one earns this instead of 0, so RL learns 'more "
-        "shapes, bigger number' before it learns exact counts (docs/algorithms.md). 0 = exact match only. Held-out "
-        "evaluation always scores exact match. Not with data.reward_fn or data.judge_url.", range=(0.0, 0.99))
+        0.0, "Training reward for a count one away from the truth in the kinds of question a built-in task marks "
+        "ordinal (docs/algorithms.md); 0 = exact match only. Held-out evaluation always scores exact match; not with "
+        "data.reward_fn or data.judge_url.", range=(0.0, 0.99))
     stuck_group_push: float = opt(
-        0.0, "beta of the negative push on prompt groups that all missed: every sample of a group whose rewards are "
-        "all equal and below 1 (all wrong, or all near misses) gets advantage -beta * (1 - r), so the one wrong answer "
-        "the group shares loses probability to the others and an answer the policy stopped sampling comes back "
-        "(docs/algorithms.md). 0 = plain GRPO, where such a group carries no gradient. Rewards on the 0..1 scale of the "
-        "built-in verifiers; advantage grpo, drgrpo or rloo.", range=(0.0, 10.0))
+        0.0, "beta of the push on prompt groups whose rewards are all equal and below 1: each of their samples gets "
+        "advantage -beta * (1 - r) (docs/algorithms.md); 0 = plain GRPO. Advantage grpo, drgrpo or rloo, rewards on "
+        "the 0..1 scale of the built-in verifiers.", range=(0.0, 10.0))
     off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples.",
                           choices=("none", "decoupled", "tis", "icepop"))
     is_cap: float = opt(2.0, "Importance-weight bound: TIS truncates weights at it; icepop and decoupled drop tokens "
@@ -259,10 +226,9 @@ class TrainerConfig:
     grad_clip: float = opt(1.0, "Max global gradient norm; 0 disables clipping.", range=(0.0, 1e6))
     micro_batch_tokens: int = opt(4096, "Token budget of one micro-batch (pads included).", range=(16, 1 << 30))
     micro_batch_layout: str = opt("pack", "'pack': samples concatenated padding-free with per-sample attention; "
-                                  "'bucket': sorted by length, then padded; 'pad': input order, padded; "
-                                  "'prefix': each prompt group's shared prompt (and image/audio) runs once and "
-                                  "its responses attend to it through a KV cache, the fastest when prompts are "
-                                  "long against answers (actor and reference; the critic uses 'bucket').",
+                                  "'bucket': sorted by length, then padded; 'pad': input order, padded; 'prefix': "
+                                  "each prompt group's shared prompt and media run once, its responses attend to it "
+                                  "through a KV cache (docs/runtime.md; the critic uses 'bucket').",
                                   choices=("pack", "bucket", "pad", "prefix"))
     lr_schedule: str = opt("constant", "After warm-up: constant, or cosine down to 10% at total_steps.",
                            choices=("constant", "cosine"))
@@ -271,36 +237,24 @@ class TrainerConfig:
     sft_lr: float = opt(3e-3, "Learning rate of the format warm-start (sft_steps).", range=(0.0, 1.0))
     sft_steps: int = opt(0, "Supervised warm-start steps teaching the answer format; 0 skips it.", range=(0, 10_000_000))
     mini_batches: int = opt(1, "Optimizer steps per rollout batch (PPO mini-batches): the batch is split into this "
-                            "many equal parts, each one update. Same compute, more updates per generated sample; "
-                            "the ratio clip keeps the later ones near the sampling policy.", range=(1, 1024))
+                            "many equal parts, each one update.", range=(1, 1024))
     critic_lr: float = opt(0.0, "Peak learning rate of the critic (advantage=gae); 0 = trainer.lr. The critic "
                            "shares the actor's warm-up, schedule, clipping and micro-batching.", range=(0.0, 1.0))
     freeze_encoders: list[str] = opt(
         [], "Media encoders held fixed during RL: 'vision' and/or 'audio' (the policy's visual / audio_tower "
-        "modules). The LM still learns to read their features; a small encoder trained by the noisy RL "
-        "gradient can lose what its features carried (docs/models.md).")
+        "modules). The LM still learns to read their features (docs/models.md).")
     thaw_encoders_at: int = opt(
-        0, "RL step at which the encoders in freeze_encoders start training (gradual unfreezing); 0 (or a "
-        "step at or past total_steps, as in a short trial run of a preset) keeps them frozen for the whole "
-        "run. Ignored when freeze_encoders is empty. Frozen first, the LM learns to read the initial "
-        "features; trained from step 0, a tiny tower's features can lose what one kind of question needs "
-        "(docs/models.md).",
-        range=(0, 100_000_000))
+        0, "RL step at which the encoders in freeze_encoders start training (gradual unfreezing, docs/models.md); "
+        "0, or a step at or past total_steps, keeps them frozen for the whole run. Ignored when freeze_encoders is "
+        "empty.", range=(0, 100_000_000))
     thaw_lr_scale: float = opt(
         1.0, "Multiplier of lr for thawed encoders, on top of encoder_lr_scale.", range=(0.0, 1000.0))
     thaw_warmup_steps: int = opt(
         0, "RL steps over which a thawed encoder's lr rises linearly from 0 to its full value, starting at "
-        "thaw_encoders_at; 0 = full at once. Its Adam moments start empty at the thaw, so the first update "
-        "moves every encoder weight by lr, however small or noisy its gradient.", range=(0, 100_000_000))
-    frozen_params: list[str] = opt(
-        [], "Parameters held fixed for the whole RL run, whatever freeze_encoders and its thaw do: dotted name "
-        "prefixes as in model.named_parameters(), matched on whole components ('visual.patch_embed' pins the "
-        "vision patch embedding); NAME[a:b] pins rows a..b-1 of the one parameter NAME (quote it on the command "
-        "line; needs weight_decay 0). A pattern that matches nothing is an error (docs/models.md).")
+        "thaw_encoders_at (docs/models.md); 0 = full at once.", range=(0, 100_000_000))
     encoder_lr_scale: float = opt(
-        1.0, "Multiplier of lr for the media encoders' parameters (the policy's visual / audio_tower modules). "
-        "A tiny encoder trained from scratch gets a weak, noisy share of the RL gradient through the LM.",
-        range=(0.0, 1000.0))
+        1.0, "Multiplier of lr for the media encoders' parameters (the policy's visual / audio_tower modules, "
+        "docs/models.md).", range=(0.0, 1000.0))
     ppo_epochs: int = opt(1, "Passes over each rollout batch (each pass makes mini_batches updates).", range=(1, 64))
     checkpoint_every: int = opt(20, "Save a checkpoint every k steps.", range=(1, 100_000_000))
     data_parallel: int = opt(1, "Data-parallel processes (gloo on CPU, NCCL on GPU).", range=(1, 100_000))
@@ -317,11 +271,9 @@ class QueueConfig:
     max_staleness: int = opt(1, "Most policy versions a trained sample may lag; 0 = synchronous on-policy.",
                              range=(0, 1000))
     exact_staleness: bool = opt(
-        False, "Generate batch k with policy version max(0, k - max_staleness) exactly, never a newer one that "
-        "happens to be published already: which version made which batch then no longer depends on how fast each "
-        "role ran, so a run is a function of its config and seed, on a loaded machine as on an idle one. Free where "
-        "the rollout outpaces the actor (it waits for that version anyway: 98% of omni-cpu's batches); where the "
-        "rollout is the slower role its samples are staler than they had to be. Needs rollout.partial_rollout=wait.")
+        False, "Generate batch k with policy version max(0, k - max_staleness) exactly, never a newer one already "
+        "published, so a run is a function of its config and seed however fast each role runs (docs/runtime.md). "
+        "Needs rollout.partial_rollout=wait.")
     poll_interval_s: float = opt(0.05, "First poll delay of a waiting consumer (or producer, or weight "
                                  "loader); later delays are a quarter of the time already waited, up to "
                                  "max_poll_interval_s. Across processes this is the put-to-visible latency.",
@@ -370,8 +322,6 @@ class RelaxConfig:
     def from_json(cls, text: str) -> RelaxConfig:
         """Strict parse of a (partial) JSON config; ``pyflyte run ... --cfg file.json`` goes through here,
         so a typo in a key fails with the closest valid key instead of being dropped."""
-        import json
-
-        from relax.config_loader import config_from_dict
-
-        return config_from_dict(json.loads(text))
+        cfg = build(cls, json.loads(text), prefix="")
+        validate(cfg)
+        return cfg

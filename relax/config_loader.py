@@ -13,7 +13,6 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,15 @@ import fsspec
 import yaml
 
 from relax.config import RelaxConfig
+from relax.config_checks import ConfigError, build, validate
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 DEFAULT_PRESET = "tiny-cpu"
-
-
-class ConfigError(ValueError):
-    """A config value, key or file is wrong. The message names it and the fix."""
+__all__ = ["ConfigError", "config_from_dict", "config_hash", "config_to_dict", "config_to_yaml", "list_presets",
+           "load_config", "parse_override", "saved_config", "validate"]
+# settings an earlier Relax had and this one removed (docs/history/): a run saved with one of them
+# at its off value resumes; a run that used one cannot be reproduced by this version
+REMOVED_FIELDS = {"data": ("task_repeats",), "rollout": ("explore_answers",), "trainer": ("frozen_params",)}
 
 
 def list_presets() -> list[str]:
@@ -57,9 +58,22 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def config_from_dict(data: Mapping[str, Any]) -> RelaxConfig:
-    cfg = _build(RelaxConfig, data, prefix="")
+    cfg = build(RelaxConfig, data, prefix="")
     validate(cfg)
     return cfg
+
+
+def saved_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config as a run saved it (run.json) with the removed settings dropped; ConfigError when the
+    run used one of them, since this version cannot reproduce it."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    for section, names in REMOVED_FIELDS.items():
+        for name in names:
+            value = out.get(section, {}).pop(name, None)
+            if value:
+                raise ConfigError(f"the run was made with {section}.{name}={value!r}, a setting this version of Relax "
+                                  f"removed (docs/history/README.md); use the Relax version that made the run")
+    return out
 
 
 def config_to_dict(cfg: RelaxConfig) -> dict[str, Any]:
@@ -74,119 +88,6 @@ def config_hash(cfg: RelaxConfig) -> str:
     """Stable content hash of a config (lineage records name it)."""
     blob = json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def validate(cfg: Any, prefix: str = "") -> None:
-    """Check every field's choices and range, recursively, then cross-field rules."""
-    for f in dataclasses.fields(cfg):
-        name = prefix + f.name
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            validate(value, name + ".")
-            continue
-        choices = f.metadata.get("choices")
-        if choices is not None and value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{name} = {value!r} is not accepted{hint}; choose one of {list(choices)}")
-        bounds = f.metadata.get("range")
-        if bounds is not None:
-            lo, hi = bounds
-            if (lo is not None and value < lo) or (hi is not None and value > hi):
-                raise ConfigError(f"{name} = {value!r} is out of range; accepted: {lo} <= {name} <= {hi}")
-    if isinstance(cfg, RelaxConfig):
-        _cross_checks(cfg)
-
-
-def _cross_checks(cfg: RelaxConfig) -> None:
-    r = cfg.resources
-    if r.rollout_gpus + r.actor_gpus > r.num_gpus:
-        raise ConfigError(
-            f"resources.rollout_gpus ({r.rollout_gpus}) + resources.actor_gpus ({r.actor_gpus}) exceed "
-            f"resources.num_gpus ({r.num_gpus}); raise num_gpus or lower the role GPUs"
-        )
-    if cfg.rollout.engine == "sglang" and r.rollout_gpus == 0:
-        raise ConfigError("rollout.engine = 'sglang' needs GPUs: set resources.rollout_gpus >= 1 "
-                          "(or use rollout.engine=native on CPU)")
-    if cfg.algorithm.advantage == "gae" and not cfg.model.value_head:
-        raise ConfigError("algorithm.advantage = 'gae' needs a critic: set model.value_head=true")
-    unknown = sorted(set(cfg.trainer.freeze_encoders) - {"vision", "audio"})
-    if unknown:
-        raise ConfigError(f"trainer.freeze_encoders: unknown encoder(s) {unknown}; use 'vision' and/or 'audio'")
-    for knob in ("freeze_encoders", "frozen_params"):
-        if getattr(cfg.trainer, knob) and cfg.trainer.backend != "torch":
-            raise ConfigError(f"trainer.{knob} is supported by the torch backend only; "
-                              "set trainer.backend=torch or remove it")
-    t = cfg.trainer
-    if t.weight_decay and any("[" in pattern for pattern in t.frozen_params):
-        raise ConfigError("trainer.frozen_params pins rows ([a:b]) by zeroing their gradient, but AdamW's weight decay "
-                          "shrinks them anyway: set trainer.weight_decay=0 or pin whole parameters")
-    if t.thaw_encoders_at and t.freeze_encoders and t.data_parallel > 1:
-        raise ConfigError("trainer.thaw_encoders_at needs trainer.data_parallel=1: DDP fixes the parameters it "
-                          "synchronises when it wraps the model, so a thawed encoder would drift apart per rank")
-    try:
-        repeats = cfg.data.repeats()
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    unknown = sorted(set(repeats) - set(cfg.data.tasks)) if not cfg.data.train_url else []
-    if unknown:
-        raise ConfigError(f"data.task_repeats names {unknown}, not among data.tasks {cfg.data.tasks}; "
-                          f"repeat a task the run trains on")
-    if cfg.data.judge_url and cfg.data.reward_fn:
-        raise ConfigError("data.judge_url and data.reward_fn both replace the task verifiers; set one of them")
-    if cfg.algorithm.near_miss_credit and (cfg.data.reward_fn or cfg.data.judge_url):
-        raise ConfigError("algorithm.near_miss_credit shapes the built-in task verifiers, which data.reward_fn and "
-                          "data.judge_url replace: give partial credit inside your own reward, or set it to 0")
-    if cfg.data.judge_url and not cfg.data.judge_url.startswith(("http://", "https://")):
-        raise ConfigError(f"data.judge_url {cfg.data.judge_url!r} must be an http(s) URL of an OpenAI-compatible "
-                          f"server (e.g. http://judge-host:30000)")
-    if cfg.algorithm.reference_role and cfg.algorithm.kl_coef == 0:
-        raise ConfigError("algorithm.reference_role=true scores a reference nobody uses: set algorithm.kl_coef > 0 "
-                          "or reference_role=false")
-    if cfg.queue.exact_staleness and cfg.rollout.partial_rollout == "abort":
-        raise ConfigError("queue.exact_staleness pins each batch to one policy version, and rollout.partial_rollout="
-                          "abort switches versions mid-generation: set partial_rollout=wait or exact_staleness=false")
-    a = cfg.algorithm
-    if a.stuck_group_push and a.advantage not in ("grpo", "drgrpo", "rloo"):
-        raise ConfigError(f"algorithm.stuck_group_push adds to a group estimator's advantage (grpo, drgrpo, rloo), "
-                          f"not {a.advantage!r}: set it to 0 or change algorithm.advantage")
-    if a.kl_topk and (a.kl_coef == 0 or a.kl_in_reward):
-        raise ConfigError("algorithm.kl_topk is the actor's KL loss term: it needs algorithm.kl_coef > 0 and "
-                          "kl_in_reward=false (a reward penalty sees only the sampled tokens); set kl_topk=0 or "
-                          "change those")
-    if a.kl_topk_weight != 1.0 and not a.kl_topk:
-        raise ConfigError("algorithm.kl_topk_weight splits the KL between the top-k term and kl_estimator: it needs "
-                          "algorithm.kl_topk > 0; set kl_topk or leave kl_topk_weight at 1")
-    if a.kl_topk and a.kl_topk_weight == 0:
-        raise ConfigError("algorithm.kl_topk_weight=0 puts no weight on the top-k KL the reference would still "
-                          "score: set algorithm.kl_topk=0 for kl_estimator alone")
-    if cfg.data.reward_role:
-        clash = [name for name, on in (("rollout.dynamic_sampling", cfg.rollout.dynamic_sampling),
-                                       ("rollout.env_fn", bool(cfg.rollout.env_fn)),
-                                       ("algorithm.advantage=gae", cfg.algorithm.advantage == "gae")) if on]
-        if clash:
-            raise ConfigError(f"data.reward_role=true cannot run with {', '.join(clash)}: the rollout needs rewards "
-                              f"as it generates (to filter groups, from the env) or the critic's stage expects them; "
-                              f"turn those off or set data.reward_role=false")
-    ro = cfg.rollout
-    if ro.explore_answers:
-        clashes = [
-            (ro.explore_answers >= ro.n_samples_per_prompt, "leaves no drawn sample in a group: keep it below "
-             f"rollout.n_samples_per_prompt ({ro.n_samples_per_prompt})"),
-            (ro.engine == "sglang", "forces tokens in the native engine, which SGLang cannot: use rollout.engine=native"),
-            (bool(ro.env_fn), "writes single-turn answers, and a custom env (rollout.env_fn) runs multi-turn episodes"),
-            (bool(cfg.data.train_url), "draws from the built-in tasks' answer spaces, and custom data (data.train_url) "
-             "has none"),
-            (cfg.algorithm.advantage == "gae", "keeps forced answers out of a group baseline, and "
-             "algorithm.advantage=gae has none: use a group estimator (grpo, drgrpo, rloo)")]
-        why = next((msg for bad, msg in clashes if bad), "")
-        if why:
-            raise ConfigError(f"rollout.explore_answers={ro.explore_answers} {why}; or set rollout.explore_answers=0")
-    if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
-        raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "
-                          f"({ro.engine_processes}); raise it, or 0 to cap at engine_processes")
-    if not cfg.run_id or "/" in cfg.run_id:
-        raise ConfigError(f"run_id = {cfg.run_id!r} must be a non-empty name without '/'")
 
 
 def _read_source(source: str) -> dict[str, Any]:
@@ -223,57 +124,3 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    where = prefix.rstrip(".") or "config"
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where} must be a mapping of fields, got {type(data).__name__}: {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    for key in data:
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-            hint = f"; did you mean {prefix}{close[0]}?" if close else ""
-            raise ConfigError(f"unknown config key {prefix}{key}{hint} (valid in {where}: {', '.join(fields)})")
-    kwargs = {}
-    for name, value in data.items():
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            kwargs[name] = _build(tp, value, prefix + name + ".")
-        else:
-            kwargs[name] = _coerce(value, tp, prefix + name)
-    return cls(**kwargs)
-
-
-def _coerce(value: Any, tp: Any, name: str) -> Any:
-    """Accept what a YAML file or a command line would naturally give; reject the rest."""
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{name} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)  # YAML 1.1 reads "1e-3" as a string
-            except ValueError:
-                pass
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{name} must be a string, got {value!r}")
-    if typing.get_origin(tp) is list:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name} must be a list (e.g. {name}=[a,b]), got {value!r}")
-        (item_tp,) = typing.get_args(tp)
-        return [_coerce(v, item_tp, f"{name}[{i}]") for i, v in enumerate(value)]
-    raise ConfigError(f"{name}: unsupported field type {tp}")  # a bug in relax.config, not user input

@@ -1,7 +1,8 @@
-"""The end-to-end pipeline's steps as plain functions: what each Flyte task (``tasks/``) calls.
+"""The end-to-end pipeline, the one home of snapshot -> warm start -> train -> evaluate.
 
-snapshot (``relax.data.sources``) -> :func:`warm_start` -> :func:`evaluate` (before) ->
-:func:`train_run` -> :func:`evaluate` (after) -> :func:`lineage`. Every step is idempotent
+:func:`snapshot` -> :func:`warm_start` -> :func:`evaluate` (before) -> :func:`train_run` ->
+:func:`evaluate` (after) -> :func:`lineage`. Each Flyte task (``tasks/``) calls one of these;
+:func:`run` calls them all in order without Flyte (``relax run``). Every step is idempotent
 on the run root, so a retried or re-run step reuses what an earlier attempt finished:
 a warm start is keyed by everything that determines it, a run resumes from its newest
 checkpoint, and evaluation only reads. Nothing here imports Flyte.
@@ -18,28 +19,25 @@ from dataclasses import dataclass
 from relax import objstore
 from relax.config import RelaxConfig
 from relax.config_loader import config_to_dict
+from relax.data.snapshot import SnapshotInfo
+from relax.data.sources import snapshot_from_config
 from relax.models.builders import BUILTIN_MODELS, BUILTIN_VERSION
 from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
 from relax.services.context import RunContext
+from relax.services.train import TrainSummary, train
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint
-from relax.trainers.torch.sft import FORMAT_RECIPE
+from relax.trainers.torch.sft import FORMAT_RECIPE, format_warmup
 from relax.transfer.lineage import chain, chain_to_json, chain_to_text, list_records, list_runs
+from relax.transfer.lineage_render import render_svg
 
 log = logging.getLogger(__name__)
-__all__ = ["EvalReport", "TrainSummary", "evaluate", "latest_checkpoint", "lineage", "train_run", "warm_start"]
+__all__ = ["EvalReport", "PipelineResult", "TrainSummary", "evaluate", "latest_checkpoint", "lineage", "run",
+           "snapshot", "train_run", "warm_start"]
 
 
-@dataclass
-class TrainSummary:
-    """What a finished (or resumed-and-finished) run produced."""
-
-    run_url: str = ""
-    run_id: str = ""
-    steps: int = 0  # actor steps done in all
-    checkpoint: str = ""  # the final checkpoint folder
-    report_dir: str = ""  # curves.png, metrics.jsonl, events.out.tfevents.relax
-    reward_first: float = 0.0  # mean training reward over the first tenth of the rollout batches
-    reward_last: float = 0.0  # ... and over the last tenth
+def snapshot(cfg: RelaxConfig) -> SnapshotInfo:
+    """Write (or reuse) the content-hashed snapshot of ``cfg``'s dataset under its root."""
+    return snapshot_from_config(cfg.data, objstore.absolute_url(cfg.root))
 
 
 def warm_start_key(cfg: RelaxConfig, snapshot_id: str) -> str:
@@ -67,8 +65,6 @@ def warm_start(cfg: RelaxConfig, snapshot_id: str) -> str:
     if objstore.exists(objstore.join(url, "meta.json")):
         log.info("format warm-start %s exists; reusing it", url)
         return url
-    from relax.trainers.torch.sft import format_warmup
-
     model, processor = ctx.build_model()
     results = format_warmup(model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps, lr=cfg.trainer.sft_lr,
                             seed=cfg.seed, difficulty=cfg.data.difficulty, processor=processor,
@@ -77,32 +73,21 @@ def warm_start(cfg: RelaxConfig, snapshot_id: str) -> str:
                                              "steps": len(results), "final_loss": results[-1].loss})
 
 
-def train_run(cfg: RelaxConfig, init_checkpoint: str = "", fork: bool = False, progress: bool = True) -> TrainSummary:
+def train_run(cfg: RelaxConfig, init_checkpoint: str = "", fork: bool = False, progress: bool = True,
+              engine_urls: list[str] | None = None) -> TrainSummary:
     """Run or resume ``cfg.run_id`` to ``trainer.total_steps``, starting from ``init_checkpoint``
-    (else ``cfg.model.init_checkpoint``)."""
-    from relax.services.actor import checkpoint_name, list_checkpoints
-    from relax.services.controller import train
-
-    if init_checkpoint:
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_checkpoint=init_checkpoint))
-    start = cfg.model.init_checkpoint
+    (else ``cfg.model.init_checkpoint``, else the format warm-start when ``trainer.sft_steps`` > 0)."""
+    start = init_checkpoint or cfg.model.init_checkpoint
+    if not start and cfg.trainer.sft_steps:
+        start = warm_start(cfg, RunContext(cfg).snapshot_info.id)
     if start and not objstore.exists(objstore.join(start, "meta.json")):
         # the usual cause: a root deleted by hand while Flyte's cache still returns URLs under it
         raise FileNotFoundError(
             f"the checkpoint RL starts from, {start}, is gone (no meta.json). If it came from Flyte's cache "
             f"and its root was deleted, rerun with `pyflyte run --overwrite-cache ...` (make run does so when "
             f"./.relax is missing); otherwise fix model.init_checkpoint")
-    result = train(cfg, fork=fork, progress=progress)
-    ctx = RunContext(cfg)
-    done = list_checkpoints(ctx)
-    rewards = [m["reward"] for m in result.rollout]
-    tenth = max(1, len(rewards) // 10)
-    return TrainSummary(
-        run_url=result.run_url, run_id=cfg.run_id, steps=result.steps,
-        checkpoint=objstore.join(ctx.run_url, "checkpoints", checkpoint_name(done[-1])) if done else "",
-        report_dir=objstore.join(ctx.run_url, "report"),
-        reward_first=sum(rewards[:tenth]) / tenth if rewards else 0.0,
-        reward_last=sum(rewards[-tenth:]) / tenth if rewards else 0.0)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_checkpoint=start))
+    return train(cfg, fork=fork, progress=progress, engine_urls=engine_urls)
 
 
 def evaluate(cfg: RelaxConfig, checkpoint: str = "", limit: int | None = None) -> EvalReport:
@@ -126,8 +111,6 @@ def evaluate(cfg: RelaxConfig, checkpoint: str = "", limit: int | None = None) -
 
 def lineage(cfg: RelaxConfig, run_id: str | None = None) -> dict:
     """The run's newest checkpoint and its ancestors (across runs): records, text and an SVG graph."""
-    from relax.transfer.lineage_render import render_svg
-
     records = chain(cfg.root, run_id or cfg.run_id)
     return {"records": chain_to_json(records), "chain_text": chain_to_text(records), "svg": render_svg(records)}
 
@@ -143,3 +126,27 @@ def latest_checkpoint(root: str, exclude_run: str = "") -> str:
             if newest is None or record.created_at > newest.created_at:
                 newest = record
     return str(newest.extra.get("checkpoint_url", "")) if newest is not None else ""
+
+
+@dataclass
+class PipelineResult:
+    """What :func:`run` produced: the data, the scores before and after RL, the run and its lineage."""
+
+    snapshot: SnapshotInfo
+    before: EvalReport
+    after: EvalReport
+    train: TrainSummary
+    lineage_text: str = ""
+    start: str = ""  # the checkpoint RL started from ("" = the model as built)
+
+
+def run(cfg: RelaxConfig, progress: bool = True, eval_limit: int | None = None) -> PipelineResult:
+    """The whole pipeline in this process, as the ``omni_rl`` workflow runs it: snapshot, warm start,
+    evaluate, train, evaluate, lineage. Rerunning resumes (every step is idempotent on the root)."""
+    cfg = dataclasses.replace(cfg, root=objstore.absolute_url(cfg.root))
+    info = snapshot(cfg)
+    start = warm_start(cfg, info.id) or cfg.model.init_checkpoint
+    before = evaluate(cfg, start, limit=eval_limit)
+    summary = train_run(cfg, init_checkpoint=start, progress=progress)
+    after = evaluate(cfg, summary.checkpoint, limit=eval_limit)
+    return PipelineResult(info, before, after, summary, lineage(cfg)["chain_text"], start)

@@ -85,7 +85,7 @@ class RelaxRayTask(RayFunctionTask):
 
     Why: the plugin's local ``ray.init()`` starts the dashboard and its agent, which on a
     2-core machine took a fifth of every step of the main job (0.416 s a step against 0.34
-    with Ray started without it; docs/benchmarks.md). On a cluster KubeRay starts Ray, and
+    with Ray started without it; docs/history/learning-recipe.md). On a cluster KubeRay starts Ray, and
     this changes nothing."""
 
     def pre_execute(self, user_params):
@@ -138,7 +138,7 @@ def run_role_group(group: str, cfg: RelaxConfig) -> dict[str, int]:
     each role is its own Ray worker process (its own torch thread count), placed by Ray."""
     import ray
 
-    from relax.services.controller import run_role
+    from relax.services.topologies.runner import run_role
 
     remote = ray.remote(run_role)
     refs = {role: remote.options(num_cpus=1, num_gpus=role_gpus(cfg.resources, role), name=f"relax-{role}")

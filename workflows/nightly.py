@@ -5,7 +5,7 @@ checkpoint under ``cfg.root`` (``model.init_checkpoint``) and trains on a fresh 
 configured data (a changed dataset gets a new snapshot id), so the lineage chain of tonight's
 checkpoint runs back through every earlier night to the first run.
 
-The launch plan's default ``cfg`` is fixed at registration: the tiny-cpu defaults, or the preset or
+The launch plan's default ``cfg`` is fixed at registration: the omni-cpu preset, or the preset or
 config file named by ``RELAX_NIGHTLY_CONFIG`` (on a cluster: a bucket root and a GPU preset)::
 
     RELAX_NIGHTLY_CONFIG=nightly.yaml pyflyte register --image ... workflows/

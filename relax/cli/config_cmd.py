@@ -7,8 +7,9 @@ import dataclasses
 import json
 import typing
 
+from relax.cli.args import config_from_args
 from relax.config import RelaxConfig
-from relax.config_loader import ConfigError, config_to_dict, config_to_yaml, list_presets, load_config
+from relax.config_loader import config_to_dict, config_to_yaml, list_presets
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,12 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from relax.cli.main import split_overrides
-
-    positional, overrides = split_overrides(args.items)
-    if len(positional) > 1:
-        raise ConfigError(f"expected at most one preset or file, got {positional}; overrides look like key=value")
-    cfg = load_config(positional[0] if positional else None, overrides)
+    cfg = config_from_args(args.items)
     print(json.dumps(config_to_dict(cfg), indent=2) if args.json else config_to_yaml(cfg), end="")
     return 0
 

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from collections import Counter
 
+from relax.cli.args import split_overrides
 from relax.config_loader import ConfigError, load_config
 from relax.data.errors import DataError
 from relax.data.snapshot import Snapshot, list_snapshots
@@ -42,8 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    from relax.cli.main import split_overrides
-
     positional, overrides = split_overrides(args.items)
     if len(positional) > 1:
         raise ConfigError(f"expected at most one train file, got {positional}")

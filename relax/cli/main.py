@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd, scale_cmd, train_cmd
+from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd, run_cmd, scale_cmd, train_cmd
 from relax.config_loader import ConfigError
 from relax.data.errors import DataError
 from relax.services.context import RunConfigMismatch
@@ -20,12 +20,13 @@ from relax.transfer.lineage import LineageError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous omni-modal RL post-training.")
-    sub = parser.add_subparsers(dest="area", required=True, metavar="{config,data,lineage,replay,train,role,status,scale}")
+    sub = parser.add_subparsers(dest="area", required=True, metavar="{config,data,run,eval,train,role,status,scale,lineage,replay}")
     config_cmd.register(sub)
     data_cmd.register(sub)
+    run_cmd.register(sub)
+    train_cmd.register(sub)
     lineage_cmd.register(sub)
     replay_cmd.register(sub)
-    train_cmd.register(sub)
     scale_cmd.register(sub)
     return parser
 
@@ -37,13 +38,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError, LineageError, TransferError, RunConfigMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-def split_overrides(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Separate ``key=value`` overrides from positional arguments."""
-    overrides = [t for t in tokens if "=" in t and not t.startswith(("/", ".", "s3:", "file:"))]
-    positional = [t for t in tokens if t not in overrides]
-    return positional, overrides
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``relax replay``: the exact consumption order of a run, step by step; ``--retrain``
 re-executes the actor's steps from a checkpoint and compares them with the run's
-(``relax.services.retrain``).
+(``relax.services.replay``).
 
 A trainer re-executes a run on the same samples by asking its consumer group for the
 recorded steps (``ConsumerGroup.take(step)`` returns them); this command shows that
@@ -15,6 +15,7 @@ import shutil
 import tempfile
 
 from relax import objstore
+from relax.services.replay import TERM_METRICS, Retrain
 from relax.transfer.consumer import replay
 from relax.transfer.errors import StoreError
 from relax.transfer.queue import TransferQueue
@@ -71,8 +72,6 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _retrain(args: argparse.Namespace) -> int:
     """Exit 0 when every retrained step and the final weights match the run's, 1 otherwise."""
-    from relax.services.retrain import TERM_METRICS, Retrain  # torch and the models: only when retraining
-
     into = args.into or tempfile.mkdtemp(prefix="relax-retrain-")
     try:
         job = Retrain(args.root, args.run, args.retrain, into, args.to)

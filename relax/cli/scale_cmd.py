@@ -1,6 +1,6 @@
 """``relax scale``: add and remove rollout engines of a running run through its REST API.
 
-A thin client of :mod:`relax.services.api` on ``urllib`` (no extra dependency), so an
+A thin client of :mod:`relax.services.api.elastic` on ``urllib`` (no extra dependency), so an
 operator can scale from any machine with the package installed. Responses are printed as
 JSON; an HTTP error prints ``error: <status> <detail>`` and exits with status 2.
 """

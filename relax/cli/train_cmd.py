@@ -1,7 +1,8 @@
 """``relax train``, ``relax role`` and ``relax status``: run, serve one role, inspect a run.
 
-``relax train [preset|file] [key=value ...]`` runs a whole run in ``topology``; running the
-same command again resumes it (same run id, same config). ``--fork`` accepts a changed
+``relax train [preset|file] [key=value ...]`` runs a whole run in ``topology`` (after the format
+warm-start when ``trainer.sft_steps`` > 0); running the same command again resumes it (same run
+id, same config). ``--fork`` accepts a changed
 config for an existing run id. ``relax role NAME CONFIG`` is one role's loop (what the
 disaggregated topology starts per process). ``relax status ROOT [RUN]`` shows roles,
 versions, queue depth and staleness from the store alone.
@@ -14,7 +15,16 @@ import json
 import time
 
 from relax import objstore
-from relax.config_loader import load_config
+from relax.cli.args import config_from_args
+from relax.config_loader import config_from_dict, saved_config
+from relax.pipeline import train_run
+from relax.services.context import RunContext
+from relax.services.report.metrics import ROLES, read_metrics
+from relax.services.roles.actor import list_checkpoints
+from relax.services.roles.factory import ROLE_NAMES
+from relax.services.schema import ACTOR_GROUP, ADVANTAGE_GROUP
+from relax.services.topologies.runner import run_role
+from relax.transfer.consumer import load_group_state
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train)
 
     r = sub.add_parser("role", help="run one role of a run in this process (disaggregated topology)")
-    r.add_argument("name", choices=("rollout", "advantage", "actor", "reference", "critic", "reward"))
+    r.add_argument("name", choices=ROLE_NAMES)
     r.add_argument("args", nargs="*", help="[preset or config file] then key=value overrides")
     r.set_defaults(func=_role)
 
@@ -39,49 +49,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_status)
 
 
-def _config(tokens: list[str]):
-    from relax.cli.main import split_overrides
-
-    positional, overrides = split_overrides(tokens)
-    if len(positional) > 1:
-        raise SystemExit(f"error: give at most one preset or config file, got {positional}")
-    return load_config(positional[0] if positional else None, overrides)
-
-
 def _train(args: argparse.Namespace) -> int:
-    from relax.services.context import RunContext
-    from relax.services.controller import train
-
-    cfg = _config(args.args)
+    cfg = config_from_args(args.args)
     if args.resume and not objstore.exists(objstore.join(RunContext(cfg).run_url, "run.json")):
         raise SystemExit(f"error: --resume: no run {cfg.run_id!r} under {cfg.root}")
-    result = train(cfg, fork=args.fork, progress=not args.no_progress, engine_urls=args.engine_url or None)
-    last = result.rollout[-1] if result.rollout else {}
-    print(f"run {cfg.run_id}: {result.steps} steps, policy version {result.final_version}, "
-          f"last rollout reward {last.get('reward', float('nan')):.3f}")
-    for kind, url in result.report.items():
-        print(f"  {kind}: {url}")
+    summary = train_run(cfg, fork=args.fork, progress=not args.no_progress, engine_urls=args.engine_url or None)
+    print(f"run {cfg.run_id}: {summary.steps} steps, policy version {summary.steps}, training reward "
+          f"{summary.reward_first:.3f} (first tenth) -> {summary.reward_last:.3f} (last tenth)")
+    print(f"  checkpoint: {summary.checkpoint}\n  report: {summary.report_dir} (curves.png, metrics.jsonl, "
+          f"events.out.tfevents.relax)")
     return 0
 
 
 def _role(args: argparse.Namespace) -> int:
-    from relax.services.controller import run_role
-
-    run_role(args.name, _config(args.args))
+    run_role(args.name, config_from_args(args.args))
     return 0
 
 
 def run_status(root: str, run_id: str) -> dict:
     """What ``relax status`` shows for one run, read from the store only."""
-    from relax.config_loader import config_from_dict
-    from relax.services.actor import list_checkpoints
-    from relax.services.context import ACTOR_GROUP, ADVANTAGE_GROUP, RunContext
-    from relax.services.metrics import ROLES, read_metrics
-    from relax.transfer.consumer import load_group_state
-
     run_url = objstore.join(objstore.absolute_url(root), "runs", run_id)
     record = json.loads(objstore.read_bytes(objstore.join(run_url, "run.json")))
-    cfg = config_from_dict({**record["config"], "root": root})
+    cfg = config_from_dict({**saved_config(record["config"]), "root": root})
     ctx = RunContext(cfg)
     queue = ctx.queue()
     queue.refresh()

@@ -66,5 +66,5 @@ def gsm8k_row_to_sample(record: dict[str, Any], where: str, index: int) -> Sampl
 
 def gsm8k_reward(response: str, sample: Sample) -> float:
     """1.0 if the response's final answer (``<answer>``, ``\\boxed{}``, ``####``, ...) equals the
-    ground-truth number, else 0.0. A :data:`~relax.data.tasks.base.RewardFn`."""
+    ground-truth number, else 0.0. A :data:`~relax.data.suite.base.RewardFn`."""
     return numeric_match_reward(response, sample)

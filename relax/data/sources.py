@@ -20,7 +20,7 @@ from relax.objstore import absolute_url
 def load_splits(data: DataConfig) -> dict[str, list[Sample]]:
     """``{"train": [...], "eval": [...]}`` from the built-in suite or from data.train_url/eval_url."""
     if not data.train_url:
-        from relax.data.tasks import generate_suite
+        from relax.data.suite import generate_suite
 
         return generate_suite(list(data.tasks), seed=data.seed, train_per_task=data.train_per_task,
                               eval_per_task=data.eval_per_task, difficulty=data.difficulty)

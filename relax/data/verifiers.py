@@ -5,7 +5,7 @@ Policies write answers in many styles: ``<answer>7</answer>``, ``\\boxed{7}``, G
 strict enough not to be gamed and lenient enough not to punish harmless formatting, so
 extraction and normalization live here, once, and every task's reward goes through them.
 
-The two reward functions below follow the :data:`relax.data.tasks.base.RewardFn` contract:
+The two reward functions below follow the :data:`relax.data.suite.base.RewardFn` contract:
 ``reward(response: str, sample: Sample) -> float`` with a value in ``[0, 1]``.
 """
 

@@ -48,7 +48,7 @@ def question_of(sample: Sample) -> str:
 
 
 class JudgeReward:
-    """``judge(response, sample) -> float`` (a :data:`~relax.data.tasks.base.RewardFn`), and
+    """``judge(response, sample) -> float`` (a :data:`~relax.data.suite.base.RewardFn`), and
     :meth:`many` to grade a whole batch with up to ``concurrency`` requests in flight."""
 
     def __init__(self, url: str, model: str = "judge", *, template: str = DEFAULT_TEMPLATE,

@@ -1,7 +1,7 @@
 """Reward dispatch: which function scores a response, and what happens when it raises.
 
 By default each sample is scored by its task's verifier (``TASKS[sample.task].reward``);
-``data.reward_fn`` (a dotted path, see :data:`relax.data.tasks.base.RewardFn`) replaces it
+``data.reward_fn`` (a dotted path, see :data:`relax.data.suite.base.RewardFn`) replaces it
 for every sample. A reward function that raises or returns something that is not a finite
 number in [0, 1] does not stop the run: the sample gets reward 0, zero loss weight and the
 error text, which is stored with the sample and counted in the metrics.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax.data.schema import Sample
-from relax.data.tasks import TASKS, kind_of, load_reward_fn
+from relax.data.suite import TASKS, kind_of, load_reward_fn
 from relax.data.verifiers import integer_distance, numeric_match_reward
 from relax.rollout.judge import judge_from_config
 
@@ -29,7 +29,7 @@ def reward_metrics(scored: Sequence[tuple[Sample, float]]) -> dict[str, float]:
     several (``reward/shapes:colour``), over ``(sample, reward)`` pairs.
 
     Why per kind: a policy can learn a picture's count and answer one colour to every colour
-    question (docs/benchmarks.md, "Why images stall"); the task's mean then sits at a plateau that
+    question (docs/history/learning-recipe.md, "Why images stall"); the task's mean then sits at a plateau that
     looks like slow learning, and only the kind's curve shows the collapse while the run goes on."""
     groups: dict[str, list[float]] = {}
     for sample, reward in scored:

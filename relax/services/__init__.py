@@ -1,11 +1,17 @@
-"""The asynchronous runtime: roles, the controller that places them, the REST API.
+"""The runtime of a run: its roles, how they are placed, and what a user sees of them.
 
-* :mod:`relax.services.context` — a run's shared handles (run record, snapshot, tokenizer, queues).
-* :mod:`relax.services.rollout`, :mod:`~relax.services.advantage`, :mod:`~relax.services.actor`
-  — the three role loops as plain classes (``step()`` does one unit of work).
-* :mod:`relax.services.controller` — ``train(cfg)``: the three topologies.
-* :mod:`relax.services.deployments` — the roles as Ray Serve deployments (``async``).
-* :mod:`relax.services.api` — the elastic rollout REST API.
+* :mod:`relax.services.train`: ``train(cfg)`` runs (or resumes) a run in its topology and
+  returns a :class:`~relax.services.train.TrainSummary`.
+* :mod:`relax.services.context`: a run's shared handles (run record, snapshot, tokenizer,
+  queues); :mod:`relax.services.schema`: the queue's topics, consumer groups and fields.
+* :mod:`relax.services.roles`: rollout, advantage, actor, critic, reference and reward, each a
+  plain class whose ``step()`` does one unit of work; ``roles.factory`` names and builds them.
+* :mod:`relax.services.topologies`: ``colocated`` (one process), ``asynchronous`` (Ray Serve
+  deployments), ``disaggregated`` (one OS process per role), and ``runner`` (one role's loop).
+* :mod:`relax.services.launchers`: engine servers as local processes or Ray actors.
+* :mod:`relax.services.api`: the elastic rollout REST API and the server that hosts it.
+* :mod:`relax.services.report`: metrics logs, TensorBoard events and PNG curves.
+* :mod:`relax.services.replay`: retrain a run's recorded steps from a checkpoint and compare.
 
 Roles never hand data to each other: samples go through the TransferQueue, weights through
 the WeightStore. See docs/runtime.md.

@@ -9,89 +9,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import numpy as np
-
 from relax import objstore
 from relax.config import RelaxConfig
-from relax.config_loader import ConfigError, config_to_dict
+from relax.config_loader import ConfigError, config_to_dict, saved_config
 from relax.data.snapshot import Snapshot
 from relax.data.sources import snapshot_from_config
+from relax.data.suite import TASKS, load_env_fn, load_reward_fn
+from relax.models import build_policy, build_processor, build_tokenizer
+from relax.services.schema import ROLLOUT_TOPIC
 from relax.transfer.lineage import code_version
 from relax.transfer.queue import TransferQueue
-from relax.transfer.schema import Field
 from relax.transfer.weights import WeightStore
 
-ROLLOUT_TOPIC = "rollouts"
-ADVANTAGE_GROUP = "advantage"
-ACTOR_GROUP = "actor_train"
-# data.reward_role: the reward role's group, and the columns it adds (the rollout then omits them)
-REWARD_GROUP = "reward"
-REWARD_FIELDS = (Field("reward", "float32"), Field("error", kind="str"))
-# algorithm.reference_role: the reference role's group, and the column it adds
-REFERENCE_GROUP = "reference"
-REFERENCE_FIELDS = (Field("ref_logprobs", "float32", (None,)),)  # with kl_topk: topk_reference_fields
-# PPO with GAE: the critic's two groups (values for new rows; training on their returns)
-CRITIC_VALUES_GROUP = "critic_values"
-CRITIC_TRAIN_GROUP = "critic_train"
-# what the rollout writes per sample; the advantage role adds ADVANTAGE_FIELDS
-ROLLOUT_FIELDS = (
-    Field("tokens", "int64", (None,)),
-    Field("loss_mask", "int8", (None,)),
-    Field("logprobs", "float32", (None,)),
-    Field("reward", "float32"),
-    Field("prompt_len", "int32"),
-    Field("task", kind="str"),
-    Field("response", kind="str"),
-    Field("error", kind="str"),
-    # bytes of images/audio an environment returned in later agent turns (services.media.pack_media)
-    Field("turn_media", kind="bytes"),
-)
-ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
-
-
-def topk_reference_fields(k: int) -> tuple[Field, Field]:
-    """The reference role's columns with ``algorithm.kl_topk``: its k likeliest tokens and their
-    log-probs, (R, k) each, for the last R positions of the row (``topk_response_start`` on).
-
-    Why not every position: the prompt's rows are never in the loss, and at k = 32 they were
-    nine tenths of the queue (2.9 of 3.0 GB in a 1200-step run of the omni preset)."""
-    return Field("ref_topk_ids", "int32", (None, k)), Field("ref_topk_logprobs", "float32", (None, k))
-
-
-def topk_response_start(loss_mask: Sequence[Any]) -> int:
-    """The first position a top-k column keeps: the row's first trained token (its length when
-    nothing is trained). Every earlier position has loss mask 0, so the KL never reads it."""
-    nonzero = np.flatnonzero(np.asarray(loss_mask))
-    return int(nonzero[0]) if nonzero.size else len(loss_mask)
-
-
-def pad_topk_rows(rows: np.ndarray, length: int) -> np.ndarray:
-    """A stored (R, k) top-k column back to the row's (length, k), zeros in front: the layout the
-    trainer indexes by position. Rows stored whole (R = length) come back unchanged."""
-    if rows.shape[0] > length:
-        raise ValueError(f"a top-k column of {rows.shape[0]} rows for a row of {length} tokens")
-    if rows.shape[0] == length:
-        return rows
-    return np.concatenate([np.zeros((length - rows.shape[0], *rows.shape[1:]), dtype=rows.dtype), rows])
-
-
-# rollout.explore_answers: 1 for a sample whose answer was forced, 0 for a drawn one
-EXPLORED_FIELD = Field("explored", "int8")
-
-
-def rollout_fields(reward_role: bool, explore: bool = False) -> tuple[Field, ...]:
-    """What the rollout commits: without ``reward``/``error`` when the reward role scores; with
-    ``explored`` when it forces answers (only then, so runs without it keep their schema)."""
-    fields = tuple(f for f in ROLLOUT_FIELDS if not reward_role or f.name not in ("reward", "error"))
-    return fields + (EXPLORED_FIELD,) if explore else fields
-# with GAE the critic adds per-token values before the advantage role, which adds the returns
-VALUE_FIELDS = (Field("values", "float32", (None,)),)
-RETURN_FIELDS = (Field("returns", "float32", (None,)),)
 # model families whose processors take images / audio (relax.models.processors)
 IMAGE_FAMILIES = ("qwen2_5_vl", "qwen2_5_omni")
 AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
@@ -133,7 +66,7 @@ class RunContext:
         url = objstore.join(self.run_url, "run.json")
         if objstore.exists(url):
             record = json.loads(objstore.read_bytes(url))
-            saved = _flat(record["config"])
+            saved = _flat(saved_config(record["config"]))
             mine = _flat(config_to_dict(self.cfg))
             # A setting added to Relax after the run started is absent from run.json; at its
             # default it changes nothing, so upgrading Relax does not orphan a run.
@@ -170,29 +103,21 @@ class RunContext:
 
     @cached_property
     def tokenizer(self):
-        from relax.models import build_tokenizer
-
         return build_tokenizer(self.cfg.model.tokenizer)
 
     def build_model(self):
         """``(model, processor)``: the initial policy (seeded), identical in every process."""
-        from relax.models import build_policy
-
         return build_policy(self.cfg.model, self.tokenizer, seed=self.cfg.seed)
 
     @cached_property
     def processor(self):
         """The model's media processor (None for text models), from its config alone: a rollout
         with remote engines expands media placeholders itself and builds no weights."""
-        from relax.models import build_processor
-
         return build_processor(self.cfg.model, self.tokenizer)
 
     def check_trainable(self, engine_urls: list[str] | None = None) -> None:
         """Fail before any role starts on data the configured engines cannot serve, or on an
         extension point (``data.reward_fn``, ``rollout.env_fn``) that does not import."""
-        from relax.data.tasks import load_env_fn, load_reward_fn
-
         _ = self.cfg.data.reward_fn and load_reward_fn(self.cfg.data.reward_fn)
         _ = self.cfg.rollout.env_fn and load_env_fn(self.cfg.rollout.env_fn)
         train = self.split("train")
@@ -205,8 +130,6 @@ class RunContext:
                                   f"family in {list(families)} (e.g. model.name_or_path=tiny-omni "
                                   f"model.family=qwen2_5_omni) or drop those tasks")
         if self.cfg.data.reward_role:
-            from relax.data.tasks import TASKS
-
             agents = sorted({s.task for s in train if TASKS.get(s.task) and TASKS[s.task].make_env})
             if agents:
                 raise ConfigError(f"data.reward_role=true: tasks {agents} are agent episodes whose reward comes from "

@@ -2,7 +2,7 @@
 
 ``relax replay ROOT RUN --retrain FROM`` copies what the actor needs (the dataset snapshot,
 the queue, the weight store, checkpoint FROM and the lineage up to it) into a scratch root,
-resumes an :class:`~relax.services.actor.ActorRole` there and lets it take the recorded
+resumes an :class:`~relax.services.roles.actor.ActorRole` there and lets it take the recorded
 steps FROM+1.. again: the consumer group hands back exactly the samples each step trained
 on, so on CPU every step's loss and gradient norm must equal the recorded ones, and the
 weights after the last step must equal the published version, bit for bit. Where they do
@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from relax import objstore
-from relax.config_loader import ConfigError, config_from_dict
-from relax.services.actor import ActorRole, checkpoint_name
+from relax.config_loader import ConfigError, config_from_dict, saved_config
 from relax.services.context import RunContext
-from relax.services.controller import role_threads
-from relax.services.metrics import read_metrics
+from relax.services.report.metrics import read_metrics
+from relax.services.roles.actor import ActorRole, checkpoint_name
+from relax.services.roles.factory import role_threads
 from relax.transfer.lineage import record_url
 from relax.transfer.weights import WeightStore
 
@@ -107,7 +107,7 @@ class Retrain:
             raise ConfigError(f"retrain to step {self.to_step}: the run recorded actor steps up to {last}; "
                               f"choose a step in {from_step + 1}..{last}")
         copy_for_retrain(root, run_id, from_step, into)
-        cfg = config_from_dict(config)
+        cfg = config_from_dict(saved_config(config))
         cfg.root = objstore.absolute_url(into)
         self.store = WeightStore(root, run_id)  # the source's: the copy's retention may delete versions
         if cfg.topology != "colocated":  # colocated, the actor ran with torch's default thread count

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import yaml
@@ -177,6 +178,36 @@ def test_every_field_is_documented():
     walk(RelaxConfig())
 
 
+# a sentence ends at . ! or ? followed by a space and a capital, a digit or an opening quote/bracket
+# ("0 = off.", "'ray' needs ..."); the dots of e.g. / i.e. / etc. / vs. end nothing
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9'\"`(\[])")
+ABBREVIATIONS = re.compile(r"\b(?:e\.g|i\.e|etc|vs|cf)\.", re.IGNORECASE)
+
+
+def sentences(text: str) -> list[str]:
+    text = ABBREVIATIONS.sub(lambda m: m.group(0).replace(".", ""), text.strip())
+    return [s for s in SENTENCE_END.split(text) if s.strip()]
+
+
+def test_sentences_counts_sentences_not_abbreviations():
+    assert len(sentences("One (e.g. [a:2]). Two, i.e. more. 0 = off.")) == 3
+    assert len(sentences("A 0.5 share; [] = none. 'ray' needs it.")) == 2
+
+
+def test_help_texts_are_at_most_two_sentences_and_300_characters():
+    def walk(obj, prefix=""):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, prefix + f.name + ".")
+                continue
+            text = f.metadata["help"]
+            assert len(text) <= 300, f"{prefix}{f.name}: help is {len(text)} characters (at most 300)"
+            assert len(sentences(text)) <= 2, f"{prefix}{f.name}: help has {len(sentences(text))} sentences (at most 2)"
+
+    walk(RelaxConfig())
+
+
 def test_dict_round_trip_is_identity():
     cfg = load_config("qwen2.5-omni-3b", ["seed=3"])
     assert config_from_dict(config_to_dict(cfg)) == cfg
@@ -195,9 +226,13 @@ def test_stuck_group_push_needs_a_group_estimator():
     assert load_config(None, ["algorithm.stuck_group_push=0.2", "algorithm.advantage=rloo"]).algorithm.stuck_group_push == 0.2
 
 
-def test_pinned_rows_refuse_weight_decay_which_would_shrink_them():
-    rows = 'trainer.frozen_params=["visual.patch_embed.proj.weight[0:3]"]'
-    with pytest.raises(ConfigError, match="weight_decay=0"):
-        load_config("omni-cpu", ["trainer.weight_decay=0.01", rows])
-    assert load_config("omni-cpu", ["trainer.weight_decay=0.01", "trainer.frozen_params=[visual.patch_embed]"])
-    assert load_config("omni-cpu", ["trainer.weight_decay=0", rows]).trainer.frozen_params == [rows.split('"')[1]]
+def test_a_run_saved_with_a_removed_setting_off_resumes_and_one_that_used_it_is_refused():
+    from relax.config_loader import ConfigError, config_from_dict, config_to_dict, saved_config
+
+    saved = config_to_dict(load_config("omni-cpu"))
+    saved["rollout"]["explore_answers"], saved["data"]["task_repeats"] = 0, []  # as an earlier Relax wrote them
+    assert config_from_dict(saved_config(saved)) == load_config("omni-cpu")
+    assert "explore_answers" in saved["rollout"]  # the caller's record is left as it was
+    saved["trainer"]["frozen_params"] = ["visual.patch_embed"]
+    with pytest.raises(ConfigError, match=r"trainer.frozen_params=\['visual.patch_embed'\].*removed"):
+        saved_config(saved)

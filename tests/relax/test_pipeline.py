@@ -7,10 +7,11 @@ import dataclasses
 import pytest
 
 from relax import objstore
-from relax.config_loader import load_config
-from relax.pipeline import evaluate, latest_checkpoint, lineage, train_run, warm_start
+from relax.config_loader import ConfigError, load_config
+from relax.pipeline import evaluate, latest_checkpoint, lineage, run, train_run, warm_start
 from relax.rollout.evaluation import EvalReport, per_task_limit
 from relax.services.context import RunContext
+from relax.services.train import train
 
 TINY = ["data.tasks=[arithmetic,shapes,tones,tool_lookup]", "model.name_or_path=tiny-omni",
         "model.family=qwen2_5_omni", "data.train_per_task=8", "data.eval_per_task=4", "rollout.prompts_per_step=4",
@@ -92,7 +93,7 @@ def test_train_from_warm_start_then_continue_in_a_second_run(cfg):
 
 
 def test_per_task_limit_keeps_split_order():
-    from relax.data.tasks import generate_suite
+    from relax.data.suite import generate_suite
 
     samples = generate_suite(["arithmetic", "shapes"], seed=0, train_per_task=1, eval_per_task=3)["eval"]
     picked = per_task_limit(samples, 2)
@@ -140,3 +141,17 @@ def test_training_from_a_vanished_checkpoint_names_the_cache_fix(cfg, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"deleted, is gone.*--overwrite-cache"):
         train_run(dataclasses.replace(cfg, run_id="vanished"), init_checkpoint=gone, progress=False)
     assert not objstore.exists(RunContext(dataclasses.replace(cfg, run_id="vanished")).run_url)  # nothing started
+
+
+def test_the_pipeline_warm_starts_the_runtime_does_not(cfg):
+    third = dataclasses.replace(cfg, run_id="p3")
+    with pytest.raises(ConfigError, match=r"trainer.sft_steps=3 .*pipeline"):
+        train(third, progress=False)  # the runtime alone would skip the warm start: refused, naming the fix
+    assert not objstore.exists(RunContext(third).run_url)
+    result = run(third, progress=False, eval_limit=1)
+    assert result.start == warm_start(cfg, RunContext(cfg).snapshot_info.id)  # the keyed warm start, reused
+    assert result.before.checkpoint == result.start and result.after.checkpoint == result.train.checkpoint
+    assert result.train.steps == 2 and result.train.checkpoint.endswith("runs/p3/checkpoints/step-000001")
+    assert "p3/step-000001" in result.lineage_text
+    first = next(n for n in lineage(third)["records"]["nodes"] if n["id"] == "checkpoint:p3/step-000000")
+    assert first["extra"]["init_checkpoint"] == result.start

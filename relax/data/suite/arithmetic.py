@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from relax.data.errors import DataError
 from relax.data.schema import Message, Sample
-from relax.data.tasks.base import (
+from relax.data.suite.base import (
     TaskSpec,
     check_generate_args,
     generate_split,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from relax.data.errors import DataError
 from relax.data.schema import Message, Sample
-from relax.data.tasks.base import TaskSpec, check_generate_args, generate_split
+from relax.data.suite.base import TaskSpec, check_generate_args, generate_split
 from relax.data.verifiers import ANSWER_FORMAT_HINT, numeric_match_reward
 
 NAME = "largest"
@@ -61,7 +61,7 @@ def generate_with_config(seed: int, split: str, n: int, config: LargestConfig, d
     Held-out questions come as they fall: ``count`` distinct numbers drawn uniformly, so the
     maximum is skewed to the top (three digits: 9 in 30% of questions, 2 in 0.8%). The train
     split is balanced over the maxima instead (every answer equally often, see
-    :func:`~relax.data.tasks.base.generate_split`): on the skewed split, RL policies of some
+    :func:`~relax.data.suite.base.generate_split`): on the skewed split, RL policies of some
     seeds never answered 2-5 (a sixth of the questions) and stalled at 0.75-0.83 held-out,
     while others learned the rule and scored 1.0 (docs/tasks.md). Rare maxima have few
     distinct questions (one set of digits has maximum 2), so the train split repeats them.

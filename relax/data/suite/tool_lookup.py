@@ -21,7 +21,7 @@ from typing import Any
 
 from relax.data.errors import DataError
 from relax.data.schema import Message, Sample
-from relax.data.tasks.base import TaskSpec, check_generate_args, generate_split
+from relax.data.suite.base import TaskSpec, check_generate_args, generate_split
 from relax.data.verifiers import extract_final_answer, normalize_answer
 
 NAME = "tool_lookup"
@@ -205,7 +205,7 @@ def oracle_response(sample: Sample) -> str:
 
 
 class ToolLookupEnv:
-    """The :class:`~relax.data.tasks.base.Env` for this task.
+    """The :class:`~relax.data.suite.base.Env` for this task.
 
     Each step either contains tool calls (observation: their results, one per line; reward
     0; not done) or is the final answer (reward 1.0 if it is right *and* the asked key was

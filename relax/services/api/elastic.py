@@ -1,6 +1,6 @@
 """The elastic rollout REST API: add and remove inference engines while a run trains.
 
-:class:`ElasticRollout` owns the scale operations on a :class:`~relax.rollout.engines.RemoteEngines`
+:class:`ElasticRollout` owns the scale operations on a :class:`~relax.rollout.remote_engines.RemoteEngines`
 pool; :func:`create_rollout_app` puts them behind FastAPI (OpenAPI at ``/openapi.json``).
 
 Rules the API keeps (see docs/rest_api.md):
@@ -38,8 +38,9 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, model_validator
 
-from relax.rollout.engines import EngineLauncher, LaunchedEngine, RemoteEngines
-from relax.services.engine_launcher import CapacityError
+from relax.rollout.engine_supervisor import EngineLauncher, LaunchedEngine
+from relax.rollout.remote_engines import RemoteEngines
+from relax.services.launchers.process import CapacityError
 from relax.transfer.weights import WeightStore
 
 TOKEN_ENV = "RELAX_API_TOKEN"

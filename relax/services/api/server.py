@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from relax.rollout.engines import RemoteEngines
-from relax.services.api import TOKEN_ENV, ElasticRollout, create_rollout_app
+from relax.rollout.remote_engines import RemoteEngines
+from relax.services.api.elastic import TOKEN_ENV, ElasticRollout, create_rollout_app
 from relax.transfer.weights import WeightStore
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ stop it. A launcher refuses a request it cannot satisfy as a whole (:class:`Capa
 before starting anything, so a scale-out never leaves half its engines behind.
 
 The rollout also launches its own engines here (``rollout.engine_processes``); the pool
-(:class:`~relax.rollout.engines.RemoteEngines`) then owns them and, when one dies, launches a
+(:class:`~relax.rollout.remote_engines.RemoteEngines`) then owns them and, when one dies, launches a
 replacement through the same launcher (the dead one no longer counts against ``max_engines``).
 """
 

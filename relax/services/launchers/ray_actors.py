@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from relax.services.engine_launcher import CapacityError, NativeEngineProcess
+from relax.services.launchers.process import CapacityError, NativeEngineProcess
 
 
 class EngineActor:
@@ -42,7 +42,7 @@ class EngineActor:
 
 
 class RayEngine:
-    """A launched engine (:class:`~relax.rollout.engines.LaunchedEngine`) backed by an actor."""
+    """A launched engine (:class:`~relax.rollout.engine_supervisor.LaunchedEngine`) backed by an actor."""
 
     def __init__(self, actor: Any, url: str):
         self.actor, self._url = actor, url

@@ -20,6 +20,7 @@ from typing import Any
 import google_crc32c
 
 from relax import objstore
+from relax.services.report.curves import render_curves
 from relax.transfer.writers import RecordLog, new_incarnation, read_records
 
 # critic: only when algorithm.advantage=gae; reference: only with algorithm.reference_role
@@ -32,6 +33,19 @@ class MetricsLog:
 
     def append(self, metrics: dict[str, Any]) -> None:
         self.log.append({"time": time.time(), **metrics})
+
+
+class RoleLogs:
+    """One metrics log per role name, opened on its first record (a stage may report for two)."""
+
+    def __init__(self, run_url: str):
+        self.run_url, self.logs = run_url, {}
+
+    def append(self, metrics: dict[str, Any]) -> None:
+        role = metrics["role"]
+        if role not in self.logs:
+            self.logs[role] = MetricsLog(self.run_url, role)
+        self.logs[role].append(metrics)
 
 
 class MetricsReader:
@@ -131,8 +145,6 @@ def scalar_rows(records: list[dict[str, Any]], step_key: str, prefix: str) -> li
 def export_report(run_url: str, by_role: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     """Write ``by_role`` (:func:`read_all_metrics`) as JSONL, a TensorBoard event file and PNG
     curves under ``<run>/report/``; returns their URLs."""
-    from relax.services.curves import render_curves
-
     report = objstore.join(run_url, "report")
     lines = sorted((r for rs in by_role.values() for r in rs), key=lambda r: r["time"])
     urls = {"jsonl": objstore.join(report, "metrics.jsonl"), "tfevents": objstore.join(report, "events.out.tfevents.relax"),

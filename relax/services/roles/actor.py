@@ -18,11 +18,11 @@ from typing import Any
 
 from relax import objstore
 from relax.config_loader import config_hash
-from relax.services.context import ACTOR_GROUP, RunContext
-from relax.services.media import MediaInputs, to_rollout_batch
+from relax.services.context import RunContext
+from relax.services.roles.media import MediaInputs, to_rollout_batch
+from relax.services.schema import ACTOR_GROUP
 from relax.trainers.torch.actor import Actor, Reference, kl_loss_term, reference_fields
 from relax.trainers.torch.checkpoint import load_checkpoint, read_meta
-from relax.trainers.torch.sft import format_warmup
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, record_url, write_record
 
@@ -118,17 +118,12 @@ class ActorRole:
             if cfg.model.init_checkpoint and self.resumed_from is None:
                 load_checkpoint(cfg.model.init_checkpoint, self.actor.model, restore_rng=False)
                 meta["init_checkpoint"] = cfg.model.init_checkpoint
-            elif cfg.trainer.sft_steps and self.resumed_from is None:
-                results = format_warmup(self.actor.model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps,
-                                        lr=cfg.trainer.sft_lr, seed=cfg.seed, difficulty=cfg.data.difficulty,
-                                        processor=processor, media_loader=ctx.snapshot.load_media)
-                meta["format_warmup"] = {"steps": len(results), "final_loss": results[-1].loss}
             self.store.publish(0, self.actor.model.state_dict(), meta)
-        elif self.resumed_from is None:  # warm start done before a crash that preceded any checkpoint
+        elif self.resumed_from is None:  # version 0 published before a crash that preceded any checkpoint
             state, _ = self.store.load(0)
             self.actor.model.load_state_dict(state)
         # with kl_in_reward the KL is in the advantages (the advantage role holds the reference);
-        # with reference_role the rows bring ref_logprobs (relax.services.reference)
+        # with reference_role the rows bring ref_logprobs (relax.services.roles.reference)
         use_ref = kl_loss_term(cfg.algorithm)
         self.reference = initial_reference(ctx)[0] if use_ref and not cfg.algorithm.reference_role else None
 

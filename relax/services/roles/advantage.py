@@ -7,7 +7,7 @@ It is the consumer group ``advantage`` of the ``rollouts`` topic: each step take
 all-zero loss mask, so its advantage is zero everywhere and it trains with zero weight.
 
 With ``advantage=gae`` (PPO with a critic) a group is complete only once the critic role
-(relax.services.critic) has committed its ``values``; the step computes GAE over the whole
+(relax.services.roles.critic) has committed its ``values``; the step computes GAE over the whole
 batch, whitens the advantages over the batch's response tokens (PPO's usual normalisation;
 GAE on a sparse outcome reward is otherwise scaled by the reward rate) and commits both
 ``advantages`` and ``returns`` (A + V before whitening: the critic's regression target).
@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.algorithms import compute_advantages, explored_advantages, masked_whiten, stuck_groups, token_kl
-from relax.services.column import ColumnStage
-from relax.services.context import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS, RunContext
-from relax.services.media import MediaInputs, effective_masks, to_rollout_batch
+from relax.algorithms import compute_advantages, masked_whiten, stuck_groups, token_kl
+from relax.services.context import RunContext
+from relax.services.roles.column import ColumnStage
+from relax.services.roles.media import MediaInputs, effective_masks, to_rollout_batch
+from relax.services.schema import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS
 from relax.transfer.consumer import Batch
 
 SEQUENCE_LEVEL = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
@@ -56,26 +57,10 @@ def _padded_or_none(rows: list[np.ndarray] | None) -> torch.Tensor | None:
 
 def group_advantages(name: str, rewards: list[float], masks: list[np.ndarray], *,
                      kl: list[np.ndarray] | None = None, kl_coef: float = 0.0,
-                     stuck_push: float = 0.0, explored: list[bool] | None = None) -> list[np.ndarray]:
+                     stuck_push: float = 0.0) -> list[np.ndarray]:
     """Advantages (L_i,) of one prompt group: ``rewards`` (G,), ``masks`` G arrays (L_i,);
     ``kl`` G arrays (L_i,) of per-token KL folded into the reward with weight ``kl_coef``;
-    ``stuck_push``: ``algorithm.stuck_group_push``; ``explored`` (G,): which samples forced
-    their answer (rollout.explore_answers): the estimator runs over the drawn ones alone, the
-    forced ones get ``explored_advantages`` on every response token."""
-    if explored is not None and any(explored) and not all(explored):
-        drawn = [i for i, e in enumerate(explored) if not e]
-        forced = [i for i, e in enumerate(explored) if e]
-        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rewards)
-        sub = group_advantages(name, [rewards[i] for i in drawn], [masks[i] for i in drawn],
-                               kl=None if kl is None else [kl[i] for i in drawn], kl_coef=kl_coef,
-                               stuck_push=stuck_push)
-        bonus = explored_advantages(torch.tensor([rewards[i] for i in forced]),
-                                    torch.tensor([rewards[i] for i in drawn]))
-        for i, a in zip(drawn, sub, strict=True):
-            out[i] = a
-        for i, b in zip(forced, bonus.tolist(), strict=True):
-            out[i] = (b * masks[i]).astype(np.float32)
-        return out
+    ``stuck_push``: ``algorithm.stuck_group_push``."""
     adv, _ = compute_advantages(name, torch.tensor(rewards, dtype=torch.float32), _padded(masks),
                                 group_size=len(masks), token_kl=_padded_or_none(kl), kl_coef=kl_coef,
                                 stuck_push=stuck_push)
@@ -120,12 +105,11 @@ class AdvantageRole:
         needs = ["reward", "loss_mask", "values"] if self.gae else ["reward", "loss_mask"]
         if ctx.cfg.data.reward_role:  # rows whose reward failed train with zero weight
             needs += ["error"]
-        self.explore = ctx.cfg.rollout.explore_answers > 0  # config_loader refuses it with gae
-        if self.explore:  # forced answers: out of the drawn samples' baseline (explored_advantages)
-            needs += ["explored"]
         self.reference, self.media = None, None
         if self.kl_in_reward:
-            from relax.services.actor import initial_reference  # the actor's module: only this mode needs it
+            from relax.services.roles.actor import (
+                initial_reference,  # the actor's module: only this mode needs it
+            )
 
             # the reference scores the row's tokens (and media) against its behaviour logprobs;
             # it is version 0, which the actor publishes (after any warm start) before its first step
@@ -170,12 +154,10 @@ class AdvantageRole:
         stuck = 0
         for idx in by_group.values():
             rewards = [float(batch.fields["reward"][i]) for i in idx]
-            explored = [bool(batch.fields["explored"][i]) for i in idx] if self.explore else [False] * len(idx)
-            drawn = [r for r, e in zip(rewards, explored, strict=True) if not e]
-            stuck += bool(stuck_groups(torch.tensor(drawn), len(drawn)).item())
+            stuck += bool(stuck_groups(torch.tensor(rewards), len(rewards)).item())
             advs = group_advantages(self.name, rewards, [batch.fields["loss_mask"][i] for i in idx],
                                     kl=None if kl is None else [kl[i] for i in idx], kl_coef=beta,
-                                    stuck_push=self.alg.stuck_group_push, explored=explored)
+                                    stuck_push=self.alg.stuck_group_push)
             for i, a in zip(idx, advs, strict=True):
                 values[batch.ids[i]] = {"advantages": a}
         self.producer.add_fields(values, meta={"step": batch.step})

@@ -29,9 +29,10 @@ import torch
 
 from relax import objstore
 from relax.models.value_head import ValueHeadModel
-from relax.services.advantage import AdvantageRole
-from relax.services.context import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP, VALUE_FIELDS, RunContext
-from relax.services.media import MediaInputs, to_rollout_batch
+from relax.services.context import RunContext
+from relax.services.roles.advantage import AdvantageRole
+from relax.services.roles.media import MediaInputs, to_rollout_batch
+from relax.services.schema import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP, VALUE_FIELDS
 from relax.trainers.torch.checkpoint import load_checkpoint
 from relax.trainers.torch.critic import Critic
 from relax.transfer.consumer import ConsumerGroup

@@ -24,7 +24,7 @@ import torch
 from relax.data.schema import Sample
 from relax.models.processors import media_features, merge_media
 from relax.rollout.prompts import EncodedPrompt, EncodedPromptCache, encode_prompt
-from relax.services.context import pad_topk_rows
+from relax.services.schema import pad_topk_rows
 from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import Batch
 
@@ -112,7 +112,7 @@ class MediaInputs:
 
 def effective_masks(masks: Sequence[Any], errors: Sequence[str] | None) -> list[Any]:
     """Loss masks with the rows whose reward failed zeroed (zero weight). The rollout zeroes
-    them itself when it scores; with the reward role (relax.services.reward) the consumers do."""
+    them itself when it scores; with the reward role (relax.services.roles.reward) the consumers do."""
     if errors is None:
         return list(masks)
     return [m * 0 if e else m for m, e in zip(masks, errors, strict=True)]

@@ -25,15 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from relax.services.column import ColumnStage
-from relax.services.context import (
+from relax.services.context import RunContext
+from relax.services.roles.column import ColumnStage
+from relax.services.roles.media import MediaInputs, to_rollout_batch
+from relax.services.schema import (
     REFERENCE_FIELDS,
     REFERENCE_GROUP,
-    RunContext,
     topk_reference_fields,
     topk_response_start,
 )
-from relax.services.media import MediaInputs, to_rollout_batch
 from relax.trainers.torch.actor import reference_fields
 from relax.trainers.torch.batch import TOPK_FIELDS
 from relax.transfer.consumer import Batch
@@ -43,7 +43,7 @@ ROW_FIELDS = ["tokens", "loss_mask", "prompt_len", "turn_media"]
 
 class ReferenceRole:
     def __init__(self, ctx: RunContext, writer_id: str = "reference", wait_s: float | None = 600.0):
-        from relax.services.actor import initial_reference  # the actor publishes version 0 first
+        from relax.services.roles.actor import initial_reference  # the actor publishes version 0 first
 
         self.reference, processor = initial_reference(ctx, wait_s)
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)

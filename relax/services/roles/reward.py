@@ -25,9 +25,10 @@ import numpy as np
 
 from relax.data.schema import Sample
 from relax.rollout.rewards import RewardDispatcher, reward_metrics
-from relax.services.column import ColumnStage
-from relax.services.context import REWARD_FIELDS, REWARD_GROUP, RunContext
-from relax.services.media import sample_id_of
+from relax.services.context import RunContext
+from relax.services.roles.column import ColumnStage
+from relax.services.roles.media import sample_id_of
+from relax.services.schema import REWARD_FIELDS, REWARD_GROUP
 from relax.transfer.consumer import Batch
 
 ROW_FIELDS = ["response"]

@@ -24,25 +24,26 @@ from typing import Any
 import numpy as np
 
 from relax.config_loader import ConfigError
-from relax.data.tasks import TASKS, load_env_fn
+from relax.data.suite import load_env_fn
 from relax.engines.types import SamplingParams
-from relax.rollout.engines import EngineLauncher, EnginePool, LocalEngines, RemoteEngines
+from relax.rollout.engine_supervisor import EngineLauncher
+from relax.rollout.engines import EnginePool, LocalEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
-from relax.rollout.exploration import AnswerExplorer
-from relax.rollout.prompts import PromptStream, repeat_tasks
+from relax.rollout.prompts import PromptStream
+from relax.rollout.remote_engines import RemoteEngines
 from relax.rollout.rewards import RewardDispatcher, reward_metrics
-from relax.services.api import ElasticRollout
-from relax.services.api_server import APIStartError, RolloutAPIServer, preflight
-from relax.services.context import ACTOR_GROUP, RunContext, rollout_fields
-from relax.services.engine_launcher import LocalProcessLauncher
-from relax.services.media import pack_media
+from relax.services.api.elastic import ElasticRollout
+from relax.services.api.server import APIStartError, RolloutAPIServer, preflight
+from relax.services.context import RunContext
+from relax.services.launchers.process import LocalProcessLauncher
+from relax.services.roles.media import pack_media
+from relax.services.schema import ACTOR_GROUP, rollout_fields
 from relax.transfer.consumer import GroupView, wait_for_capacity
 
 
-def trajectory_row(t: Trajectory, group_size: int, scored: bool = True, explore: bool = False) -> dict[str, Any]:
+def trajectory_row(t: Trajectory, group_size: int, scored: bool = True) -> dict[str, Any]:
     """A queue row; a sample whose reward failed keeps its tokens but trains with zero weight.
-    ``scored=False`` (data.reward_role): no reward or error yet, the reward role adds them.
-    ``explore`` (rollout.explore_answers): the row says whether its answer was forced."""
+    ``scored=False`` (data.reward_role): no reward or error yet, the reward role adds them."""
     mask = np.asarray(t.mask, dtype=np.int8)
     if t.error:
         mask[:] = 0
@@ -54,8 +55,6 @@ def trajectory_row(t: Trajectory, group_size: int, scored: bool = True, explore:
             "turn_media": pack_media(t.images[len(t.sample.images):], t.audios[len(t.sample.audios):])}
     if not scored:
         del row["reward"], row["error"]
-    if explore:
-        row["explored"] = np.int8(bool(t.forced))
     return row
 
 
@@ -79,16 +78,13 @@ class RolloutRole:
             except APIStartError as e:
                 raise ConfigError(str(e)) from None
         self.queue = ctx.queue()
-        self.scores = not cfg.data.reward_role  # else the reward role does (relax.services.reward)
-        self.explore = cfg.rollout.explore_answers > 0
-        self.producer = self.queue.producer(writer_id, rollout_fields(not self.scores, self.explore),
-                                             tokens_field="tokens")
+        self.scores = not cfg.data.reward_role  # else the reward role does (relax.services.roles.reward)
+        self.producer = self.queue.producer(writer_id, rollout_fields(not self.scores), tokens_field="tokens")
         self.store = ctx.weights()
         self.actor_view = GroupView(self.queue, ACTOR_GROUP)  # incremental: read new cursor records only
         meta = self.producer.last_meta() or {}
         self.batch = int(meta.get("batch", -1)) + 1  # the next batch index
-        self.stream = PromptStream(repeat_tasks(ctx.split("train"), cfg.data.repeats()), seed=cfg.seed,
-                                   position=int(meta.get("next_prompt", 0)))
+        self.stream = PromptStream(ctx.split("train"), seed=cfg.seed, position=int(meta.get("next_prompt", 0)))
         self.api_mode = api_mode
         try:
             self._start(engine_urls)
@@ -119,12 +115,12 @@ class RolloutRole:
         self.runner = EpisodeRunner(self.pool, tok, processor, self.rewards, params, max_turns=r.max_turns,
                                     max_seq_len=cfg.model.max_seq_len, partial_rollout=r.partial_rollout,
                                     media=ctx.snapshot.load_media, new_weights=self._newer_weights,
-                                    reload=self.sync_weights, explorer=self._explorer())
+                                    reload=self.sync_weights)
         # a custom env (rollout.env_fn) drives every sample; otherwise tasks with an env use it
         self.make_env = load_env_fn(r.env_fn) if r.env_fn else default_env_factory(r.max_turns)
         self.needs_env = (lambda _sample: True) if r.env_fn else needs_env
         self.api, self.elastic = None, None
-        if r.api_port and self.api_mode == "ingress":  # Serve's proxy serves it (relax.services.deployments)
+        if r.api_port and self.api_mode == "ingress":  # Serve's proxy serves it (relax.services.topologies.asynchronous)
             self.elastic = ElasticRollout(self.pool, self.store, self.pool.launcher)
         elif r.api_port:
             try:
@@ -132,18 +128,6 @@ class RolloutRole:
             except BaseException:
                 self.pool.close()  # stops the engine processes started above
                 raise
-
-    def _explorer(self) -> AnswerExplorer | None:
-        """rollout.explore_answers: built only when asked for, after checking every task can be explored."""
-        cfg = self.cfg
-        if not cfg.rollout.explore_answers:
-            return None
-        custom = sorted({s.task for s in self.ctx.split("train")} - set(TASKS))
-        if custom:
-            raise ConfigError(f"rollout.explore_answers draws answers from the built-in tasks' answer spaces; "
-                              f"task(s) {custom} have none: set rollout.explore_answers=0")
-        return AnswerExplorer(cfg.rollout.explore_answers, self.ctx.tokenizer, seed=cfg.seed,
-                              difficulty=cfg.data.difficulty)
 
     def _owned_engines(self, n: int, slots: int, faults: dict[str, Any]) -> RemoteEngines:
         """Start ``n`` native engine servers on the initial model; the pool owns and supervises them."""
@@ -166,7 +150,7 @@ class RolloutRole:
         if r.engine_launcher == "ray":
             import ray
 
-            from relax.services.ray_launcher import RayEngineLauncher
+            from relax.services.launchers.ray_actors import RayEngineLauncher
 
             if not ray.is_initialized():
                 try:  # a cluster started with `ray start --head` (or RAY_ADDRESS); never a new local one
@@ -222,12 +206,10 @@ class RolloutRole:
                 kept.append(group)
             if generated >= 8 * r.prompts_per_step and len(kept) < r.prompts_per_step:
                 break  # dynamic sampling found too few informative groups; ship what there is
-        rows = [trajectory_row(t, r.n_samples_per_prompt, self.scores, self.explore) for g in kept for t in g]
+        rows = [trajectory_row(t, r.n_samples_per_prompt, self.scores) for g in kept for t in g]
         self.producer.put(rows, meta={"next_prompt": self.stream.position, "batch": self.batch})
         self.batch += 1
         trajs = [t for g in kept for t in g]
-        explored = [t for t in trajs if t.forced]
-        trajs = [t for t in trajs if not t.forced]  # the reward curves show what the policy itself answers
         elapsed = time.perf_counter() - t0
         metrics = {"role": "rollout", "batch": self.batch - 1, "weight_version": self.pool.weight_version,
                    "newest_version": latest,  # published when the batch began: above weight_version = skipped
@@ -235,7 +217,7 @@ class RolloutRole:
                    "response_tokens": float(np.mean([sum(t.mask) for t in trajs])) if trajs else 0.0,
                    "turns": float(np.mean([t.turns for t in trajs])) if trajs else 0.0,
                    "samples": len(rows), "filtered_groups": filtered,
-                   "reward_errors": sum(bool(t.error) for t in trajs + explored), "explored": len(explored),
+                   "reward_errors": sum(bool(t.error) for t in trajs),
                    "aborted_partials": self.runner.aborted, "wait_s": t_wait - t0, "time_s": elapsed,
                    "samples_per_s": len(rows) / max(elapsed, 1e-9), "epoch": self.stream.epoch}
         if isinstance(self.pool, RemoteEngines):
@@ -245,8 +227,6 @@ class RolloutRole:
                 metrics.pop(key)
             return metrics
         metrics.update(reward_metrics([(t.sample, t.reward) for t in trajs]))
-        if explored:
-            metrics["explored_reward"] = float(np.mean([t.reward for t in explored]))
         return metrics
 
     def _run(self, prompts: list) -> list[list[Trajectory]]:

@@ -3,7 +3,7 @@
 A replica starts its role loop in a thread when it is constructed and answers ``status()``
 (steps done, finished, error). Roles talk only through the run root (TransferQueue and
 WeightStore), so the rollout keeps generating while the actor trains, at most
-``queue.max_staleness`` versions ahead. The controller polls the statuses, mirrors the
+``queue.max_staleness`` versions ahead. The driver (``run_async``) polls the statuses, mirrors the
 actor's metrics into the progress bar, and deletes the application when the actor is done.
 
 Each role process gets half the CPUs for torch threads, so rollout and actor overlap on
@@ -12,13 +12,20 @@ separate cores instead of fighting over the same ones.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import traceback
 from typing import Any
 
-from relax.config_loader import config_from_dict, config_to_dict
+from relax.config_loader import ConfigError, config_from_dict, config_to_dict
+from relax.services.api.elastic import TOKEN_ENV
+from relax.services.api.server import lazy_rollout_app
 from relax.services.context import RunContext
+from relax.services.report.metrics import MetricsReader
+from relax.services.roles.factory import role_names
+from relax.services.topologies.progress import Progress
+from relax.services.topologies.runner import run_role
 
 APP_PREFIX = "relax"
 
@@ -37,8 +44,6 @@ class RoleRunner:
         self._thread.start()
 
     def _run(self, engine_urls: list[str] | None) -> None:
-        from relax.services.controller import run_role
-
         try:
             run_role(self.role, self.cfg, engine_urls=engine_urls, on_step=self._count, on_start=self._started,
                      api_mode=self.api_mode)
@@ -64,8 +69,6 @@ class RolloutIngress(RoleRunner):
     api_mode = "ingress"
 
     def __serve_build_asgi_app__(self) -> Any:  # called by Serve after __init__, on the replica
-        from relax.services.api_server import lazy_rollout_app
-
         return lazy_rollout_app(lambda: getattr(self.role_object, "elastic", None))
 
 
@@ -73,9 +76,6 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
               poll_s: float = 0.5) -> None:
     import ray
     from ray import serve
-
-    from relax.services.controller import Progress
-    from relax.services.metrics import MetricsReader
 
     cfg = ctx.cfg
     if not ray.is_initialized():
@@ -85,11 +85,6 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
     deployment = serve.deployment(RoleRunner, **options)
     api = cfg.rollout.api_port > 0
     if api:  # the proxy's address is cluster-wide: a Serve already running keeps its own
-        import os
-
-        from relax.config_loader import ConfigError
-        from relax.services.api import TOKEN_ENV
-
         token = os.environ.get(TOKEN_ENV)
         if not token:
             raise ConfigError(f"rollout.api_port={cfg.rollout.api_port} serves the elastic REST API, whose scale "
@@ -101,8 +96,6 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
                                              "runtime_env": {"env_vars": {TOKEN_ENV: token}}}})
     body = config_to_dict(cfg)
     handles = {}
-    from relax.services.controller import role_names
-
     names = {role: f"{APP_PREFIX}-{cfg.run_id}-{role}" for role in role_names(cfg)}
     try:
         for role in names:  # the actor first: it publishes version 0 that the rollout waits for

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from relax.pipeline import train_run
 from relax.services.context import RunContext
-from relax.services.controller import train
 from tests.relax.services.runtime_helpers import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ def _spans(mask: np.ndarray) -> list[tuple[int, int, int]]:
 def test_tool_task_trains_through_the_agent_loop_with_observations_masked(tmp_path):
     cfg = tiny_config(f"file://{tmp_path}", "agent", "data.tasks=[tool_lookup]", "trainer.sft_steps=40",
                       "rollout.max_new_tokens=32", "rollout.max_turns=3", "trainer.total_steps=3")
-    result = train(cfg, progress=False)
+    result = train_run(cfg, progress=False)  # the pipeline's format warm-start, then RL
     assert result.steps == 3
     ctx = RunContext(cfg)
     queue = ctx.queue()

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from relax.config_loader import load_config
-from relax.data.tasks import generate_suite
+from relax.data.suite import generate_suite
 from relax.engines.client import EngineClient, EngineHTTPError
 from relax.engines.server import build_native_engine, create_app
 from relax.engines.types import SamplingParams
 from relax.models import build_policy, build_tokenizer
-from relax.rollout.engines import LocalEngines, RemoteEngines
+from relax.rollout.engines import LocalEngines
 from relax.rollout.prompts import encode_prompt
+from relax.rollout.remote_engines import RemoteEngines
 from tests.relax.engines.contract import InProcessServer, data_uri
 
 SEED = 7

@@ -36,7 +36,7 @@ def test_out_of_range_reward_is_an_error(tmp_path, monkeypatch):
 
 
 def test_near_miss_credit_goes_to_count_answers_one_away_only():
-    from relax.data.tasks import get_task
+    from relax.data.suite import get_task
 
     shapes = get_task("shapes").generate(0, "train", 16, 1)
     count = next(s for s in shapes if s.metadata["question"] == "count" and s.answer in ("2", "3"))

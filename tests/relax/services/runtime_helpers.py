@@ -24,7 +24,7 @@ def tiny_config(root: str, run_id: str = "t", *overrides: str):
 
 def task_reward(response: str, sample) -> float:
     """The task's own verifier, as a custom reward (its slow twin below scores the same)."""
-    from relax.data.tasks import TASKS
+    from relax.data.suite import TASKS
 
     return TASKS[sample.task].reward(response, sample)
 

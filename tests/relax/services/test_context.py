@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from relax import objstore
-from relax.services.context import RunConfigMismatch, RunContext, pad_topk_rows, topk_response_start
+from relax.services.context import RunConfigMismatch, RunContext
+from relax.services.schema import pad_topk_rows, topk_response_start
 from tests.relax.services.runtime_helpers import tiny_config
 
 

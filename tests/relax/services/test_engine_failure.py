@@ -12,13 +12,13 @@ import urllib.request
 
 import pytest
 
-from relax.services.actor import ActorRole
-from relax.services.advantage import AdvantageRole
 from relax.services.context import RunContext
-from relax.services.controller import train
-from relax.services.engine_launcher import NativeEngineProcess
-from relax.services.metrics import read_metrics
-from relax.services.rollout import RolloutRole
+from relax.services.launchers.process import NativeEngineProcess
+from relax.services.report.metrics import read_metrics
+from relax.services.roles.actor import ActorRole
+from relax.services.roles.advantage import AdvantageRole
+from relax.services.roles.rollout import RolloutRole
+from relax.services.train import train
 from relax.transfer.errors import QueueTimeout
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
@@ -50,7 +50,7 @@ def test_killing_an_engine_mid_run_does_not_stop_it(tmp_path):
         assert result.steps == 6
         check_run(ctx, 6)
         # every batch after the kill was still generated under the current weights, by the survivor
-        assert [m["weight_version"] for m in result.rollout] == list(range(6))
+        assert [m["weight_version"] for m in result.metrics("rollout")] == list(range(6))
     finally:
         for e in engines:
             e.stop()
@@ -69,7 +69,7 @@ def test_a_killed_owned_engine_is_replaced_with_the_current_weights(tmp_path):
                       "rollout.engine_processes=2", "rollout.supervise_interval_s=0.5")
     ctx = RunContext(cfg)
     ctx.ensure_run()
-    # the colocated loop of relax.services.controller.run_colocated, kept here to watch the pool
+    # the colocated loop of relax.services.topologies.colocated.run_colocated, kept here to watch the pool
     actor, adv, rollout = ActorRole(ctx), AdvantageRole(ctx), RolloutRole(ctx)
     pool = rollout.pool
     victim_url, victim = next(iter(pool.owned.items()))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from relax.config_loader import load_config
-from relax.services.controller import train
+from relax.services.train import train
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def test_grpo_raises_arithmetic_reward(tmp_path):
     cfg = load_config("tiny-cpu", [f"root=file://{tmp_path}", "run_id=learn", "data.tasks=[arithmetic]",
                                    "trainer.total_steps=100", "trainer.lr=3e-3", "trainer.checkpoint_every=50"])
     result = train(cfg, progress=False)
-    rewards = [m["reward"] for m in sorted(result.rollout, key=lambda m: m["batch"])]
+    rewards = [m["reward"] for m in sorted(result.metrics("rollout"), key=lambda m: m["batch"])]
     first, last = float(np.mean(rewards[:20])), float(np.mean(rewards[-20:]))
     print(f"reward first 20 batches {first:.3f}, last 20 {last:.3f}")
     assert last > max(2 * first, first + 0.03), (first, last)

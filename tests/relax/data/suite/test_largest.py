@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from relax.data.errors import DataError
-from relax.data.tasks import TASKS, random_policy_score
-from relax.data.tasks.largest import CONFIGS, LargestConfig, answer_space, generate, phrase
+from relax.data.suite import TASKS, random_policy_score
+from relax.data.suite.largest import CONFIGS, LargestConfig, answer_space, generate, phrase
 
 
 def test_questions_answer_their_maximum():

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from relax.data.schema import Sample
-from relax.data.tasks import shapes, tones
+from relax.data.suite import shapes, tones
 
 # --- images ---------------------------------------------------------------------------
 
@@ -139,7 +139,7 @@ def test_splits_are_balanced_over_kinds_and_answers(task, split) -> None:
 
 
 def test_balanced_label_alternates_kinds_and_cycles_answers() -> None:
-    from relax.data.tasks.base import balanced_label
+    from relax.data.suite.base import balanced_label
 
     classes = {"count": ["1", "2"], "colour": ["red", "blue", "green"]}
     # kinds sorted: colour, count; i even -> colour, answer (i // 2) % 3; i odd -> count, (i // 2) % 2

@@ -6,7 +6,7 @@ import pytest
 
 from relax.data.errors import DataError
 from relax.data.schema import Message, Sample
-from relax.data.tasks.tool_lookup import (
+from relax.data.suite.tool_lookup import (
     SYSTEM_PROMPT,
     ToolLookupEnv,
     generate,

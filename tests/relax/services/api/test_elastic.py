@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from relax.cli import scale_cmd
-from relax.rollout.engines import RemoteEngines
-from relax.services.api import ElasticRollout, create_rollout_app
-from relax.services.engine_launcher import LocalProcessLauncher, NativeEngineProcess
+from relax.rollout.remote_engines import RemoteEngines
+from relax.services.api.elastic import ElasticRollout, create_rollout_app
+from relax.services.launchers.process import LocalProcessLauncher, NativeEngineProcess
 from relax.transfer.weights import WeightStore
 from tests.relax.engines.contract import InProcessServer, free_port, save_tiny_model
 

@@ -13,9 +13,9 @@ import pytest
 from relax.cli.main import main as relax_cli
 from relax.config_loader import ConfigError
 from relax.engines.client import EngineClient
-from relax.services.actor import ActorRole
 from relax.services.context import RunContext
-from relax.services.rollout import RolloutRole
+from relax.services.roles.actor import ActorRole
+from relax.services.roles.rollout import RolloutRole
 from tests.relax.services.runtime_helpers import tiny_config
 
 TOKEN = "t0ken"

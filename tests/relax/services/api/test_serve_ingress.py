@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from relax.services.context import RunContext
-from relax.services.controller import train
+from relax.services.train import train
 from tests.relax.services.runtime_helpers import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

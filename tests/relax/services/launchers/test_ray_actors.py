@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from relax.engines.client import EngineClient
-from relax.rollout.engines import RemoteEngines
-from relax.services.api import ElasticRollout
-from relax.services.engine_launcher import CapacityError
+from relax.rollout.remote_engines import RemoteEngines
+from relax.services.api.elastic import ElasticRollout
+from relax.services.launchers.process import CapacityError
 from tests.relax.engines.contract import save_tiny_model
 
 pytestmark = pytest.mark.ray
@@ -73,7 +73,7 @@ def generates(url: str) -> bool:
 
 
 def test_ray_engines_hold_cluster_resources_and_refuse_what_does_not_fit(ray_session, tmp_path):
-    from relax.services.ray_launcher import RayEngineLauncher
+    from relax.services.launchers.ray_actors import RayEngineLauncher
 
     ray = ray_session
     folder = save_tiny_model(Path(tmp_path) / "m")
@@ -112,9 +112,9 @@ def test_ray_engines_hold_cluster_resources_and_refuse_what_does_not_fit(ray_ses
 
 
 def test_a_rollout_owns_its_engines_as_ray_actors(ray_session, tmp_path):
-    from relax.services.actor import ActorRole
     from relax.services.context import RunContext
-    from relax.services.rollout import RolloutRole
+    from relax.services.roles.actor import ActorRole
+    from relax.services.roles.rollout import RolloutRole
     from tests.relax.services.runtime_helpers import tiny_config
 
     ray = ray_session

@@ -7,8 +7,8 @@ import struct
 
 from PIL import Image
 
-from relax.services.curves import render_curves
-from relax.services.metrics import _masked_crc, tfevents_bytes
+from relax.services.report.curves import render_curves
+from relax.services.report.metrics import _masked_crc, tfevents_bytes
 
 
 def _records(blob: bytes) -> list[bytes]:

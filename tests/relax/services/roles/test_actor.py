@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import relax.services.actor as actor_role
+import relax.services.roles.actor as actor_role
 from relax import objstore
-from relax.services.actor import behaviour_is_proximal
 from relax.services.context import RunContext
-from relax.services.controller import train
+from relax.services.roles.actor import behaviour_is_proximal
+from relax.services.train import train
 from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.checkpoint import load_checkpoint
 from relax.transfer.lineage import ParentRef, chain, read_record, record_url
@@ -93,6 +93,6 @@ def test_the_actor_role_trains_with_the_exact_top_k_kl(tmp_path):
     cfg = tiny_config(f"file://{tmp_path}", "topk", "trainer.total_steps=3", "trainer.lr=1e-2",
                       "trainer.warmup_steps=0", "algorithm.kl_coef=0.5", "algorithm.kl_topk=8")
     result = train(cfg, progress=False)
-    kl = [m["kl_topk"] for m in sorted(result.actor, key=lambda m: m["step"])]
+    kl = [m["kl_topk"] for m in sorted(result.metrics("actor"), key=lambda m: m["step"])]
     assert result.steps == 3 and len(kl) == 3
     assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[2] > 1e-6

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from relax.services.advantage import group_advantages
+from relax.services.roles.advantage import group_advantages
 
 
 def test_grpo_group_by_hand():
@@ -19,23 +19,6 @@ def test_grpo_group_by_hand():
     np.testing.assert_allclose(adv[0], [0, math.sqrt(2), math.sqrt(2)], rtol=1e-5)
     np.testing.assert_allclose(adv[1], [0, 0, -1 / math.sqrt(2), -1 / math.sqrt(2)], rtol=1e-5)
     np.testing.assert_allclose(adv[2], [0, -1 / math.sqrt(2)], rtol=1e-5)
-
-
-def test_forced_answers_stay_out_of_the_drawn_samples_baseline():
-    # group of 4, the last one forced (rollout.explore_answers=1): rewards (1, 0, 0 | 1).
-    # The drawn three get GRPO over (1, 0, 0) alone, as in test_grpo_group_by_hand:
-    # (sqrt 2, -1/sqrt 2, -1/sqrt 2); the forced one max(0, 1 - 1/3) = 2/3 on each response token.
-    # A forced 0 would get max(0, 0 - 1/3) = 0.
-    masks = [np.array([0, 1], np.int8)] * 3 + [np.array([0, 1, 1], np.int8)]
-    adv = group_advantages("grpo", [1.0, 0.0, 0.0, 1.0], masks, explored=[False, False, False, True])
-    np.testing.assert_allclose(np.concatenate(adv[:3]), [0, math.sqrt(2), 0, -1 / math.sqrt(2), 0, -1 / math.sqrt(2)],
-                               rtol=1e-5)
-    np.testing.assert_allclose(adv[3], [0, 2 / 3, 2 / 3], rtol=1e-5)
-    adv = group_advantages("grpo", [1.0, 0.0, 0.0, 0.0], masks, explored=[False, False, False, True])
-    np.testing.assert_allclose(adv[3], [0, 0, 0])
-    # no forced sample in the group: plain GRPO over all four
-    plain = group_advantages("grpo", [1.0, 0.0, 0.0, 1.0], masks)
-    assert group_advantages("grpo", [1.0, 0.0, 0.0, 1.0], masks, explored=[False] * 4)[3].tolist() == plain[3].tolist()
 
 
 def test_rloo_and_masked_out_error_sample():
@@ -50,8 +33,8 @@ def test_rloo_and_masked_out_error_sample():
 
 def test_gae_waits_for_the_critics_values(tmp_path):
     # GRPO needs only rewards and masks; GAE must not start a batch before the critic's values exist.
-    from relax.services.advantage import AdvantageRole
     from relax.services.context import RunContext
+    from relax.services.roles.advantage import AdvantageRole
     from tests.relax.services.runtime_helpers import tiny_config
 
     gae = AdvantageRole(RunContext(tiny_config(f"file://{tmp_path}/a", "t", "algorithm.advantage=gae",
@@ -75,8 +58,8 @@ def test_group_advantages_with_kl_in_reward_on_ragged_rows():
 
 def test_kl_in_reward_reads_logprobs_and_waits_for_the_reference(tmp_path):
     # the reference is policy version 0, which the actor publishes: without it the role waits, then says so
-    from relax.services.advantage import AdvantageRole
     from relax.services.context import RunContext
+    from relax.services.roles.advantage import AdvantageRole
     from relax.transfer.errors import QueueTimeout
     from tests.relax.services.runtime_helpers import tiny_config
 
@@ -88,7 +71,7 @@ def test_kl_in_reward_reads_logprobs_and_waits_for_the_reference(tmp_path):
 def test_batch_gae_returns_carry_the_kl_penalty():
     # one row, V = 0, gamma = lam = 1, r = 1, KL (0, 0.2, 0.1), beta = 0.5:
     # R = (0, -0.1, 1 - 0.05) = (0, -0.1, 0.95); returns-to-go = (0.85, 0.85, 0.95) (the critic's target)
-    from relax.services.advantage import batch_gae
+    from relax.services.roles.advantage import batch_gae
 
     mask, zeros = np.ones(3, np.int8), np.zeros(3, np.float32)
     _, returns = batch_gae([1.0], [mask], [zeros], gamma=1.0, lam=1.0, kl=[np.array([0, 0.2, 0.1], np.float32)],
@@ -100,11 +83,11 @@ def test_batch_gae_returns_carry_the_kl_penalty():
 def test_a_step_recorded_but_never_committed_is_recomputed_at_start(tmp_path, role):
     # a role that dies between recording step 0 (its consumer's cursor) and committing the
     # column: the next incarnation finds the step by the missing field and commits it
-    from relax.services.actor import ActorRole
-    from relax.services.advantage import AdvantageRole
     from relax.services.context import RunContext
-    from relax.services.reward import RewardRole
-    from relax.services.rollout import RolloutRole
+    from relax.services.roles.actor import ActorRole
+    from relax.services.roles.advantage import AdvantageRole
+    from relax.services.roles.reward import RewardRole
+    from relax.services.roles.rollout import RolloutRole
     from tests.relax.services.runtime_helpers import tiny_config
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "repair", *(["data.reward_role=true"] if role == "reward"
@@ -134,10 +117,10 @@ def test_stuck_group_push_on_a_real_batch(tmp_path):
     # a real rollout of the untrained tiny policy (mostly wrong answers), advantages committed by the
     # role with stuck_group_push 0.3: a group of all-equal rewards r < 1 carries -0.3 * (1 - r) on every
     # response token, any other group its GRPO advantage; the metric counts the first kind
-    from relax.services.actor import ActorRole
-    from relax.services.advantage import AdvantageRole
     from relax.services.context import RunContext
-    from relax.services.rollout import RolloutRole
+    from relax.services.roles.actor import ActorRole
+    from relax.services.roles.advantage import AdvantageRole
+    from relax.services.roles.rollout import RolloutRole
     from relax.transfer.consumer import ConsumerGroup
     from tests.relax.services.runtime_helpers import tiny_config
 

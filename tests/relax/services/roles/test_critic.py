@@ -17,18 +17,19 @@ from relax.config import ModelConfig
 from relax.models.builders import build_policy
 from relax.models.tokenizers import build_tokenizer
 from relax.models.value_head import ValueHeadModel
-from relax.services.advantage import batch_gae
-from relax.services.context import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP, RunContext
-from relax.services.controller import train
-from relax.services.critic import CriticRole, critic_checkpoints
-from relax.services.metrics import read_metrics
+from relax.services.context import RunContext
+from relax.services.report.metrics import read_metrics
+from relax.services.roles.advantage import batch_gae
+from relax.services.roles.critic import CriticRole, critic_checkpoints
+from relax.services.schema import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP
+from relax.services.train import train
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint
 from relax.trainers.torch.critic import Critic
 from relax.transfer.consumer import load_group_state
 from tests.relax.services.runtime_helpers import tiny_config
 
-REWARD_PATH = "tests.relax.services.test_critic:digit_share"
+REWARD_PATH = "tests.relax.services.roles.test_critic:digit_share"
 
 
 def digit_share(response: str, sample) -> float:
@@ -90,7 +91,7 @@ def test_ppo_gae_learns_and_the_critic_resumes_from_its_checkpoint(tmp_path):
 
     result = train(cfg, progress=False)
     assert result.steps == 16
-    rewards = [m["reward"] for m in sorted(result.rollout, key=lambda m: m["batch"])]
+    rewards = [m["reward"] for m in sorted(result.metrics("rollout"), key=lambda m: m["batch"])]
     early, late = float(np.mean(rewards[:4])), float(np.mean(rewards[-4:]))
     print(f"PPO+GAE sampled reward: first 4 batches {early:.3f}, last 4 {late:.3f}; per batch "
           f"{[round(r, 2) for r in rewards]}")
@@ -128,7 +129,7 @@ def test_ppo_gae_learns_and_the_critic_resumes_from_its_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_disaggregated_runs_the_critic_as_its_own_process(tmp_path):
-    from relax.services.controller import role_names
+    from relax.services.roles.factory import role_names
 
     cfg = tiny_config(f"file://{tmp_path}", "ppo-dis", "algorithm.advantage=gae", "model.value_head=true",
                       f"data.reward_fn={REWARD_PATH}", "trainer.total_steps=4", "topology=disaggregated")

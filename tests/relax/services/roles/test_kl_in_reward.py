@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import relax.trainers.torch.actor as torch_actor
-from relax.services.actor import initial_reference
 from relax.services.context import RunContext
-from relax.services.controller import train
-from relax.services.media import MediaInputs
-from relax.services.metrics import read_metrics
+from relax.services.report.metrics import read_metrics
+from relax.services.roles.actor import initial_reference
+from relax.services.roles.media import MediaInputs
+from relax.services.train import train
 from relax.trainers.torch.batch import RolloutBatch
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -87,7 +87,7 @@ def test_kl_in_reward_run_matches_the_hand_formula(tmp_path, monkeypatch, extra)
 
 
 def test_actor_holds_the_reference_only_for_the_kl_loss_term(tmp_path):
-    from relax.services.actor import ActorRole
+    from relax.services.roles.actor import ActorRole
 
     for name, in_reward in (("loss", "false"), ("reward", "true")):
         ctx = RunContext(tiny_config(f"file://{tmp_path}/{name}", name, "algorithm.kl_coef=0.1",

@@ -8,11 +8,11 @@ import copy
 import pytest
 import torch
 
-from relax.services.actor import ActorRole, to_rollout_batch
-from relax.services.advantage import AdvantageRole
 from relax.services.context import RunContext
-from relax.services.media import MediaInputs
-from relax.services.rollout import RolloutRole
+from relax.services.roles.actor import ActorRole, to_rollout_batch
+from relax.services.roles.advantage import AdvantageRole
+from relax.services.roles.media import MediaInputs
+from relax.services.roles.rollout import RolloutRole
 from relax.trainers.torch.actor import Reference
 from relax.trainers.torch.forward import compute_logprobs
 from relax.transfer.consumer import ConsumerGroup
@@ -103,7 +103,7 @@ def test_an_engine_process_samples_what_the_in_process_engine_samples(tmp_path):
 
 
 def test_a_colocated_step_trains_on_media(omni_ctx):
-    from relax.services.controller import run_colocated
+    from relax.services.topologies.colocated import run_colocated
 
     run_colocated(omni_ctx, progress=False, max_steps=2)
     assert ActorRole(omni_ctx).step_index == 2  # resumes after the 2 trained steps (checkpoint_every=2)
@@ -142,7 +142,7 @@ def test_engine_first_token_of_a_text_prompt_on_the_omni_model():
 
 
 def test_a_frozen_vision_encoder_keeps_its_weights_while_the_rest_trains(tmp_path):
-    from relax.services.controller import run_colocated
+    from relax.services.topologies.colocated import run_colocated
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "frozen", *OMNI, "trainer.freeze_encoders=[vision]",
                                 # an entropy bonus: a gradient even when every reward of a tiny run is 0
@@ -160,12 +160,12 @@ def test_a_frozen_vision_encoder_keeps_its_weights_while_the_rest_trains(tmp_pat
 
 
 @pytest.mark.parametrize("warmup", [0, 2])  # 2: the tower's ramped parameter groups are resumed too
-def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes_but_pinned_parameters_do_not(tmp_path, warmup):
-    from relax.services.controller import run_colocated
+def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes(tmp_path, warmup):
+    from relax.services.topologies.colocated import run_colocated
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "thaw", *OMNI, "trainer.freeze_encoders=[vision]",
                                  "trainer.thaw_encoders_at=2", "trainer.total_steps=6", "algorithm.entropy_coef=0.1",
-                                 f"trainer.thaw_warmup_steps={warmup}", 'trainer.frozen_params=["visual.patch_embed.proj.weight[0:3]"]'))
+                                 f"trainer.thaw_warmup_steps={warmup}"))
     ctx.ensure_run()
     store = ctx.weights()
 
@@ -184,21 +184,10 @@ def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes_but_
     v6 = visual(6)
     assert v0 and not moved(v0, v2)
     assert moved(v2, v4) and moved(v4, v6)
-    # trainer.frozen_params holds the colour stem's rows through the thaw and both resumes; the other filters train
-    stem = "model.visual.patch_embed.proj.weight"
-    assert torch.equal(v0[stem][:3], v6[stem][:3]) and not torch.equal(v2[stem][3:], v6[stem][3:])
-
-
-def test_freezing_an_encoder_the_model_lacks_names_it(tmp_path):
-    from relax.models.builders import freeze_encoders
-
-    model = RunContext(tiny_config(f"file://{tmp_path}/root", "text")).build_model()[0]
-    with pytest.raises(ValueError, match="no vision encoder"):
-        freeze_encoders(model, ["vision"])
 
 
 def test_shared_prefix_training_scores_media_rows_as_the_engine_did(tmp_path):
-    from relax.services.controller import run_colocated
+    from relax.services.topologies.colocated import run_colocated
     from relax.trainers.torch.prefix import PrefixMicroBatch
 
     ctx = _ctx(tmp_path, "trainer.micro_batch_layout=prefix", "algorithm.kl_coef=0.1", "algorithm.entropy_coef=0.01")

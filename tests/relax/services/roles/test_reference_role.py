@@ -13,8 +13,8 @@ import torch
 
 from relax.config_loader import ConfigError, load_config
 from relax.services.context import RunContext
-from relax.services.controller import train
-from relax.services.metrics import read_metrics
+from relax.services.report.metrics import read_metrics
+from relax.services.train import train
 from tests.relax.services.runtime_helpers import tiny_config
 
 KL = ("algorithm.kl_coef=0.5", "algorithm.kl_estimator=k1", "trainer.total_steps=3", "trainer.lr=1e-2",
@@ -37,7 +37,7 @@ def test_a_reference_role_trains_exactly_like_a_held_reference(tmp_path, mode):
     held, _, w_held = _run(f"file://{tmp_path}/a", "held", *extra)
     role, ctx, w_role = _run(f"file://{tmp_path}/b", "role", *extra, "algorithm.reference_role=true")
     assert held.steps == role.steps == 3
-    assert [m["reward"] for m in held.rollout] == [m["reward"] for m in role.rollout]
+    assert [m["reward"] for m in held.metrics("rollout")] == [m["reward"] for m in role.metrics("rollout")]
     for name, w in w_held.items():
         torch.testing.assert_close(torch.as_tensor(w_role[name]), torch.as_tensor(w), atol=1e-5, rtol=0)
     moved = any(not torch.equal(torch.as_tensor(w), torch.as_tensor(ctx.weights().load(0)[0][n]))
@@ -59,7 +59,7 @@ def test_a_reference_role_trains_exactly_like_a_held_reference(tmp_path, mode):
 
 
 def test_the_actor_holds_no_reference_with_a_reference_role(tmp_path):
-    from relax.services.actor import ActorRole
+    from relax.services.roles.actor import ActorRole
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "r", "algorithm.kl_coef=0.1", "algorithm.reference_role=true"))
     role = ActorRole(ctx)

@@ -14,11 +14,11 @@ from relax.config_loader import ConfigError, load_config
 from relax.data.schema import Sample
 from relax.data.verifiers import numeric_match_reward
 from relax.services.context import RunContext
-from relax.services.controller import train
-from relax.services.metrics import read_metrics
+from relax.services.report.metrics import read_metrics
+from relax.services.train import train
 from tests.relax.services.runtime_helpers import tiny_config
 
-PICKY = "tests.relax.services.test_reward_role:picky_reward"
+PICKY = "tests.relax.services.roles.test_reward_role:picky_reward"
 BASE = (f"data.reward_fn={PICKY}", "trainer.total_steps=3", "trainer.lr=1e-2", "trainer.warmup_steps=0")
 
 
@@ -44,9 +44,9 @@ def test_a_reward_role_trains_exactly_like_the_rollout_scoring(tmp_path, topolog
     role, ctx, w_role = _run(f"file://{tmp_path}/b", "role", "data.reward_role=true", f"topology={topology}")
     assert role.steps == 3
     # the report merges the reward role's figures into the rollout batches
-    assert [m["reward"] for m in role.rollout] == pytest.approx([m["reward"] for m in inline.rollout])
-    assert [m["reward_errors"] for m in role.rollout] == [m["reward_errors"] for m in inline.rollout]
-    assert sum(m["reward_errors"] for m in role.rollout) > 0  # the error path ran
+    assert [m["reward"] for m in role.metrics("rollout")] == pytest.approx([m["reward"] for m in inline.metrics("rollout")])
+    assert [m["reward_errors"] for m in role.metrics("rollout")] == [m["reward_errors"] for m in inline.metrics("rollout")]
+    assert sum(m["reward_errors"] for m in role.metrics("rollout")) > 0  # the error path ran
     for name, w in w_inline.items():
         torch.testing.assert_close(torch.as_tensor(w_role[name]), torch.as_tensor(w), atol=1e-5, rtol=0)
     assert len(read_metrics(ctx.run_url, "reward")) == 3
@@ -70,9 +70,9 @@ def test_a_reward_role_refuses_what_needs_rewards_during_the_rollout(tmp_path):
 
 
 def test_near_miss_credit_reaches_both_scoring_roles(tmp_path):
-    from relax.services.actor import ActorRole
-    from relax.services.reward import RewardRole
-    from relax.services.rollout import RolloutRole
+    from relax.services.roles.actor import ActorRole
+    from relax.services.roles.reward import RewardRole
+    from relax.services.roles.rollout import RolloutRole
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "nm", "data.tasks=[tones]", "data.train_per_task=8",
                                  "model.name_or_path=tiny-omni", "model.family=qwen2_5_omni",

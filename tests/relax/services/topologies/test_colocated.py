@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from relax import objstore
 from relax.services.context import RunContext
-from relax.services.controller import train
+from relax.services.train import train
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import FAULTY_PATH, tiny_config
 
@@ -23,17 +24,18 @@ def test_stop_and_resume_is_one_run(tmp_path):
     stats = check_run(ctx, 4)
     assert stats["dropped"] == 0
     # step 2 ran before the restart and was replayed from the record (same samples), not retaken
-    replayed = [m for m in second.actor if m.get("replayed")]
+    replayed = [m for m in second.metrics("actor") if m.get("replayed")]
     assert [m["step"] for m in replayed] == [2]
-    for kind in ("jsonl", "tfevents", "png"):
-        assert second.report[kind].startswith("file://")
+    assert second.report_dir.startswith("file://")
+    for name in ("metrics.jsonl", "events.out.tfevents.relax", "curves.png"):
+        assert objstore.exists(objstore.join(second.report_dir, name))
 
 
 def test_faulty_reward_function_is_recorded_and_run_continues(tmp_path):
     cfg = tiny_config(f"file://{tmp_path}", "faulty", f"data.reward_fn={FAULTY_PATH}", "trainer.total_steps=2")
     result = train(cfg, progress=False)
     assert result.steps == 2
-    assert sum(m["reward_errors"] for m in result.rollout) > 0
+    assert sum(m["reward_errors"] for m in result.metrics("rollout")) > 0
     queue = RunContext(cfg).queue()
     queue.refresh()
     ids = [sid for sid in queue.state.samples]

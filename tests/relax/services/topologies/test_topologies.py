@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from relax.services.context import RunContext
-from relax.services.controller import role_command, train
-from relax.services.metrics import read_metrics
+from relax.services.report.metrics import read_metrics
+from relax.services.topologies.disaggregated import role_command
+from relax.services.train import train
 from relax.transfer.weights import WeightStore
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
@@ -34,7 +35,7 @@ def test_async_topology_on_ray_serve(tmp_path, ray_session):
     stats = check_run(RunContext(cfg), 5)
     assert stats["max_staleness_seen"] <= 1
     # the rollout ran ahead of the actor: some batch was generated before the previous update landed
-    assert any(m["weight_version"] < m["batch"] for m in result.rollout)
+    assert any(m["weight_version"] < m["batch"] for m in result.metrics("rollout"))
 
 
 @pytest.mark.s3
@@ -60,7 +61,7 @@ def test_exact_staleness_repeats_a_disaggregated_run_whatever_the_timing(tmp_pat
                           f"data.reward_fn={helpers}:{reward}")
         result = train(cfg, progress=False)
         weights, _ = WeightStore(cfg.root, cfg.run_id).load()
-        return result.rollout, weights
+        return result.metrics("rollout"), weights
 
     fast, fast_weights = run("fast", "task_reward")
     slow, slow_weights = run("slow", "slow_task_reward")
@@ -148,7 +149,7 @@ def test_a_killed_disaggregated_driver_takes_its_role_processes_with_it(tmp_path
     # orphaned roles would go on training into the run root that the rerun resumes: two actors
     cfg = tiny_config(f"file://{tmp_path}/root", "orphans", "topology=disaggregated", "trainer.total_steps=500")
     path = _cfg_file(tmp_path, cfg)
-    code = ("import json, sys; from relax.config import RelaxConfig; from relax.services.controller import train; "
+    code = ("import json, sys; from relax.config import RelaxConfig; from relax.services.train import train; "
             "train(RelaxConfig.from_json(open(sys.argv[1]).read()), progress=False)")
     driver = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.DEVNULL,
                               stderr=open(tmp_path / "driver.log", "wb"))

@@ -1,0 +1,163 @@
+"""Strict checks of a config tree, shared by the loader and ``RelaxConfig.from_json``.
+
+:func:`build` turns a (partial) mapping into the dataclass tree, naming the closest valid key
+for a typo and the accepted type for a wrong value; :func:`validate` checks every field's
+``choices`` and ``range`` (``relax.config.opt`` metadata) and the rules that span fields.
+It knows the tree only through its dataclass fields, so it imports nothing of Relax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value, key or file is wrong. The message names it and the fix."""
+
+
+def build(cls: type, data: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be a mapping of fields, got {type(data).__name__}: {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+            raise ConfigError(f"unknown config key {prefix}{key}{hint} (valid in {where}: {', '.join(fields)})")
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = build(tp, value, prefix + name + ".")
+        else:
+            kwargs[name] = _coerce(value, tp, prefix + name)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """Accept what a YAML file or a command line would naturally give; reject the rest."""
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML 1.1 reads "1e-3" as a string
+            except ValueError:
+                pass
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    if typing.get_origin(tp) is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a list (e.g. {name}=[a,b]), got {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(v, item_tp, f"{name}[{i}]") for i, v in enumerate(value)]
+    raise ConfigError(f"{name}: unsupported field type {tp}")  # a bug in relax.config, not user input
+
+
+def validate(cfg: Any, prefix: str = "") -> None:
+    """Check every field's choices and range, recursively, then cross-field rules."""
+    for f in dataclasses.fields(cfg):
+        name = prefix + f.name
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            validate(value, name + ".")
+            continue
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{name} = {value!r} is not accepted{hint}; choose one of {list(choices)}")
+        bounds = f.metadata.get("range")
+        if bounds is not None:
+            lo, hi = bounds
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                raise ConfigError(f"{name} = {value!r} is out of range; accepted: {lo} <= {name} <= {hi}")
+    if not prefix:  # the whole tree: the rules that span fields
+        cross_checks(cfg)
+
+
+def cross_checks(cfg: Any) -> None:
+    r = cfg.resources
+    if r.rollout_gpus + r.actor_gpus > r.num_gpus:
+        raise ConfigError(
+            f"resources.rollout_gpus ({r.rollout_gpus}) + resources.actor_gpus ({r.actor_gpus}) exceed "
+            f"resources.num_gpus ({r.num_gpus}); raise num_gpus or lower the role GPUs"
+        )
+    if cfg.rollout.engine == "sglang" and r.rollout_gpus == 0:
+        raise ConfigError("rollout.engine = 'sglang' needs GPUs: set resources.rollout_gpus >= 1 "
+                          "(or use rollout.engine=native on CPU)")
+    if cfg.algorithm.advantage == "gae" and not cfg.model.value_head:
+        raise ConfigError("algorithm.advantage = 'gae' needs a critic: set model.value_head=true")
+    unknown = sorted(set(cfg.trainer.freeze_encoders) - {"vision", "audio"})
+    if unknown:
+        raise ConfigError(f"trainer.freeze_encoders: unknown encoder(s) {unknown}; use 'vision' and/or 'audio'")
+    if cfg.trainer.freeze_encoders and cfg.trainer.backend != "torch":
+        raise ConfigError("trainer.freeze_encoders is supported by the torch backend only; "
+                          "set trainer.backend=torch or remove it")
+    t = cfg.trainer
+    if t.thaw_encoders_at and t.freeze_encoders and t.data_parallel > 1:
+        raise ConfigError("trainer.thaw_encoders_at needs trainer.data_parallel=1: DDP fixes the parameters it "
+                          "synchronises when it wraps the model, so a thawed encoder would drift apart per rank")
+    if cfg.data.judge_url and cfg.data.reward_fn:
+        raise ConfigError("data.judge_url and data.reward_fn both replace the task verifiers; set one of them")
+    if cfg.algorithm.near_miss_credit and (cfg.data.reward_fn or cfg.data.judge_url):
+        raise ConfigError("algorithm.near_miss_credit shapes the built-in task verifiers, which data.reward_fn and "
+                          "data.judge_url replace: give partial credit inside your own reward, or set it to 0")
+    if cfg.data.judge_url and not cfg.data.judge_url.startswith(("http://", "https://")):
+        raise ConfigError(f"data.judge_url {cfg.data.judge_url!r} must be an http(s) URL of an OpenAI-compatible "
+                          f"server (e.g. http://judge-host:30000)")
+    if cfg.algorithm.reference_role and cfg.algorithm.kl_coef == 0:
+        raise ConfigError("algorithm.reference_role=true scores a reference nobody uses: set algorithm.kl_coef > 0 "
+                          "or reference_role=false")
+    if cfg.queue.exact_staleness and cfg.rollout.partial_rollout == "abort":
+        raise ConfigError("queue.exact_staleness pins each batch to one policy version, and rollout.partial_rollout="
+                          "abort switches versions mid-generation: set partial_rollout=wait or exact_staleness=false")
+    a = cfg.algorithm
+    if a.stuck_group_push and a.advantage not in ("grpo", "drgrpo", "rloo"):
+        raise ConfigError(f"algorithm.stuck_group_push adds to a group estimator's advantage (grpo, drgrpo, rloo), "
+                          f"not {a.advantage!r}: set it to 0 or change algorithm.advantage")
+    if a.kl_topk and (a.kl_coef == 0 or a.kl_in_reward):
+        raise ConfigError("algorithm.kl_topk is the actor's KL loss term: it needs algorithm.kl_coef > 0 and "
+                          "kl_in_reward=false (a reward penalty sees only the sampled tokens); set kl_topk=0 or "
+                          "change those")
+    if a.kl_topk_weight != 1.0 and not a.kl_topk:
+        raise ConfigError("algorithm.kl_topk_weight splits the KL between the top-k term and kl_estimator: it needs "
+                          "algorithm.kl_topk > 0; set kl_topk or leave kl_topk_weight at 1")
+    if a.kl_topk and a.kl_topk_weight == 0:
+        raise ConfigError("algorithm.kl_topk_weight=0 puts no weight on the top-k KL the reference would still "
+                          "score: set algorithm.kl_topk=0 for kl_estimator alone")
+    if cfg.data.reward_role:
+        clash = [name for name, on in (("rollout.dynamic_sampling", cfg.rollout.dynamic_sampling),
+                                       ("rollout.env_fn", bool(cfg.rollout.env_fn)),
+                                       ("algorithm.advantage=gae", cfg.algorithm.advantage == "gae")) if on]
+        if clash:
+            raise ConfigError(f"data.reward_role=true cannot run with {', '.join(clash)}: the rollout needs rewards "
+                              f"as it generates (to filter groups, from the env) or the critic's stage expects them; "
+                              f"turn those off or set data.reward_role=false")
+    ro = cfg.rollout
+    if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
+        raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "
+                          f"({ro.engine_processes}); raise it, or 0 to cap at engine_processes")
+    if not cfg.run_id or "/" in cfg.run_id:
+        raise ConfigError(f"run_id = {cfg.run_id!r} must be a non-empty name without '/'")

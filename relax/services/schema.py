@@ -1,0 +1,77 @@
+"""The queue's data contract: the ``rollouts`` topic, its consumer groups, and the fields each role adds.
+
+Every role of a run reads and writes rows of one topic. The rollout commits ``rollout_fields``;
+the column roles (advantage, reward, reference, critic) each add their fields to the same rows
+as a consumer group of their own; the actor trains as the group ``actor_train``. A role names
+its groups and fields from here, so the contract is read in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from relax.transfer.schema import Field
+
+ROLLOUT_TOPIC = "rollouts"
+ADVANTAGE_GROUP = "advantage"
+ACTOR_GROUP = "actor_train"
+# data.reward_role: the reward role's group, and the columns it adds (the rollout then omits them)
+REWARD_GROUP = "reward"
+REWARD_FIELDS = (Field("reward", "float32"), Field("error", kind="str"))
+# algorithm.reference_role: the reference role's group, and the column it adds
+REFERENCE_GROUP = "reference"
+REFERENCE_FIELDS = (Field("ref_logprobs", "float32", (None,)),)  # with kl_topk: topk_reference_fields
+# PPO with GAE: the critic's two groups (values for new rows; training on their returns)
+CRITIC_VALUES_GROUP = "critic_values"
+CRITIC_TRAIN_GROUP = "critic_train"
+# what the rollout writes per sample; the advantage role adds ADVANTAGE_FIELDS
+ROLLOUT_FIELDS = (
+    Field("tokens", "int64", (None,)),
+    Field("loss_mask", "int8", (None,)),
+    Field("logprobs", "float32", (None,)),
+    Field("reward", "float32"),
+    Field("prompt_len", "int32"),
+    Field("task", kind="str"),
+    Field("response", kind="str"),
+    Field("error", kind="str"),
+    # bytes of images/audio an environment returned in later agent turns (services.media.pack_media)
+    Field("turn_media", kind="bytes"),
+)
+ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
+
+
+def topk_reference_fields(k: int) -> tuple[Field, Field]:
+    """The reference role's columns with ``algorithm.kl_topk``: its k likeliest tokens and their
+    log-probs, (R, k) each, for the last R positions of the row (``topk_response_start`` on).
+
+    Why not every position: the prompt's rows are never in the loss, and at k = 32 they were
+    nine tenths of the queue (2.9 of 3.0 GB in a 1200-step run of the omni preset)."""
+    return Field("ref_topk_ids", "int32", (None, k)), Field("ref_topk_logprobs", "float32", (None, k))
+
+
+def topk_response_start(loss_mask: Sequence[Any]) -> int:
+    """The first position a top-k column keeps: the row's first trained token (its length when
+    nothing is trained). Every earlier position has loss mask 0, so the KL never reads it."""
+    nonzero = np.flatnonzero(np.asarray(loss_mask))
+    return int(nonzero[0]) if nonzero.size else len(loss_mask)
+
+
+def pad_topk_rows(rows: np.ndarray, length: int) -> np.ndarray:
+    """A stored (R, k) top-k column back to the row's (length, k), zeros in front: the layout the
+    trainer indexes by position. Rows stored whole (R = length) come back unchanged."""
+    if rows.shape[0] > length:
+        raise ValueError(f"a top-k column of {rows.shape[0]} rows for a row of {length} tokens")
+    if rows.shape[0] == length:
+        return rows
+    return np.concatenate([np.zeros((length - rows.shape[0], *rows.shape[1:]), dtype=rows.dtype), rows])
+
+
+def rollout_fields(reward_role: bool) -> tuple[Field, ...]:
+    """What the rollout commits: without ``reward``/``error`` when the reward role scores."""
+    return tuple(f for f in ROLLOUT_FIELDS if not reward_role or f.name not in ("reward", "error"))
+# with GAE the critic adds per-token values before the advantage role, which adds the returns
+VALUE_FIELDS = (Field("values", "float32", (None,)),)
+RETURN_FIELDS = (Field("returns", "float32", (None,)),)

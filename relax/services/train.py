@@ -1,0 +1,74 @@
+"""``train(cfg)``: one run in the configured topology, resumable by running it again.
+
+* ``colocated``: every role in this process (relax.services.topologies.colocated);
+* ``async``: each role a Ray Serve deployment (relax.services.topologies.asynchronous);
+* ``disaggregated``: each role an OS process (relax.services.topologies.disaggregated).
+
+This driver moves no data: it checks the run, starts its roles in the chosen topology, and
+exports the report (JSONL, TensorBoard events, PNG curves) at the end. The format warm-start is
+not its job: ``relax.pipeline`` runs it first and hands its checkpoint in as ``model.init_checkpoint``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from relax import objstore
+from relax.config import RelaxConfig
+from relax.config_loader import ConfigError
+from relax.services.context import RunContext
+from relax.services.report.metrics import export_report, read_all_metrics
+from relax.services.roles.actor import checkpoint_name, list_checkpoints
+from relax.services.topologies.asynchronous import run_async
+from relax.services.topologies.colocated import run_colocated
+from relax.services.topologies.disaggregated import run_disaggregated
+
+
+@dataclass
+class TrainSummary:
+    """What a finished (or resumed-and-finished) run produced. A Flyte task output as well, so it
+    holds figures and URLs only; :meth:`metrics` reads a role's records from the run."""
+
+    run_url: str = ""
+    run_id: str = ""
+    steps: int = 0  # actor steps done in all (= the final policy version)
+    checkpoint: str = ""  # the final checkpoint folder
+    report_dir: str = ""  # curves.png, metrics.jsonl, events.out.tfevents.relax
+    reward_first: float = 0.0  # mean training reward over the first tenth of the rollout batches
+    reward_last: float = 0.0  # ... and over the last tenth
+
+    def metrics(self, role: str) -> list[dict[str, Any]]:
+        """Every metrics record of ``role`` in this run, oldest first (rollout batches carry the reward
+        role's figures when it scored them)."""
+        return read_all_metrics(self.run_url)[role]
+
+
+def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine_urls: list[str] | None = None,
+          max_steps: int | None = None) -> TrainSummary:
+    """Run (or resume) ``cfg``'s run to ``trainer.total_steps``; ``max_steps`` stops early (tests)."""
+    if cfg.trainer.sft_steps and not cfg.model.init_checkpoint:
+        raise ConfigError(f"trainer.sft_steps={cfg.trainer.sft_steps} asks for a format warm-start, which the "
+                          f"pipeline runs before RL: use `relax train`/`relax run` or relax.pipeline.train_run, "
+                          f"or set trainer.sft_steps=0 (or model.init_checkpoint to a warm-start)")
+    ctx = RunContext(cfg)
+    ctx.check_trainable(engine_urls)
+    ctx.ensure_run(fork)
+    if cfg.topology == "colocated":
+        run_colocated(ctx, progress, engine_urls, max_steps)
+    elif cfg.topology == "disaggregated":
+        run_disaggregated(ctx, progress)
+    else:
+        run_async(ctx, progress, engine_urls)
+    metrics = read_all_metrics(ctx.run_url)
+    export_report(ctx.run_url, metrics)
+    steps = max((m["step"] for m in metrics["actor"]), default=-1) + 1
+    done = list_checkpoints(ctx)
+    rewards = [m["reward"] for m in metrics["rollout"]]
+    tenth = max(1, len(rewards) // 10)
+    return TrainSummary(
+        run_url=ctx.run_url, run_id=cfg.run_id, steps=steps,
+        checkpoint=objstore.join(ctx.run_url, "checkpoints", checkpoint_name(done[-1])) if done else "",
+        report_dir=objstore.join(ctx.run_url, "report"),
+        reward_first=sum(rewards[:tenth]) / tenth if rewards else 0.0,
+        reward_last=sum(rewards[-tenth:]) / tenth if rewards else 0.0)
