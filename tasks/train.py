@@ -164,7 +164,9 @@ def start_run(cfg: RelaxConfig) -> str:
     """Disaggregated topology, before the role groups: create the run record (or check ``cfg`` against
     it) and fail early on data the trainer cannot train on; returns the run URL."""
     from relax.services.context import RunContext
+    from relax.services.train import check_warm_started
 
+    check_warm_started(cfg)
     ctx = RunContext(cfg)
     ctx.check_trainable()
     ctx.ensure_run()

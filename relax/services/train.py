@@ -44,13 +44,18 @@ class TrainSummary:
         return read_all_metrics(self.run_url)[role]
 
 
-def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine_urls: list[str] | None = None,
-          max_steps: int | None = None) -> TrainSummary:
-    """Run (or resume) ``cfg``'s run to ``trainer.total_steps``; ``max_steps`` stops early (tests)."""
+def check_warm_started(cfg: RelaxConfig) -> None:
+    """The runtime does not warm-start: a config asking for one must come with its checkpoint."""
     if cfg.trainer.sft_steps and not cfg.model.init_checkpoint:
         raise ConfigError(f"trainer.sft_steps={cfg.trainer.sft_steps} asks for a format warm-start, which the "
                           f"pipeline runs before RL: use `relax train`/`relax run` or relax.pipeline.train_run, "
                           f"or set trainer.sft_steps=0 (or model.init_checkpoint to a warm-start)")
+
+
+def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine_urls: list[str] | None = None,
+          max_steps: int | None = None) -> TrainSummary:
+    """Run (or resume) ``cfg``'s run to ``trainer.total_steps``; ``max_steps`` stops early (tests)."""
+    check_warm_started(cfg)
     ctx = RunContext(cfg)
     ctx.check_trainable(engine_urls)
     ctx.ensure_run(fork)

@@ -4,6 +4,7 @@ launches on a cluster (compiled the way a Flyte pod compiles it, with no cluster
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import msgpack
 import pytest
@@ -12,7 +13,7 @@ from flytekit.core.context_manager import ExecutionState, FlyteContextManager
 from flytekit.core.type_engine import TypeEngine
 
 from relax.config import RelaxConfig, ResourcesConfig
-from relax.config_loader import load_config
+from relax.config_loader import ConfigError, load_config
 from tasks import train as train_tasks
 from tasks.train import cluster_resources, group_gpus, ray_job_config, role_gpus, run_role_group
 
@@ -107,6 +108,9 @@ def test_role_groups_train_a_run_together(tmp_path, ray_session):
     from tests.workflows.test_omni_rl import TINY
 
     cfg = load_config(None, [f"root=file://{tmp_path}/root", "topology=disaggregated", *TINY])
+    with pytest.raises(ConfigError, match="sft_steps=2 asks for a format warm-start"):
+        train_tasks.start_run(cfg=cfg)  # the roles never warm-start: the workflow passes the warm start in
+    cfg = replace(cfg, trainer=replace(cfg.trainer, sft_steps=0))
     run_url = train_tasks.start_run(cfg=cfg)
     with ThreadPoolExecutor(2) as pool:
         rollout, learner = pool.map(lambda g: run_role_group(g, cfg), ("rollout", "learner"))
