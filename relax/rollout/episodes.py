@@ -23,7 +23,7 @@ from relax.data.suite import TASKS, Env
 from relax.data.suite.base import derive_seed
 from relax.engines.types import Completion, SamplingParams
 from relax.models.processors import merge_media
-from relax.rollout.engines import EnginePool
+from relax.rollout.engine_pool import EnginePool
 from relax.rollout.prompts import EncodedPrompt, EncodedPromptCache, encode_prompt
 from relax.rollout.rewards import RewardDispatcher
 

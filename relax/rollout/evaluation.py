@@ -20,7 +20,7 @@ from relax.data.schema import Sample
 from relax.data.suite import kind_of
 from relax.data.verifiers import given_answer, normalize_answer
 from relax.engines.types import SamplingParams
-from relax.rollout.engines import LocalEngines
+from relax.rollout.engine_pool import LocalEngines
 from relax.rollout.episodes import EpisodeRunner, default_env_factory, needs_env
 from relax.rollout.rewards import RewardDispatcher
 

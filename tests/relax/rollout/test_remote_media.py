@@ -17,7 +17,7 @@ from relax.engines.client import EngineClient, EngineHTTPError
 from relax.engines.server import build_native_engine, create_app
 from relax.engines.types import SamplingParams
 from relax.models import build_policy, build_tokenizer
-from relax.rollout.engines import LocalEngines
+from relax.rollout.engine_pool import LocalEngines
 from relax.rollout.prompts import encode_prompt
 from relax.rollout.remote_engines import RemoteEngines
 from tests.relax.engines.contract import InProcessServer, data_uri
