@@ -26,8 +26,8 @@ import numpy as np
 from relax.config_loader import ConfigError
 from relax.data.suite import load_env_fn
 from relax.engines.types import SamplingParams
-from relax.rollout.engine_supervisor import EngineLauncher
 from relax.rollout.engine_pool import EnginePool, LocalEngines
+from relax.rollout.engine_supervisor import EngineLauncher
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
 from relax.rollout.prompts import PromptStream
 from relax.rollout.remote_engines import RemoteEngines
