@@ -15,7 +15,6 @@ import shutil
 import tempfile
 
 from relax import objstore
-from relax.services.replay import TERM_METRICS, Retrain
 from relax.transfer.consumer import replay
 from relax.transfer.errors import StoreError
 from relax.transfer.queue import TransferQueue
@@ -72,6 +71,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _retrain(args: argparse.Namespace) -> int:
     """Exit 0 when every retrained step and the final weights match the run's, 1 otherwise."""
+    from relax.services.replay import TERM_METRICS, Retrain  # torch and the models: only when retraining
+
     into = args.into or tempfile.mkdtemp(prefix="relax-retrain-")
     try:
         job = Retrain(args.root, args.run, args.retrain, into, args.to)

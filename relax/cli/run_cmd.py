@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from relax import pipeline
 from relax.cli.args import config_from_args
 
 
@@ -37,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from relax import pipeline  # torch and transformers: only when this sub-command runs
+
     cfg = config_from_args(args.args)
     result = pipeline.run(cfg, progress=not args.no_progress, eval_limit=args.eval_limit)
     s = result.train
@@ -52,6 +53,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from relax import pipeline  # torch and transformers: only when this sub-command runs
+
     cfg = config_from_args(args.args)
     report = pipeline.evaluate(cfg, args.checkpoint, limit=args.limit)
     if args.json:

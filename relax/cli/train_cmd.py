@@ -17,13 +17,9 @@ import time
 from relax import objstore
 from relax.cli.args import config_from_args
 from relax.config_loader import config_from_dict, saved_config
-from relax.pipeline import train_run
 from relax.services.context import RunContext
 from relax.services.report.metrics import ROLES, read_metrics
-from relax.services.roles.actor import list_checkpoints
-from relax.services.roles.factory import ROLE_NAMES
 from relax.services.schema import ACTOR_GROUP, ADVANTAGE_GROUP
-from relax.services.topologies.runner import run_role
 from relax.transfer.consumer import load_group_state
 
 
@@ -38,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train)
 
     r = sub.add_parser("role", help="run one role of a run in this process (disaggregated topology)")
-    r.add_argument("name", choices=ROLE_NAMES)
+    r.add_argument("name", choices=ROLES)
     r.add_argument("args", nargs="*", help="[preset or config file] then key=value overrides")
     r.set_defaults(func=_role)
 
@@ -49,7 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_status)
 
 
+# the pipeline and the roles import torch and transformers (~4 s): only the sub-commands that train do
 def _train(args: argparse.Namespace) -> int:
+    from relax.pipeline import train_run
+
     cfg = config_from_args(args.args)
     if args.resume and not objstore.exists(objstore.join(RunContext(cfg).run_url, "run.json")):
         raise SystemExit(f"error: --resume: no run {cfg.run_id!r} under {cfg.root}")
@@ -62,12 +61,16 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _role(args: argparse.Namespace) -> int:
+    from relax.services.topologies.runner import run_role
+
     run_role(args.name, config_from_args(args.args))
     return 0
 
 
 def run_status(root: str, run_id: str) -> dict:
     """What ``relax status`` shows for one run, read from the store only."""
+    from relax.services.roles.actor import list_checkpoints
+
     run_url = objstore.join(objstore.absolute_url(root), "runs", run_id)
     record = json.loads(objstore.read_bytes(objstore.join(run_url, "run.json")))
     cfg = config_from_dict({**saved_config(record["config"]), "root": root})

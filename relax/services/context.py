@@ -19,7 +19,6 @@ from relax.config_loader import ConfigError, config_to_dict, saved_config
 from relax.data.snapshot import Snapshot
 from relax.data.sources import snapshot_from_config
 from relax.data.suite import TASKS, load_env_fn, load_reward_fn
-from relax.models import build_policy, build_processor, build_tokenizer
 from relax.services.schema import ROLLOUT_TOPIC
 from relax.transfer.lineage import code_version
 from relax.transfer.queue import TransferQueue
@@ -101,18 +100,26 @@ class RunContext:
             self._splits[name] = list(self.snapshot.samples(name))
         return self._splits[name]
 
+    # relax.models (torch, transformers: ~4 s) is imported where a model is built, so processes that only
+    # read the store (`relax status`, the CLI's start-up) stay light
     @cached_property
     def tokenizer(self):
+        from relax.models import build_tokenizer
+
         return build_tokenizer(self.cfg.model.tokenizer)
 
     def build_model(self):
         """``(model, processor)``: the initial policy (seeded), identical in every process."""
+        from relax.models import build_policy
+
         return build_policy(self.cfg.model, self.tokenizer, seed=self.cfg.seed)
 
     @cached_property
     def processor(self):
         """The model's media processor (None for text models), from its config alone: a rollout
         with remote engines expands media placeholders itself and builds no weights."""
+        from relax.models import build_processor
+
         return build_processor(self.cfg.model, self.tokenizer)
 
     def check_trainable(self, engine_urls: list[str] | None = None) -> None:

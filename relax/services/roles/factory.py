@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from relax.config import RelaxConfig
 from relax.services.context import RunContext
+from relax.services.report.metrics import ROLES
 from relax.services.roles.actor import ActorRole
 from relax.services.roles.advantage import AdvantageRole
 from relax.services.roles.critic import CriticAndAdvantage, CriticRole
@@ -19,7 +20,7 @@ from relax.services.roles.reference import ReferenceRole
 from relax.services.roles.reward import RewardRole
 from relax.services.roles.rollout import RolloutRole
 
-ROLE_NAMES = ("rollout", "advantage", "actor", "reference", "critic", "reward")
+ROLE_NAMES = ROLES  # every role a run can have
 COLUMN_ROLES = ("advantage", "reference", "critic", "reward")
 
 
