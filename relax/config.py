@@ -174,11 +174,19 @@ class AlgorithmConfig:
     clip_low: float = opt(0.2, "PPO ratio clip below 1 (epsilon_low).", range=(0.0, 1.0))
     clip_high: float = opt(0.28, "PPO ratio clip above 1 (epsilon_high; DAPO clip-higher).", range=(0.0, 10.0))
     dual_clip_c: float = opt(3.0, "Dual-clip constant c (> 1).", range=(1.0, 100.0))
-    loss_agg: str = opt("token-mean", "How token losses are averaged.",
-                        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+    loss_agg: str = opt("token-mean", "How token losses are averaged (docs/algorithms.md).",
+                        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
+    loss_agg_norm: int = opt(0, "The constant token count that loss_agg=seq-mean-token-sum-norm divides each sequence's "
+                             "loss sum by; 0 = rollout.max_new_tokens.", range=(0, 1_048_576))
+    std_estimator: str = opt("population", "Variance in GRPO's group std and in the batch whitening of REINFORCE++ "
+                             "and GAE: population (divide by N) or unbiased (N - 1 and rsqrt(var + 1e-8), as verl).",
+                             choices=("population", "unbiased"))
+    gspo_clamp: float = opt(0.0, "Upper bound on the log importance ratio of policy_loss gspo and gspo_token; 0 = "
+                            "none, 10 = verl's.", range=(0.0, 100.0))
     kl_coef: float = opt(0.0, "Weight of the KL penalty against the reference policy; 0 disables the reference.",
                          range=(0.0, 100.0))
-    kl_estimator: str = opt("k3", "KL estimator.", choices=("k1", "k2", "k3"))
+    kl_estimator: str = opt("k3", "KL estimator (docs/algorithms.md; abs is verl's |log ratio|).",
+                            choices=("k1", "k2", "k3", "abs"))
     kl_clamp: float = opt(0.0, "Bound on each sampled token's kl_estimator value, in the actor's loss and in the reward "
                           "penalty: a token beyond it adds no KL gradient (docs/algorithms.md). 0 = no bound; 10 is "
                           "verl's low_var_kl bound.", range=(0.0, 1e6))
@@ -202,11 +210,19 @@ class AlgorithmConfig:
         0.0, "beta of the push on prompt groups whose rewards are all equal and below 1: each of their samples gets "
         "advantage -beta * (1 - r) (docs/algorithms.md); 0 = plain GRPO. Advantage grpo, drgrpo or rloo, rewards on "
         "the 0..1 scale of the built-in verifiers.", range=(0.0, 10.0))
-    off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples.",
-                          choices=("none", "decoupled", "tis", "icepop"))
+    off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples; none takes the PPO ratio "
+                          "against the engine's log-probs, recompute against the trainer's own (verl, slime).",
+                          choices=("none", "recompute", "decoupled", "tis", "icepop"))
     is_cap: float = opt(2.0, "Importance-weight bound: TIS truncates weights at it; icepop and decoupled drop tokens "
                           "beyond it (decoupled: pi_prox / pi_behav > is_cap, AReaL's behav_imp_weight_cap).",
                           range=(1.0, 1000.0))
+    is_level: str = opt("token", "What tis and icepop weigh: each token by its own ratio, or each sequence by the "
+                        "product of its tokens' ratios.", choices=("token", "sequence"))
+    overlong_buffer: int = opt(0, "DAPO's soft overlong penalty: over the last this many tokens before "
+                               "rollout.max_new_tokens the reward falls linearly by up to overlong_penalty; 0 = off.",
+                               range=(0, 1_048_576))
+    overlong_penalty: float = opt(1.0, "The overlong penalty at the length limit (DAPO's penalty_factor).",
+                                  range=(0.0, 100.0))
     gamma: float = opt(1.0, "Discount (GAE).", range=(0.0, 1.0))
     lam: float = opt(0.95, "GAE lambda.", range=(0.0, 1.0))
     value_clip: float = opt(0.2, "PPO value clip eps of the critic's loss: a value moves at most this far from "

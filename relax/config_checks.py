@@ -134,6 +134,9 @@ def cross_checks(cfg: Any) -> None:
         raise ConfigError("queue.exact_staleness pins each batch to one policy version, and rollout.partial_rollout="
                           "abort switches versions mid-generation: set partial_rollout=wait or exact_staleness=false")
     a = cfg.algorithm
+    if a.overlong_buffer > cfg.rollout.max_new_tokens:
+        raise ConfigError(f"algorithm.overlong_buffer ({a.overlong_buffer}) exceeds rollout.max_new_tokens "
+                          f"({cfg.rollout.max_new_tokens}): the penalty ramps inside the length limit; lower it")
     if a.stuck_group_push and a.advantage not in ("grpo", "drgrpo", "rloo"):
         raise ConfigError(f"algorithm.stuck_group_push adds to a group estimator's advantage (grpo, drgrpo, rloo), "
                           f"not {a.advantage!r}: set it to 0 or change algorithm.advantage")

@@ -10,9 +10,10 @@ Sequence-level estimators (GRPO, Dr.GRPO, RLOO) return ``(B,)``;
 :func:`compute_advantages` is the one entry point the advantage service needs: it takes a
 config name and always returns ``(advantages (B, T), returns (B, T) | None)``.
 
-Std flavour: *population* std (divide by G) everywhere. It is defined for G = 1, gives
+Std flavour: *population* std (divide by G) by default. It is defined for G = 1, gives
 exactly +-1 for a two-sample group with different rewards, and matches the whitening of
-REINFORCE++; ``unbiased=True`` on :func:`grpo_advantages` gives the sample std (TRL/verl).
+REINFORCE++; ``unbiased=True`` (config ``algorithm.std_estimator=unbiased``) gives the sample
+std of TRL/verl in GRPO and verl's unbiased batch whitening in REINFORCE++.
 """
 
 from __future__ import annotations
@@ -173,14 +174,17 @@ def reinforce_pp_advantages(
     kl_coef: float = 0.0,
     gamma: float = 1.0,
     eps: float = 1e-8,
+    unbiased: bool = False,
 ) -> Tensor:
     """REINFORCE++ ("REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
     Models", arXiv:2501.03262; config ``reinforce_pp``).
 
     Formula: token reward R_t = r * 1[t = last] - beta * KL_t; return
     G_t = sum_{s >= t} gamma^(s-t) R_s over response tokens; A = (G - mu) / sqrt(max(var,
-    eps)) with mu, var the masked population mean/variance over *all tokens of the batch*.
-    No critic and no group: the batch statistics are the baseline.
+    eps)) with mu, var the masked population mean/variance over *all tokens of the batch*
+    (``unbiased``: verl's (G - mu) / sqrt(var * N/(N-1) + eps), see
+    :func:`relax.algorithms.aggregation.masked_whiten`). No critic and no group: the batch
+    statistics are the baseline, so call it on the whole batch, never per prompt group.
     Shapes: rewards (B,), mask (B, T), token_kl (B, T) per-token KL estimate (e.g.
     :func:`relax.algorithms.kl.kl_estimate` of old vs reference log-probs), beta =
     ``kl_coef`` -> (B, T), 0 off the mask. Gradients never flow through ``token_kl``.
@@ -188,7 +192,7 @@ def reinforce_pp_advantages(
     token_rewards = outcome_to_token_rewards(rewards, mask)
     if token_kl is not None and kl_coef:
         token_rewards = token_rewards - kl_coef * token_kl.detach() * mask.to(token_rewards.dtype)
-    return masked_whiten(_discounted_returns(token_rewards, mask, gamma), mask, eps=eps)
+    return masked_whiten(_discounted_returns(token_rewards, mask, gamma), mask, eps=eps, unbiased=unbiased)
 
 
 def reinforce_pp_baseline_advantages(
@@ -200,6 +204,7 @@ def reinforce_pp_baseline_advantages(
     kl_coef: float = 0.0,
     gamma: float = 1.0,
     eps: float = 1e-8,
+    unbiased: bool = False,
 ) -> Tensor:
     """REINFORCE++-baseline (arXiv:2501.03262, v2+; config ``reinforce_pp_baseline``).
 
@@ -210,7 +215,8 @@ def reinforce_pp_baseline_advantages(
     Shapes: rewards (B,) contiguous groups, mask (B, T), token_kl (B, T) -> (B, T).
     """
     centred = drgrpo_advantages(rewards, group_size)
-    return reinforce_pp_advantages(centred, mask, token_kl=token_kl, kl_coef=kl_coef, gamma=gamma, eps=eps)
+    return reinforce_pp_advantages(centred, mask, token_kl=token_kl, kl_coef=kl_coef, gamma=gamma, eps=eps,
+                                   unbiased=unbiased)
 
 
 def gae_advantages(
@@ -270,6 +276,7 @@ def compute_advantages(
     lam: float = 0.95,
     eps: float = 1e-6,
     stuck_push: float = 0.0,
+    unbiased: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Any estimator by config name, one signature: -> (advantages (B, T), returns or None).
 
@@ -280,13 +287,16 @@ def compute_advantages(
     for ``gae`` and None otherwise. ``eps`` is GRPO's std epsilon; the REINFORCE++ variance
     floor stays at its own 1e-8 default. ``stuck_push`` > 0 adds :func:`stuck_group_push`
     (judged on the outcome ``rewards``, before any KL penalty) to grpo, drgrpo and rloo.
+    ``unbiased`` picks the sample std in grpo and the unbiased whitening in the REINFORCE++
+    pair (``algorithm.std_estimator``). The REINFORCE++ pair whitens over everything passed
+    in: pass the whole batch.
     """
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage {name!r}; valid: {', '.join(sorted(ADVANTAGES))}")
     if stuck_push and name not in ("grpo", "drgrpo", "rloo"):
         raise ValueError(f"stuck_push works on the group estimators grpo, drgrpo and rloo, not {name!r}")
     rewards = _as_float(rewards)
-    kl_kw = {"token_kl": token_kl, "kl_coef": kl_coef, "gamma": gamma}
+    kl_kw = {"token_kl": token_kl, "kl_coef": kl_coef, "gamma": gamma, "unbiased": unbiased}
     if name == "reinforce_pp":
         return reinforce_pp_advantages(rewards, mask, **kl_kw), None
     if name == "reinforce_pp_baseline":
@@ -301,7 +311,7 @@ def compute_advantages(
         return gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
     seq_rewards = rewards + penalty.sum(dim=-1)
     if name == "grpo":
-        seq_adv = grpo_advantages(seq_rewards, group_size, eps=eps)
+        seq_adv = grpo_advantages(seq_rewards, group_size, eps=eps, unbiased=unbiased)
     elif name == "drgrpo":
         seq_adv = drgrpo_advantages(seq_rewards, group_size)
     else:

@@ -12,6 +12,8 @@ original GRPO only here):
 * ``seq-mean-token-sum-norm`` (Dr.GRPO, arXiv:2503.20783): each sequence's token *sum*
   divided by a constant (the max response length), then mean over sequences; removes the
   length bias of per-sequence normalisation.
+* ``seq-mean-token-sum`` (verl's mode of that name): each sequence's token sum, then mean
+  over sequences; no length divisor, so the loss scale grows with the response length.
 
 Shapes: ``loss`` and ``mask`` are ``(B, T)``; ``mask`` is float or bool with 1 on response
 tokens. A row whose mask is all zero (a filtered or padded sample) never produces a NaN.
@@ -33,6 +35,7 @@ __all__ = [
     "masked_sum",
     "masked_whiten",
     "seq_mean_token_mean",
+    "seq_mean_token_sum",
     "seq_mean_token_sum_norm",
     "token_mean",
 ]
@@ -78,20 +81,29 @@ def masked_max(x: Tensor, mask: Tensor) -> Tensor:
     return picked.amax() if picked.numel() else x.new_zeros(())
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True,
+                  unbiased: bool = False) -> Tensor:
     """Normalise ``x`` to zero mean, unit variance over the masked positions.
 
-    Formula: (x - mu) / sqrt(max(var, eps)), mu = masked mean, var = masked *population*
-    variance (divide by N: batch normalisation of advantages treats the batch as the whole
-    population, and N - 1 would be undefined for a single token). Masked positions are 0.
-    Clamping the variance (not adding eps to the std) keeps a constant batch at exactly 0.
-    Shapes: x, mask (B, T) -> (B, T).
+    Formula, N masked positions, mu = masked mean:
+    population (default): (x - mu) / sqrt(max(var, eps)), var = sum m (x - mu)^2 / N. Batch
+    normalisation of advantages treats the batch as the whole population, N - 1 would be
+    undefined for a single token, and clamping the variance (not adding eps) keeps a
+    constant batch at exactly 0.
+    ``unbiased`` (verl's ``masked_whiten``): (x - mu) / sqrt(var' + eps), var' = var * N / (N - 1);
+    N = 1 falls back to var' = var (verl raises there).
+    Masked positions are 0. Shapes: x, mask (B, T) -> (B, T).
     """
     m = _float_mask(mask, x)
     mu = masked_mean(x, m)
     var = masked_mean((x - mu) ** 2, m)
     centred = x - mu if shift_mean else x
-    return torch.where(m > 0, centred * var.clamp(min=eps).rsqrt(), torch.zeros_like(x))
+    if unbiased:
+        n = m.sum()
+        scale = (var * n / (n - 1) if float(n) > 1 else var).add(eps).rsqrt()
+    else:
+        scale = var.clamp(min=eps).rsqrt()
+    return torch.where(m > 0, centred * scale, torch.zeros_like(x))
 
 
 def token_mean(loss: Tensor, mask: Tensor, denom: float | Tensor | None = None) -> Tensor:
@@ -120,6 +132,20 @@ def seq_mean_token_mean(loss: Tensor, mask: Tensor, denom: float | Tensor | None
         denom, dtype=loss.dtype, device=loss.device
     )
     return per_seq.sum() / n.clamp(min=1.0)
+
+
+def seq_mean_token_sum(loss: Tensor, mask: Tensor, denom: float | Tensor | None = None) -> Tensor:
+    """Mean over sequences of each sequence's token sum (verl's ``seq-mean-token-sum``; config
+    ``seq-mean-token-sum``).
+
+    Formula: L = (1/B) sum_i sum_t m_it l_it, B = all rows (or ``denom``). No length divisor:
+    a sequence's weight grows with its length, so the loss scale does too (tune lr for it).
+    Shapes: loss, mask (B, T) -> scalar.
+    """
+    m = _float_mask(mask, loss)
+    rows = loss.shape[0] if loss.dim() > 1 else 1
+    n = torch.as_tensor(rows if denom is None else denom, dtype=loss.dtype, device=loss.device)
+    return masked_sum(loss, m) / n.clamp(min=1.0)
 
 
 def seq_mean_token_sum_norm(
@@ -151,6 +177,7 @@ def seq_mean_token_sum_norm(
 LOSS_AGG: dict[str, Callable[..., Tensor]] = {
     "token-mean": token_mean,
     "seq-mean-token-mean": seq_mean_token_mean,
+    "seq-mean-token-sum": seq_mean_token_sum,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
 }
 

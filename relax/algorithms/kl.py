@@ -7,7 +7,8 @@ logprob:
 
 * k1 = -log rho                  unbiased, high variance, can be negative per token;
 * k2 = (log rho)^2 / 2           biased (second order), low variance, >= 0;
-* k3 = (rho - 1) - log rho       unbiased, low variance, >= 0 (verl's "low_var_kl").
+* k3 = (rho - 1) - log rho       unbiased, low variance, >= 0 (verl's "low_var_kl");
+* abs = |log rho|                verl's "abs": biased, >= 0, a gradient of constant size.
 
 With ``AlgorithmConfig.kl_topk = k`` the actor instead computes the forward KL[pi_ref || pi_theta]
 exactly over the reference's k most likely tokens at every response position
@@ -35,6 +36,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "entropy_bonus",
     "entropy_from_logits",
+    "kl_abs",
     "kl_estimate",
     "kl_k1",
     "kl_k2",
@@ -71,12 +73,20 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.expm1(log_rho) - log_rho
 
 
+def kl_abs(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """abs = |log q - log p| (config ``abs``, verl's ``kl_penalty=abs``). Not an unbiased KL
+    estimate; its gradient in log q is sign(log q - log p), the same size for every token.
+    Shapes: (B, T) -> (B, T)."""
+    return _log_rho(logprobs, ref_logprobs).abs()
+
+
 #: Config name (``AlgorithmConfig.kl_estimator``) -> estimator f(logprobs, ref_logprobs).
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3,
+                                                                "abs": kl_abs}
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", clamp: float = 0.0) -> Tensor:
-    """Per-token estimate of KL[pi_theta || pi_ref] with the named estimator (k1/k2/k3).
+    """Per-token estimate of KL[pi_theta || pi_ref] with the named estimator (k1/k2/k3/abs).
 
     ``clamp`` > 0 bounds each token's estimate to [-clamp, clamp] (``AlgorithmConfig.kl_clamp``);
     a token beyond the bound adds no gradient. Why: k3's gradient in log q is 1 - rho, so a sampled

@@ -161,6 +161,13 @@ def _seq_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)
 
 
+def _upper(log_ratio: Tensor, seq_clamp: float) -> Tensor:
+    # verl bounds GSPO's log-ratio above at 10 (e^10 = 2.2e4); beyond it the token has no gradient
+    if seq_clamp < 0:
+        raise ValueError(f"seq_clamp must be >= 0 (0 = no bound), got {seq_clamp}")
+    return log_ratio.clamp(max=seq_clamp) if seq_clamp > 0 else log_ratio
+
+
 def gspo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -170,22 +177,26 @@ def gspo_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     is_weights: Tensor | None = None,
+    seq_clamp: float = 0.0,
 ) -> tuple[Tensor, Metrics]:
     """Group Sequence Policy Optimization, sequence ratio ("Group Sequence Policy
-    Optimization", arXiv:2507.18071; config ``gspo``).
+    Optimization", arXiv:2507.18071, eq. 5-7; config ``gspo``).
 
     Formula: s_i = exp( (1/|y_i|) sum_t m_it (logp_it - logp_old_it) ) (length-normalised
     sequence ratio), A_i = masked mean of A_it over the sequence,
     L_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i); every response token of
     sequence i carries L_i (times its is_weight), so ``seq-mean-token-mean`` aggregation
     reproduces the paper's (1/G) sum_i L_i. The paper's clip range is ~1e-3, not PPO's 0.2.
+    This is the sequence form: with per-token advantages it averages them first, so it
+    differs from verl's ``gspo`` (the GSPO-token form, :func:`gspo_token_loss`) unless A is
+    constant over each sequence. ``seq_clamp`` > 0 bounds log s_i above (verl: 10).
     Shapes: all (B, T) -> loss (B, T), metrics (clip fractions count sequences' tokens).
     """
     _check_clip(clip_low, clip_high)
     log_ratio, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     seq_adv = masked_mean(advantages, mask, dim=-1).unsqueeze(-1)
     seq_loss, clipped, ratio = _clipped_surrogate(
-        _seq_log_ratio(log_ratio, mask).exp(), seq_adv, clip_low, clip_high
+        _upper(_seq_log_ratio(log_ratio, mask), seq_clamp).exp(), seq_adv, clip_low, clip_high
     )
     loss = seq_loss.expand_as(log_ratio)
     metrics = _base_metrics(log_ratio, mask)
@@ -204,20 +215,21 @@ def gspo_token_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     is_weights: Tensor | None = None,
+    seq_clamp: float = 0.0,
 ) -> tuple[Tensor, Metrics]:
-    """GSPO-token: sequence ratio value, per-token gradient (arXiv:2507.18071, sec. 4.3;
-    config ``gspo_token``).
+    """GSPO-token: sequence ratio value, per-token gradient (arXiv:2507.18071, sec. 4.3, eq. 13;
+    config ``gspo_token``; what verl calls ``gspo``).
 
     Formula: s_it = sg[s_i] * pi_theta(y_it) / sg[pi_theta(y_it)] (numerically = s_i),
     l_t = -min(s_it A_it, clip(s_it, 1 - eps_low, 1 + eps_high) A_it). With A constant over
     a sequence and ``seq-mean-token-mean`` aggregation its gradient equals GSPO's; it also
-    admits per-token advantages (e.g. multi-turn credit assignment).
-    Shapes: all (B, T) -> loss (B, T), metrics.
+    admits per-token advantages (e.g. multi-turn credit assignment). ``seq_clamp`` > 0 bounds
+    log s_it above (verl: 10). Shapes: all (B, T) -> loss (B, T), metrics.
     """
     _check_clip(clip_low, clip_high)
     log_ratio, advantages = _inputs(logprobs, old_logprobs, advantages, mask)
     seq = _seq_log_ratio(log_ratio, mask).detach()
-    token_log_ratio = seq + _off_mask_zero(logprobs - logprobs.detach(), mask)
+    token_log_ratio = _upper(seq + _off_mask_zero(logprobs - logprobs.detach(), mask), seq_clamp)
     loss, clipped, ratio = _clipped_surrogate(token_log_ratio.exp(), advantages, clip_low, clip_high)
     metrics = {**_base_metrics(log_ratio, mask), **_clip_metrics(clipped, ratio, mask)}
     return _finish(loss, mask, is_weights), metrics
@@ -277,12 +289,16 @@ def compute_policy_loss(
     clip_high: float = 0.28,
     dual_clip_c: float = 3.0,
     is_weights: Tensor | None = None,
+    seq_clamp: float = 0.0,
 ) -> tuple[Tensor, Metrics]:
     """Any policy loss by config name with every config knob; knobs a loss does not use are
-    ignored. Returns (loss (B, T), metrics). Raises ValueError for an unknown ``name``."""
+    ignored (``seq_clamp``: the GSPO losses' log-ratio bound). Returns (loss (B, T), metrics).
+    Raises ValueError for an unknown ``name``."""
     if name not in POLICY_LOSSES:
         raise ValueError(f"unknown policy_loss {name!r}; valid: {', '.join(sorted(POLICY_LOSSES))}")
     kw: dict = {"clip_low": clip_low, "clip_high": clip_high, "is_weights": is_weights}
     if name == "dual_clip":
         kw["dual_clip_c"] = dual_clip_c
+    if name in ("gspo", "gspo_token"):
+        kw["seq_clamp"] = seq_clamp
     return POLICY_LOSSES[name](logprobs, old_logprobs, advantages, mask, **kw)

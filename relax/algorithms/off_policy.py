@@ -70,8 +70,10 @@ def _metrics(log_ratio: Tensor, weights: Tensor, mask: Tensor) -> Metrics:
 
 
 def no_correction(target_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, **_: object) -> Correction:
-    """No correction (config ``none``): weights 1, mask unchanged; metrics still report the
-    mismatch so a run can see what it is ignoring. Shapes: (B, T) -> Correction of (B, T)."""
+    """No correction: weights 1, mask unchanged; metrics still report the mismatch so a run can
+    see what it is ignoring. Config ``none`` takes the ratio against the behaviour log-probs,
+    ``recompute`` against the trainer's own (verl's and slime's default). Shapes: (B, T) ->
+    Correction of (B, T)."""
     m = _float(mask, target_logprobs)
     log_ratio = _log_ratio(target_logprobs, behav_logprobs, m, "token")
     weights = torch.ones_like(m)
@@ -166,6 +168,7 @@ def icepop(
 #: f(target_logprobs, behav_logprobs, mask, ...) -> Correction.
 OFF_POLICY: dict[str, Callable[..., Correction]] = {
     "none": no_correction,
+    "recompute": no_correction,
     "decoupled": decoupled_weights,
     "tis": tis_weights,
     "icepop": icepop,
@@ -186,7 +189,7 @@ def off_policy_correction(
     Raises ValueError for an unknown ``name``."""
     if name not in OFF_POLICY:
         raise ValueError(f"unknown off_policy {name!r}; valid: {', '.join(sorted(OFF_POLICY))}")
-    if name == "none":
+    if name in ("none", "recompute"):  # they differ only in the anchor the caller takes the ratio against
         return no_correction(target_logprobs, behav_logprobs, mask)
     if name == "decoupled":
         # Uncapped, one stale token the behaviour policy found e^-12 likely and pi_prox now

@@ -132,6 +132,12 @@ def test_topk_weight_needs_the_top_k_term():
                               "algorithm.kl_topk_weight=0.25"]).algorithm.kl_topk_weight == 0.25
 
 
+def test_overlong_buffer_fits_inside_the_length_limit():
+    with pytest.raises(ConfigError, match=r"overlong_buffer \(32\) exceeds rollout.max_new_tokens \(16\)"):
+        load_config(None, ["rollout.max_new_tokens=16", "algorithm.overlong_buffer=32"])
+    assert load_config(None, ["rollout.max_new_tokens=16", "algorithm.overlong_buffer=4"]).algorithm.overlong_buffer == 4
+
+
 def test_near_miss_credit_refuses_a_custom_reward_and_stays_below_one():
     with pytest.raises(ConfigError, match="near_miss_credit shapes the built-in task verifiers"):
         load_config(None, ["algorithm.near_miss_credit=0.5", "data.reward_fn=tests.some:reward"])

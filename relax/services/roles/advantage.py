@@ -1,9 +1,11 @@
 """The advantage role: complete prompt groups in, per-token advantages out (a new column).
 
 It is the consumer group ``advantage`` of the ``rollouts`` topic: each step takes
-``prompts_per_step`` complete groups, computes the configured estimator per group
-(GRPO/Dr.GRPO/RLOO/REINFORCE++; eq. refs in relax.algorithms.advantages) and commits the
-``advantages`` field for those samples. A sample whose reward failed (``error`` set) has an
+``prompts_per_step`` complete groups, computes the configured estimator (eq. refs in
+relax.algorithms.advantages) and commits the ``advantages`` field for those samples. GRPO,
+Dr.GRPO and RLOO normalise per prompt group; REINFORCE++ and REINFORCE++-baseline whiten over
+the whole step's response tokens (their baseline is the batch, not the group). With
+``algorithm.overlong_buffer`` DAPO's soft length penalty joins the reward first. A sample whose reward failed (``error`` set) has an
 all-zero loss mask, so its advantage is zero everywhere and it trains with zero weight.
 
 With ``advantage=gae`` (PPO with a critic) a group is complete only once the critic role
@@ -33,14 +35,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.algorithms import compute_advantages, masked_whiten, stuck_groups, token_kl
+from relax.algorithms import compute_advantages, masked_whiten, overlong_penalty, stuck_groups, token_kl
 from relax.services.context import RunContext
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, effective_masks, to_rollout_batch
 from relax.services.schema import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS
 from relax.transfer.consumer import Batch
 
-SEQUENCE_LEVEL = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+PER_GROUP = ("grpo", "drgrpo", "rloo")
+BATCH_WHITENED = ("reinforce_pp", "reinforce_pp_baseline")
+SEQUENCE_LEVEL = PER_GROUP + BATCH_WHITENED
 
 
 def _padded(rows: list[np.ndarray]) -> torch.Tensor:
@@ -57,26 +61,66 @@ def _padded_or_none(rows: list[np.ndarray] | None) -> torch.Tensor | None:
 
 def group_advantages(name: str, rewards: list[float], masks: list[np.ndarray], *,
                      kl: list[np.ndarray] | None = None, kl_coef: float = 0.0,
-                     stuck_push: float = 0.0) -> list[np.ndarray]:
+                     stuck_push: float = 0.0, unbiased: bool = False) -> list[np.ndarray]:
     """Advantages (L_i,) of one prompt group: ``rewards`` (G,), ``masks`` G arrays (L_i,);
     ``kl`` G arrays (L_i,) of per-token KL folded into the reward with weight ``kl_coef``;
-    ``stuck_push``: ``algorithm.stuck_group_push``."""
+    ``stuck_push``: ``algorithm.stuck_group_push``; ``unbiased``: ``std_estimator``."""
     adv, _ = compute_advantages(name, torch.tensor(rewards, dtype=torch.float32), _padded(masks),
                                 group_size=len(masks), token_kl=_padded_or_none(kl), kl_coef=kl_coef,
-                                stuck_push=stuck_push)
+                                stuck_push=stuck_push, unbiased=unbiased)
     return [adv[i, : len(m)].numpy().astype(np.float32) for i, m in enumerate(masks)]
 
 
+def batch_whitened(name: str, rewards: list[float], masks: list[np.ndarray], groups: list[str], *,
+                   kl: list[np.ndarray] | None = None, kl_coef: float = 0.0,
+                   unbiased: bool = False) -> list[np.ndarray]:
+    """REINFORCE++ (-baseline) advantages (L_i,) of one step's batch, rows in any order:
+    ``rewards`` (B,), ``masks`` and ``kl`` B arrays (L_i,), ``groups`` the rows' prompt groups.
+    The whitening runs over all the batch's response tokens (arXiv:2501.03262, eq. 8); the
+    baseline variant first subtracts each group's mean reward, so its groups are made contiguous."""
+    members: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    sizes = sorted({len(m) for m in members.values()})
+    if name == "reinforce_pp_baseline" and len(sizes) > 1:
+        raise ValueError(f"reinforce_pp_baseline needs prompt groups of one size in a step, got sizes {sizes}")
+    order = [i for m in members.values() for i in m]
+    adv, _ = compute_advantages(name, torch.tensor([rewards[i] for i in order], dtype=torch.float32),
+                                _padded([masks[i] for i in order]), group_size=sizes[0],
+                                token_kl=None if kl is None else _padded([kl[i] for i in order]), kl_coef=kl_coef,
+                                unbiased=unbiased)
+    out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(order)
+    for row, i in enumerate(order):
+        out[i] = adv[row, : len(masks[i])].numpy().astype(np.float32)
+    return out
+
+
+def overlong_shaped(rewards: list[float], masks: list[np.ndarray], max_tokens: int, buffer: int,
+                    factor: float) -> tuple[list[float], float]:
+    """Rewards plus DAPO's soft overlong penalty (arXiv:2503.14476, eq. 13) on each row's
+    response length (its loss-mask tokens), and the batch's mean penalty."""
+    lengths = torch.tensor([float(np.sum(m)) for m in masks])
+    penalty = overlong_penalty(lengths, max_tokens, buffer, factor)
+    return [r + float(p) for r, p in zip(rewards, penalty, strict=True)], float(penalty.mean())
+
+
+def advantage_stats(advs: list[np.ndarray], masks: list[np.ndarray]) -> dict[str, float]:
+    """``adv_mean`` / ``adv_std``: mean and population std of the advantages over the batch's
+    trained tokens (REINFORCE++ gives ~0 / ~1 by construction; a per-group estimator does not)."""
+    picked = np.concatenate([a[np.asarray(m) > 0] for a, m in zip(advs, masks, strict=True)] + [np.zeros(0)])
+    return {"adv_mean": float(picked.mean()), "adv_std": float(picked.std())} if picked.size else {}
+
+
 def batch_gae(rewards: list[float], masks: list[np.ndarray], values: list[np.ndarray], *, gamma: float,
-              lam: float, kl: list[np.ndarray] | None = None,
-              kl_coef: float = 0.0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+              lam: float, kl: list[np.ndarray] | None = None, kl_coef: float = 0.0,
+              unbiased: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """GAE of one batch: rewards (B,), masks and values B arrays (L_i,) -> per-sample
     (advantages whitened over the batch's masked tokens, returns), each (L_i,). ``kl`` as in
     :func:`group_advantages`: -kl_coef * KL_t joins the token rewards (and so the returns)."""
     mask, v = _padded(masks), _padded(values)
     adv, returns = compute_advantages("gae", torch.tensor(rewards, dtype=torch.float32), mask, values=v,
                                       gamma=gamma, lam=lam, token_kl=_padded_or_none(kl), kl_coef=kl_coef)
-    adv = masked_whiten(adv, mask)
+    adv = masked_whiten(adv, mask, unbiased=unbiased)
     return ([adv[i, : len(m)].numpy() for i, m in enumerate(masks)],
             [returns[i, : len(m)].numpy() for i, m in enumerate(masks)])
 
@@ -100,6 +144,7 @@ class AdvantageRole:
             raise ValueError(f"algorithm.advantage={alg.advantage!r} is not run by the advantage role; choose one "
                              f"of {(*SEQUENCE_LEVEL, 'gae')}")
         self.name, self.alg = alg.advantage, alg
+        self.max_new_tokens = ctx.cfg.rollout.max_new_tokens
         self.gae = alg.advantage == "gae"
         self.kl_in_reward = alg.kl_in_reward and alg.kl_coef > 0
         needs = ["reward", "loss_mask", "values"] if self.gae else ["reward", "loss_mask"]
@@ -135,34 +180,50 @@ class AdvantageRole:
         return rows_kl(f["logprobs"], ref, f["loss_mask"], self.alg.kl_estimator, self.alg.kl_clamp)
 
     def _commit(self, batch: Batch) -> dict[str, float]:
-        """Compute and commit the batch's advantages; returns KL metrics (empty without kl_in_reward)."""
-        batch.fields["loss_mask"] = effective_masks(batch.fields["loss_mask"], batch.fields.get("error"))
+        """Compute and commit the batch's advantages; returns their metrics (KL ones with kl_in_reward)."""
+        alg, masks = self.alg, batch.fields["loss_mask"]
+        extra: dict[str, float] = {}
+        rewards = [float(r) for r in batch.fields["reward"]]
+        if alg.overlong_buffer:  # on the generated length, so before error rows lose their mask
+            rewards, extra["overlong_penalty"] = overlong_shaped(rewards, masks, self.max_new_tokens,
+                                                                 alg.overlong_buffer, alg.overlong_penalty)
+        masks = batch.fields["loss_mask"] = effective_masks(masks, batch.fields.get("error"))
         kl = self._token_kl(batch) if self.kl_in_reward else None
-        beta = self.alg.kl_coef if kl is not None else 0.0
+        beta = alg.kl_coef if kl is not None else 0.0
+        unbiased = alg.std_estimator == "unbiased"
+        returns = None
         if self.gae:
-            advs, returns = batch_gae([float(r) for r in batch.fields["reward"]], batch.fields["loss_mask"],
-                                      batch.fields["values"], gamma=self.alg.gamma, lam=self.alg.lam, kl=kl,
-                                      kl_coef=beta)
-            self.producer.add_fields({sid: {"advantages": a, "returns": r}
-                                      for sid, a, r in zip(batch.ids, advs, returns, strict=True)},
-                                     meta={"step": batch.step})
-            return kl_metrics(kl, batch.fields["loss_mask"])
+            advs, returns = batch_gae(rewards, masks, batch.fields["values"], gamma=alg.gamma, lam=alg.lam, kl=kl,
+                                      kl_coef=beta, unbiased=unbiased)
+        elif self.name in BATCH_WHITENED:
+            advs = batch_whitened(self.name, rewards, masks, batch.groups, kl=kl, kl_coef=beta, unbiased=unbiased)
+        else:
+            advs, extra["stuck_groups"] = self._per_group(batch, rewards, masks, kl, beta, unbiased)
+        values: dict[str, dict[str, Any]] = {sid: {"advantages": a} for sid, a in zip(batch.ids, advs, strict=True)}
+        if returns is not None:  # GAE: the critic's regression target
+            for sid, r in zip(batch.ids, returns, strict=True):
+                values[sid]["returns"] = r
+        self.producer.add_fields(values, meta={"step": batch.step})
+        return {**kl_metrics(kl, masks), **advantage_stats(advs, masks), **extra}
+
+    def _per_group(self, batch: Batch, rewards: list[float], masks: list[np.ndarray], kl: list[np.ndarray] | None,
+                   beta: float, unbiased: bool) -> tuple[list[np.ndarray], float]:
+        """GRPO / Dr.GRPO / RLOO group by group; also the share of groups that all missed (what
+        stuck_group_push acts on, and a collapse's early sign)."""
         by_group: dict[str, list[int]] = {}
         for i, g in enumerate(batch.groups):
             by_group.setdefault(g, []).append(i)
-        values: dict[str, dict[str, Any]] = {}
+        advs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rewards)
         stuck = 0
         for idx in by_group.values():
-            rewards = [float(batch.fields["reward"][i]) for i in idx]
-            stuck += bool(stuck_groups(torch.tensor(rewards), len(rewards)).item())
-            advs = group_advantages(self.name, rewards, [batch.fields["loss_mask"][i] for i in idx],
-                                    kl=None if kl is None else [kl[i] for i in idx], kl_coef=beta,
-                                    stuck_push=self.alg.stuck_group_push)
-            for i, a in zip(idx, advs, strict=True):
-                values[batch.ids[i]] = {"advantages": a}
-        self.producer.add_fields(values, meta={"step": batch.step})
-        # the share of groups that all missed: what stuck_group_push acts on, and a collapse's early sign
-        return {**kl_metrics(kl, batch.fields["loss_mask"]), "stuck_groups": stuck / max(len(by_group), 1)}
+            group = [rewards[i] for i in idx]
+            stuck += bool(stuck_groups(torch.tensor(group), len(group)).item())
+            out = group_advantages(self.name, group, [masks[i] for i in idx],
+                                   kl=None if kl is None else [kl[i] for i in idx], kl_coef=beta,
+                                   stuck_push=self.alg.stuck_group_push, unbiased=unbiased)
+            for i, a in zip(idx, out, strict=True):
+                advs[i] = a
+        return advs, stuck / max(len(by_group), 1)
 
     @property
     def done(self) -> bool:

@@ -102,10 +102,11 @@ class PolicyLoss:
         correction = {}
         if a.off_policy != "none":  # ratio against the proximal policy, behaviour enters as a weight
             old = pad([batch.prox_logprobs[i] for i in idx]).to(lp.dtype)
-            corr = off_policy_correction(a.off_policy, old, behav, mask, cap=a.is_cap)
+            corr = off_policy_correction(a.off_policy, old, behav, mask, cap=a.is_cap, level=a.is_level)
             weights, mask, correction = corr.weights, corr.mask, corr.metrics
         loss, metrics = compute_policy_loss(a.policy_loss, lp, old, adv, mask, clip_low=a.clip_low,
-                                            clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights)
+                                            clip_high=a.clip_high, dual_clip_c=a.dual_clip_c, is_weights=weights,
+                                            seq_clamp=a.gspo_clamp)
         metrics = {**correction, **metrics}  # is_weight_max / kept_frac show what the correction did
         # each term's largest per-token loss: a gradient spike names the term (and so the cause) that made it
         metrics["pg_token_max"] = masked_max(loss.detach().abs(), mask)
@@ -142,7 +143,7 @@ class Actor:
                                     total_steps=t.total_steps * updates, schedule=t.lr_schedule, grad_clip=t.grad_clip,
                                     micro_batch_tokens=t.micro_batch_tokens, layout=t.micro_batch_layout,
                                     pad_id=pad_id, aggregation=cfg.algorithm.loss_agg,
-                                    agg_norm=float(cfg.rollout.max_new_tokens), nan_policy=t.nan_policy,
+                                    agg_norm=float(cfg.algorithm.loss_agg_norm or cfg.rollout.max_new_tokens), nan_policy=t.nan_policy,
                                     temperature=cfg.rollout.temperature,
                                     autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None,
                                     lr_scales=self.encoders.lr_scales, ramps=self.encoders.ramps)

@@ -1,7 +1,7 @@
 """One optimizer step over a rollout batch: micro-batches, accumulation, data parallel, safety.
 
 Every loss in Relax is a weighted sum of per-token terms, sum_i sum_t w_it * l_it, where the
-weights encode the aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm)
+weights encode the aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum(-norm))
 over the *global* batch: all ranks and all micro-batches. So splitting a batch into
 micro-batches or across data-parallel ranks never changes the gradient, only the memory
 it takes: 2 gloo processes give the same weights as 1 process on the whole batch.
@@ -27,7 +27,7 @@ from relax.trainers.torch.packing import MicroBatch, micro_batches
 from relax.trainers.torch.prefix import PrefixMicroBatch, plan_prefix
 
 log = logging.getLogger(__name__)
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 # (micro-batch, per-sample logprobs, per-sample entropies or None, batch) -> per-sample token losses;
 # a step given a PositionReader also passes what it read as the keyword ``reads``
@@ -50,19 +50,24 @@ def token_weights(masks: Sequence[torch.Tensor], agg: str, norm: float | None = 
     """Per-token weights w_it such that sum w_it * l_it is the ``agg`` mean over the global batch.
 
     token-mean: m_it / sum m; seq-mean-token-mean: m_it / (|m_i| * N);
-    seq-mean-token-sum-norm: m_it / (norm * N) with N sequences (Dr.GRPO's constant normalizer).
-    Sequences with an empty mask still count in N (they contribute zero).
+    seq-mean-token-sum: m_it / N (verl's, no length divisor); seq-mean-token-sum-norm:
+    m_it / (norm * N) with N sequences (Dr.GRPO's constant normalizer). As in
+    relax.algorithms.aggregation, a sequence with an empty mask (a failed or filtered sample)
+    counts in N for the two token-sum modes and not for seq-mean-token-mean.
     """
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {AGGREGATIONS}")
-    local = torch.tensor([float(sum(float(m.sum()) for m in masks)), float(len(masks))], dtype=torch.float64)
+    local = torch.tensor([float(sum(float(m.sum()) for m in masks)), float(len(masks)),
+                          float(sum(float(m.sum()) > 0 for m in masks))], dtype=torch.float64)
     if group is not None or (dist.is_available() and dist.is_initialized()):
         dist.all_reduce(local, group=group)
-    tokens, seqs = local.tolist()
+    tokens, seqs, nonempty = local.tolist()
     if agg == "token-mean":
         return [m.double() / max(tokens, 1.0) for m in masks]  # stays on the masks' device
     if agg == "seq-mean-token-mean":
-        return [m.double() / (max(float(m.sum()), 1.0) * max(seqs, 1.0)) for m in masks]
+        return [m.double() / (max(float(m.sum()), 1.0) * max(nonempty, 1.0)) for m in masks]
+    if agg == "seq-mean-token-sum":
+        return [m.double() / max(seqs, 1.0) for m in masks]
     if norm is None:
         raise ValueError("seq-mean-token-sum-norm needs a constant normalizer (e.g. max response length)")
     return [m.double() / (norm * max(seqs, 1.0)) for m in masks]

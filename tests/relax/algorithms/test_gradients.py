@@ -35,6 +35,7 @@ class Batch:
     clip_low: float
     clip_high: float
     c: float
+    seq_clamp: float
 
 
 @st.composite
@@ -50,6 +51,7 @@ def batches(draw) -> Batch:
         lp=grid(-3.0, 0.0), old=grid(-3.0, 0.0), behav=grid(-3.0, 0.0), adv=grid(-2.0, 2.0), mask=mask,
         w=grid(0.0, 3.0) if draw(st.booleans()) else None,
         clip_low=draw(st.floats(0.05, 0.4)), clip_high=draw(st.floats(0.05, 0.5)), c=draw(st.floats(1.5, 5.0)),
+        seq_clamp=draw(st.sampled_from([0.0, 0.0, 0.3, 1.0])),  # algorithm.gspo_clamp; 0 = no bound
     )
 
 
@@ -108,10 +110,17 @@ def _sequence_stats(bt: Batch, lp: torch.Tensor, i: int):
     return log_s, sum(bt.adv[i][j] for j in idx) / len(idx)
 
 
+def upper(log_ratio, bound: float):
+    """log_ratio, or the constant ``bound`` above it (no gradient there); bound 0 = none."""
+    if bound > 0 and log_ratio.item() > bound:
+        return torch.tensor(bound, dtype=F64)
+    return log_ratio
+
+
 def naive_gspo(bt: Batch, lp: torch.Tensor) -> torch.Tensor:
     def token(i, j, x):
         log_s, a = _sequence_stats(bt, lp, i)
-        s = torch.exp(log_s)
+        s = torch.exp(upper(log_s, bt.seq_clamp))
         return pessimistic(s, clip_value(s, 1 - bt.clip_low, 1 + bt.clip_high), a)
     return naive_token_loss(bt, lp, token)
 
@@ -119,7 +128,7 @@ def naive_gspo(bt: Batch, lp: torch.Tensor) -> torch.Tensor:
 def naive_gspo_token(bt: Batch, lp: torch.Tensor) -> torch.Tensor:
     def token(i, j, x):
         log_s, _ = _sequence_stats(bt, lp, i)
-        s_it = math.exp(log_s.item()) * torch.exp(x - x.item())  # sg[s_i] * pi / sg[pi]
+        s_it = torch.exp(upper(log_s.item() + x - x.item(), bt.seq_clamp))  # sg[s_i] * pi / sg[pi]
         return pessimistic(s_it, clip_value(s_it, 1 - bt.clip_low, 1 + bt.clip_high), bt.adv[i][j])
     return naive_token_loss(bt, lp, token)
 
@@ -179,14 +188,16 @@ def test_dual_clip_gradient(bt: Batch):
 @given(batches())
 def test_gspo_gradient(bt: Batch):
     check(bt, lambda lp, old, adv, m, w: gspo_loss(
-        lp, old, adv, m, clip_low=bt.clip_low, clip_high=bt.clip_high, is_weights=w), naive_gspo)
+        lp, old, adv, m, clip_low=bt.clip_low, clip_high=bt.clip_high, is_weights=w, seq_clamp=bt.seq_clamp),
+        naive_gspo)
 
 
 @SETTINGS
 @given(batches())
 def test_gspo_token_gradient(bt: Batch):
     check(bt, lambda lp, old, adv, m, w: gspo_token_loss(
-        lp, old, adv, m, clip_low=bt.clip_low, clip_high=bt.clip_high, is_weights=w), naive_gspo_token)
+        lp, old, adv, m, clip_low=bt.clip_low, clip_high=bt.clip_high, is_weights=w, seq_clamp=bt.seq_clamp),
+        naive_gspo_token)
 
 
 @SETTINGS

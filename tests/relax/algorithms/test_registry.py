@@ -36,9 +36,9 @@ def test_registry_keys_are_the_config_choices(field_name):
 def test_brief_registry_names():
     assert set(alg.ADVANTAGES) == {"grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"}
     assert set(alg.POLICY_LOSSES) == {"ppo", "dual_clip", "gspo", "gspo_token", "cispo"}
-    assert set(alg.LOSS_AGG) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
-    assert set(alg.KL) == {"k1", "k2", "k3"}
-    assert set(alg.OFF_POLICY) == {"none", "decoupled", "tis", "icepop"}
+    assert set(alg.LOSS_AGG) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}
+    assert set(alg.KL) == {"k1", "k2", "k3", "abs"}
+    assert set(alg.OFF_POLICY) == {"none", "recompute", "decoupled", "tis", "icepop"}
 
 
 def test_defaults_resolve():
@@ -51,7 +51,7 @@ def test_defaults_resolve():
 def test_lookup_errors_name_the_valid_choices():
     with pytest.raises(ValueError, match=r"unknown policy_loss 'grpo'; valid: cispo, dual_clip, gspo, gspo_token, ppo"):
         alg.lookup("policy_loss", "grpo")
-    with pytest.raises(ValueError, match=r"unknown kl_estimator 'k4'; valid: k1, k2, k3"):
+    with pytest.raises(ValueError, match=r"unknown kl_estimator 'k4'; valid: abs, k1, k2, k3"):
         alg.lookup("kl_estimator", "k4")
     with pytest.raises(ValueError, match=r"unknown algorithm registry 'optimizer'; valid: advantage, kl_estimator"):
         alg.lookup("optimizer", "adam")

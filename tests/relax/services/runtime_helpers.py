@@ -35,3 +35,8 @@ def slow_task_reward(response: str, sample) -> float:
 
     time.sleep(0.02)
     return task_reward(response, sample)
+
+
+def length_reward(response: str, sample) -> float:
+    """A reward that varies within every prompt group: (len(response) mod 3) / 2, in {0, 0.5, 1}."""
+    return (len(response) % 3) / 2

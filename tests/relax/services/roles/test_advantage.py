@@ -1,4 +1,5 @@
-"""Per-group advantages, derived by hand on three-element groups."""
+"""The advantage role: per-group and whole-batch estimators, derived by hand on three-element groups,
+and what the role commits on a real rollout."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from relax.services.roles.advantage import group_advantages
 
@@ -156,3 +158,87 @@ def test_stuck_group_push_on_a_real_batch(tmp_path):
             np.testing.assert_allclose(f["advantages"][i], e, atol=1e-6)
     assert stuck > 0, "the untrained policy should miss every sample of some prompt"
     assert m["stuck_groups"] == pytest.approx(stuck / len(by_group))
+
+
+def test_batch_whitened_uses_the_whole_batch_not_each_group():
+    # two groups of three one-token rows, rewards (1, 0, 0) and (1, 1, 0): REINFORCE++ whitens over all six
+    # tokens: mu = 1/2, population var = 1/4 -> A = (r - 1/2) / (1/2) = +-1 for every row. Per group, the first
+    # group alone would give (sqrt 2, -1/sqrt 2, -1/sqrt 2): a different answer
+    from relax.services.roles.advantage import batch_whitened
+
+    masks = [np.ones(1, np.int8)] * 6
+    rows = batch_whitened("reinforce_pp", [1.0, 0.0, 0.0, 1.0, 1.0, 0.0], masks, ["a", "a", "a", "b", "b", "b"])
+    np.testing.assert_allclose(np.concatenate(rows), [1, -1, -1, 1, 1, -1], atol=1e-6)
+    np.testing.assert_allclose(np.concatenate(group_advantages("reinforce_pp", [1.0, 0.0, 0.0], masks[:3])),
+                               [math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2)], atol=1e-6)
+    # baseline: group means (1/3, 2/3) first -> r' = (2/3, -1/3, -1/3, 1/3, 1/3, -2/3), mean 0, population
+    # var = (4 + 1 + 1 + 1 + 1 + 4) / 54 = 2/9 -> A = r' * 3/sqrt(2); rows interleaved by group come back in place
+    base = batch_whitened("reinforce_pp_baseline", [1.0, 1.0, 0.0, 1.0, 0.0, 0.0], masks,
+                          ["a", "b", "a", "b", "a", "b"])
+    k = 3 / math.sqrt(2)
+    np.testing.assert_allclose(np.concatenate(base), [k * 2 / 3, k / 3, -k / 3, k / 3, -k / 3, -k * 2 / 3], atol=1e-6)
+    with pytest.raises(ValueError, match="one size"):
+        batch_whitened("reinforce_pp_baseline", [1.0, 0.0, 1.0], masks[:3], ["a", "a", "b"])
+
+
+def test_overlong_shaped_by_hand():
+    # max 5 tokens, buffer 2 (soft start 3): lengths 2, 4, 5 -> penalties 0, (3 - 4)/2 = -0.5, (3 - 5)/2 = -1
+    from relax.services.roles.advantage import overlong_shaped
+
+    masks = [np.array([1, 1], np.int8), np.array([0, 1, 1, 1, 1], np.int8), np.ones(5, np.int8)]
+    rewards, mean = overlong_shaped([1.0, 1.0, 0.0], masks, 5, 2, 1.0)
+    assert rewards == pytest.approx([1.0, 0.5, -1.0]) and mean == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize("advantage", ["reinforce_pp", "reinforce_pp_baseline", "grpo"])
+def test_the_role_whitens_reinforce_pp_over_the_step(tmp_path, advantage):
+    # a real rollout scored with a reward that varies inside every group; the role's committed advantages equal
+    # the library function on the whole batch (REINFORCE++: mean 0, std 1 over the step's trained tokens), and
+    # differ from the per-group answer the role gave before; GRPO stays per group
+    from relax.algorithms import compute_advantages
+    from relax.services.context import RunContext
+    from relax.services.roles.actor import ActorRole
+    from relax.services.roles.advantage import AdvantageRole
+    from relax.services.roles.rollout import RolloutRole
+    from relax.transfer.consumer import ConsumerGroup
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    ctx = RunContext(tiny_config(f"file://{tmp_path}", "rpp", f"algorithm.advantage={advantage}",
+                                 "data.reward_fn=tests.relax.services.runtime_helpers:length_reward"))
+    ctx.ensure_run()
+    ActorRole(ctx).close()
+    rollout = RolloutRole(ctx)
+    rollout.step(timeout=60)
+    rollout.close()
+    role = AdvantageRole(ctx)
+    try:
+        m = role.step(timeout=60)
+    finally:
+        role.close()
+    check = ConsumerGroup(ctx.queue(), "check", ["reward", "loss_mask", "advantages"],
+                          batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10)
+    try:
+        batch = check.take(0, current_version=0, timeout=30)
+    finally:
+        check.close()
+    f = batch.fields
+    order = sorted(range(len(batch)), key=lambda i: (batch.groups[i], i))  # contiguous groups of 4
+    rewards = torch.tensor([float(f["reward"][i]) for i in order])
+    masks = [np.asarray(f["loss_mask"][order[k]], np.float32) for k in range(len(order))]
+    width = max(len(x) for x in masks)
+    mask = torch.tensor(np.stack([np.pad(x, (0, width - len(x))) for x in masks]))
+    whole, _ = compute_advantages(advantage, rewards, mask, group_size=4)
+    got = [np.asarray(f["advantages"][i]) for i in order]
+    per_group = [compute_advantages(advantage, rewards[g:g + 4], mask[g:g + 4], group_size=4)[0]
+                 for g in range(0, len(order), 4)]
+    per_group_rows = torch.cat(per_group)
+    for k, a in enumerate(got):
+        np.testing.assert_allclose(a, whole[k, : len(a)].numpy(), atol=1e-5)
+    trained = np.concatenate([a[np.asarray(x) > 0] for a, x in zip(got, masks, strict=True)])
+    assert m["adv_mean"] == pytest.approx(float(trained.mean()), abs=1e-6)
+    assert m["adv_std"] == pytest.approx(float(trained.std()), abs=1e-6)
+    if advantage == "grpo":  # per group by definition: the whole-batch call groups the same way
+        torch.testing.assert_close(per_group_rows, whole)
+    else:
+        assert m["adv_mean"] == pytest.approx(0.0, abs=1e-5) and m["adv_std"] == pytest.approx(1.0, abs=1e-4)
+        assert (per_group_rows - whole).abs().max() > 1e-3, "per-group whitening would have given the same answer"

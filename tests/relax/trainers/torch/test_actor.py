@@ -46,7 +46,7 @@ def test_updates_move_probability_towards_positive_advantages():
 
 
 @pytest.mark.parametrize("policy_loss", ["ppo", "dual_clip", "gspo", "gspo_token", "cispo"])
-@pytest.mark.parametrize("off_policy", ["none", "decoupled", "tis", "icepop"])
+@pytest.mark.parametrize("off_policy", ["none", "recompute", "decoupled", "tis", "icepop"])
 def test_every_loss_and_correction_trains(policy_loss, off_policy):
     a = actor(f"algorithm.policy_loss={policy_loss}", f"algorithm.off_policy={off_policy}",
               "algorithm.entropy_coef=0.01")
@@ -56,6 +56,37 @@ def test_every_loss_and_correction_trains(policy_loss, off_policy):
     assert not result.skipped and torch.isfinite(torch.tensor(result.loss)) and result.grad_norm > 0
     if off_policy != "none":
         assert batch.prox_logprobs is not None  # recomputed from the current policy before the update
+
+
+def test_recompute_anchors_the_ratio_at_the_trainers_logprobs():
+    # stale behaviour log-probs (0.5 below the policy's on every token): with off_policy=none the ratio is
+    # exp(0.5) = 1.65 > 1.28 on every token, so the A > 0 tokens are clipped and give loss -1.28 * A, the
+    # A < 0 ones -1.65 * A; with recompute (verl's, slime's) the ratio is 1 again and the loss is the
+    # on-policy -18/38 (tiny_batch: 18 = sum of A over its 38 tokens)
+    for off_policy, expected in (("recompute", -18 / 38), ("none", (-1.28 * 28 + math.exp(0.5) * 10) / 38)):
+        a = actor(f"algorithm.off_policy={off_policy}")
+        batch = on_policy(a)
+        batch.old_logprobs = [lp - 0.5 * m for lp, m in zip(batch.old_logprobs, batch.loss_mask, strict=True)]
+        assert a.train_step(batch).loss == pytest.approx(expected, abs=1e-5), off_policy
+
+
+def test_is_level_sequence_weighs_whole_sequences():
+    # TIS with cap 2 on behaviour log-probs 0.1 below the policy's per token: token level weighs every token
+    # exp(0.1) = 1.105; sequence level weighs sequence i by min(exp(0.1 n_i), 2), which is 2 for every
+    # tiny_batch row longer than 6 tokens (exp(0.7) = 2.01): the losses differ
+    losses = {}
+    for level in ("token", "sequence"):
+        a = actor("algorithm.off_policy=tis", f"algorithm.is_level={level}")
+        batch = on_policy(a)
+        batch.prox_logprobs = [lp.clone() for lp in batch.old_logprobs]
+        batch.old_logprobs = [lp - 0.1 * m for lp, m in zip(batch.old_logprobs, batch.loss_mask, strict=True)]
+        losses[level] = a.train_step(batch).loss
+    # rows 3, 9, 5, 12, 2, 7 tokens, A = -1, +1, -1, +1, -1, +1; ratio 1, so the loss is -sum(w A) / 38
+    token = -math.exp(0.1) * 18 / 38
+    rows = list(zip((3, 9, 5, 12, 2, 7), (-1, 1, -1, 1, -1, 1), strict=True))
+    sequence = -sum(min(math.exp(0.1 * n), 2.0) * n * sign for n, sign in rows) / 38
+    assert losses["token"] == pytest.approx(token, abs=1e-5)
+    assert losses["sequence"] == pytest.approx(sequence, abs=1e-5)
 
 
 def test_kl_term_needs_reference_logprobs_and_uses_them():

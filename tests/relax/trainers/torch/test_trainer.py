@@ -40,6 +40,8 @@ def test_token_weights_by_hand():
     # seq-mean-token-sum-norm with constant 8: 1/(8*2) for every masked token
     assert [w.tolist() for w in token_weights(masks, "seq-mean-token-sum-norm", norm=8)] == [[0, 1 / 16, 1 / 16],
                                                                                              [1 / 16] * 4]
+    # seq-mean-token-sum (verl): no length divisor, 1/2 for every masked token of the 2 sequences
+    assert [w.tolist() for w in token_weights(masks, "seq-mean-token-sum")] == [[0, 0.5, 0.5], [0.5] * 4]
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         token_weights(masks, "mean")
 
