@@ -97,6 +97,31 @@ def validate(cfg: Any, prefix: str = "") -> None:
         cross_checks(cfg)
 
 
+MEGATRON_FAMILIES = ("qwen2", "qwen3", "llama")
+PARALLEL_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel")
+
+
+def backend_checks(t: Any, family: str) -> None:
+    """Refuse a trainer layout the chosen backend would not honour, before any work starts."""
+    bigger = {name: getattr(t, name) for name in PARALLEL_FIELDS if getattr(t, name) > 1}
+    if t.backend == "torch" and bigger:
+        raise ConfigError(f"trainer.{next(iter(bigger))}={next(iter(bigger.values()))} is a Megatron layout; the "
+                          f"torch backend would ignore it: set trainer.backend=megatron or remove it")
+    if t.backend != "megatron":
+        return
+    if family not in MEGATRON_FAMILIES:
+        raise ConfigError(f"trainer.backend=megatron builds {list(MEGATRON_FAMILIES)} text models, not "
+                          f"model.family={family!r}: use trainer.backend=torch")
+    if bigger or t.data_parallel > 1:
+        name, value = next(iter({**bigger, **({"data_parallel": t.data_parallel} if t.data_parallel > 1 else {})}
+                                .items()))
+        raise ConfigError(f"trainer.{name}={value}: the Megatron actor runs as one process in the RL loop today "
+                          f"(docs/megatron.md); set it to 1, or trainer.backend=torch with data_parallel for DDP")
+    if t.micro_batch_layout == "prefix":
+        raise ConfigError("trainer.micro_batch_layout=prefix shares a prompt's positions between responses, which "
+                          "megatron's GPTModel cannot take: use pack, bucket or pad with trainer.backend=megatron")
+
+
 def cross_checks(cfg: Any) -> None:
     r = cfg.resources
     if r.rollout_gpus + r.actor_gpus > r.num_gpus:
@@ -104,14 +129,12 @@ def cross_checks(cfg: Any) -> None:
             f"resources.rollout_gpus ({r.rollout_gpus}) + resources.actor_gpus ({r.actor_gpus}) exceed "
             f"resources.num_gpus ({r.num_gpus}); raise num_gpus or lower the role GPUs"
         )
-    if cfg.rollout.engine == "sglang" and r.rollout_gpus == 0:
-        raise ConfigError("rollout.engine = 'sglang' needs GPUs: set resources.rollout_gpus >= 1 "
-                          "(or use rollout.engine=native on CPU)")
     if cfg.algorithm.advantage == "gae" and not cfg.model.value_head:
         raise ConfigError("algorithm.advantage = 'gae' needs a critic: set model.value_head=true")
     unknown = sorted(set(cfg.trainer.freeze_encoders) - {"vision", "audio"})
     if unknown:
         raise ConfigError(f"trainer.freeze_encoders: unknown encoder(s) {unknown}; use 'vision' and/or 'audio'")
+    backend_checks(cfg.trainer, cfg.model.family)
     if cfg.trainer.freeze_encoders and cfg.trainer.backend != "torch":
         raise ConfigError("trainer.freeze_encoders is supported by the torch backend only; "
                           "set trainer.backend=torch or remove it")

@@ -141,10 +141,31 @@ class RunContext:
             if agents:
                 raise ConfigError(f"data.reward_role=true: tasks {agents} are agent episodes whose reward comes from "
                                   f"their env during the rollout; drop them or set data.reward_role=false")
+        self._check_backends(engine_urls)
         media = sorted({s.task for s in train if s.images or s.audios})
         if media and self.cfg.trainer.backend != "torch":
             raise ConfigError(f"tasks {media} carry images/audio; trainer.backend={self.cfg.trainer.backend!r} "
                               f"trains text only, use trainer.backend=torch")
+
+    def _check_backends(self, engine_urls: list[str] | None) -> None:
+        """The packages and devices the chosen backends need are here (or the run stops naming which)."""
+        import importlib.util
+
+        # find_spec, not import: megatron.core takes seconds to import and the actor imports it anyway
+        if self.cfg.trainer.backend == "megatron" and importlib.util.find_spec("megatron") is None:
+            raise ConfigError("trainer.backend=megatron needs megatron-core: pip install --no-deps "
+                              "megatron-core==0.16.1, or use trainer.backend=torch")
+        if self.cfg.rollout.engine == "sglang" and not engine_urls:
+            import torch
+
+            if importlib.util.find_spec("sglang") is None:
+                why = "the sglang package is not installed (pip install sglang on a GPU machine)"
+            elif not torch.cuda.is_available():
+                why = "no GPU is visible"
+            else:
+                why = "the rollout does not launch SGLang servers itself yet (docs/megatron.md)"
+            raise ConfigError(f"rollout.engine=sglang: {why}; start SGLang servers and pass their URLs with "
+                              f"--engine-url, or use rollout.engine=native")
 
     # -- transfer ---------------------------------------------------------------------------
     def queue(self, **kwargs: Any) -> TransferQueue:

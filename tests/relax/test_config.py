@@ -103,8 +103,6 @@ def test_bad_values_name_the_field_and_the_fix(override, fragments):
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match="exceed resources.num_gpus"):
         load_config(None, ["resources.rollout_gpus=1"])
-    with pytest.raises(ConfigError, match="needs GPUs"):
-        load_config(None, ["rollout.engine=sglang"])
     with pytest.raises(ConfigError, match="model.value_head=true"):
         load_config(None, ["algorithm.advantage=gae"])
     assert load_config(None, ["algorithm.advantage=gae", "model.value_head=true"]).algorithm.advantage == "gae"
@@ -130,6 +128,21 @@ def test_topk_weight_needs_the_top_k_term():
         load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_topk=8", "algorithm.kl_topk_weight=0"])
     assert load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_topk=8",
                               "algorithm.kl_topk_weight=0.25"]).algorithm.kl_topk_weight == 0.25
+
+
+def test_backend_layouts_are_honoured_or_refused():
+    # a parallel layout the chosen backend would ignore is an error naming the field, not a quiet no-op
+    with pytest.raises(ConfigError, match="trainer.tensor_parallel=2 is a Megatron layout"):
+        load_config(None, ["trainer.tensor_parallel=2"])
+    with pytest.raises(ConfigError, match="trainer.pipeline_parallel=2: the Megatron actor runs as one process"):
+        load_config(None, ["trainer.backend=megatron", "trainer.pipeline_parallel=2"])
+    with pytest.raises(ConfigError, match="trainer.data_parallel=2: the Megatron actor"):
+        load_config(None, ["trainer.backend=megatron", "trainer.data_parallel=2"])
+    with pytest.raises(ConfigError, match="micro_batch_layout=prefix"):
+        load_config(None, ["trainer.backend=megatron", "trainer.micro_batch_layout=prefix"])
+    with pytest.raises(ConfigError, match="not model.family='qwen2_audio'"):
+        load_config(None, ["trainer.backend=megatron", "model.family=qwen2_audio"])
+    assert load_config(None, ["trainer.backend=megatron"]).trainer.backend == "megatron"
 
 
 def test_overlong_buffer_fits_inside_the_length_limit():

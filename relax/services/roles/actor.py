@@ -14,6 +14,7 @@ kept (the store is the truth, and on CPU retraining reproduces them bit for bit)
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 from relax import objstore
@@ -98,6 +99,12 @@ class ActorRole:
         cfg = ctx.cfg
         self.ctx, self.cfg = ctx, cfg
         model, processor = ctx.build_model()
+        if cfg.trainer.backend == "megatron":  # same weights in megatron-core's layers (relax.trainers.megatron.policy)
+            with warnings.catch_warnings():  # megatron announces every fused kernel it falls back from
+                warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+                from relax.trainers.megatron.policy import megatron_policy
+
+                model = megatron_policy(model, seed=cfg.seed)
         self.actor = Actor(model, cfg, pad_id=ctx.tokenizer.pad_token_id or 0)
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.store = ctx.weights()

@@ -63,3 +63,18 @@ def test_a_stored_top_k_column_is_padded_back_to_its_row():
     assert pad_topk_rows(full, 5) is full  # a column written whole (before this layout) is read as it is
     with pytest.raises(ValueError, match="3 rows for a row of 2 tokens"):
         pad_topk_rows(np.zeros((3, 2)), 2)
+
+
+def test_sglang_engine_is_refused_before_the_run_record_unless_servers_are_given(tmp_path):
+    # rollout.engine=sglang used to train with native engines and exit 0; now the pre-flight says why it
+    # cannot run here (no sglang package / no GPU / no launcher yet) and writes nothing
+    import importlib.util
+
+    from relax.config_checks import ConfigError
+
+    ctx = RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang"))
+    why = "sglang package is not installed" if importlib.util.find_spec("sglang") is None else "rollout.engine=sglang"
+    with pytest.raises(ConfigError, match=why):
+        ctx.check_trainable()
+    assert not objstore.exists(objstore.join(ctx.run_url, "run.json"))
+    ctx.check_trainable(engine_urls=["http://127.0.0.1:30000"])  # servers the user started: theirs to run
