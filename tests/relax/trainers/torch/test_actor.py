@@ -89,6 +89,15 @@ def test_is_level_sequence_weighs_whole_sequences():
     assert losses["sequence"] == pytest.approx(sequence, abs=1e-5)
 
 
+def test_loss_agg_norm_sets_the_sum_norm_constant():
+    # seq-mean-token-sum-norm on tiny_batch at ratio 1: loss = -(sum of A over tokens) / (L_norm * 6 rows)
+    # = -18 / (8 * 6) with loss_agg_norm=8; 0 falls back to rollout.max_new_tokens = 16: -18 / 96
+    for norm, expected in ((8, -18 / 48), (0, -18 / 96)):
+        a = actor("algorithm.off_policy=none", "algorithm.loss_agg=seq-mean-token-sum-norm",
+                  f"algorithm.loss_agg_norm={norm}")
+        assert a.train_step(on_policy(a)).loss == pytest.approx(expected, abs=1e-6), norm
+
+
 def test_kl_term_needs_reference_logprobs_and_uses_them():
     a = actor("algorithm.kl_coef=0.5", "algorithm.off_policy=none")
     batch = on_policy(a)
