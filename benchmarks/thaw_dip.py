@@ -16,7 +16,6 @@ thaw_dip.json to the untracked results folder; ``--update-docs``: benchmarks/res
 from __future__ import annotations
 
 import argparse
-import io
 import json
 
 import torch
@@ -28,13 +27,13 @@ from relax.objstore import absolute_url
 from relax.pipeline import evaluate
 from relax.services.context import RunContext
 from relax.services.roles.actor import checkpoint_name
+from relax.trainers.torch.checkpoint import read_state
 
 STEM = "model.visual.patch_embed.proj.weight"
 
 
 def patch_embedding(url: str) -> torch.Tensor:
-    state = torch.load(io.BytesIO(objstore.read_bytes(objstore.join(url, "trainer.pt"))), map_location="cpu",
-                       weights_only=False)
+    _, state = read_state(url)  # verified and loaded with weights_only=True
     return state["model"][STEM].float()
 
 

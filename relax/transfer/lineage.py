@@ -234,14 +234,23 @@ def record_url(root: str, run_id: str, checkpoint: str) -> str:
     return objstore.join(objstore.absolute_url(root), "runs", run_id, "lineage", f"{checkpoint}.json")
 
 
-def write_record(root: str, record: LineageRecord) -> str:
+#: What a record claims about its checkpoint; the rest (manifest versions, time) says when it was written.
+PROVENANCE = ("run_id", "checkpoint", "step", "parent", "dataset_snapshot", "config_hash", "code_version",
+              "samples_by_policy_version", "extra")
+
+
+def write_record(root: str, record: LineageRecord, *, redo: bool = False) -> str:
     """Write ``record`` atomically and return its URL. Identical content already there is a no-op;
-    a different record for the same checkpoint is refused (history is write-once)."""
+    a different record for the same checkpoint is refused (history is write-once). ``redo``: a
+    checkpoint written again by a replay (after a corrupt or lost one) keeps the record already
+    there when it claims the same provenance."""
     url = record_url(root, record.run_id, record.checkpoint)
     text = record.to_json()
     if objstore.exists(url):
         existing = LineageRecord.from_json(objstore.read_bytes(url), url)
         if existing.to_json() == text:
+            return url
+        if redo and all(getattr(existing, f) == getattr(record, f) for f in PROVENANCE):
             return url
         raise LineageError(f"a different lineage record for {record.key} already exists at {url}; records are "
                            f"write-once (use a new checkpoint name, or remove the old record by hand)")

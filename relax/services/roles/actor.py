@@ -23,7 +23,7 @@ from relax.services.context import RunContext
 from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.schema import ACTOR_GROUP
 from relax.trainers.torch.actor import Actor, Reference, kl_loss_term, reference_fields
-from relax.trainers.torch.checkpoint import load_checkpoint, read_meta
+from relax.trainers.torch.checkpoint import load_checkpoint, load_newest_good, read_meta
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, record_url, write_record
 
@@ -115,10 +115,9 @@ class ActorRole:
                                       batch_groups=cfg.rollout.prompts_per_step, max_staleness=cfg.queue.max_staleness)
         self.step_index, self.resumed_from = 0, None
         done = list_checkpoints(ctx)
-        if done:
-            url = self.checkpoint_url(done[-1])
-            meta = self.actor.trainer.load(url)
-            self.step_index, self.resumed_from = int(meta["step"]) + 1, done[-1]
+        found = load_newest_good([self.checkpoint_url(s) for s in done], self.actor.trainer.load)
+        if found is not None:
+            self.step_index, self.resumed_from = int(found[1]["step"]) + 1, done[found[0]]
         self.parent_step = self.resumed_from
         if 0 not in self.store.versions():
             meta: dict[str, Any] = {"step": -1}
@@ -189,7 +188,7 @@ class ActorRole:
             cfg.run_id, checkpoint_name(step), step, parent, self.ctx.snapshot_info.id, config_hash(cfg),
             code_version(), {"rollouts": manifest}, counts, time.time(),
             {"weight_version": self.version, "checkpoint_url": url,
-             **({"init_checkpoint": cfg.model.init_checkpoint} if cfg.model.init_checkpoint else {})}))
+             **({"init_checkpoint": cfg.model.init_checkpoint} if cfg.model.init_checkpoint else {})}), redo=True)
         self.parent_step = step
         kept = list_checkpoints(self.ctx)[-cfg.queue.keep_checkpoints:]
         # the rollout may still need version (actor's - max_staleness) for its next batch (queue.exact_staleness)

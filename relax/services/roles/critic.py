@@ -33,7 +33,7 @@ from relax.services.context import RunContext
 from relax.services.roles.advantage import AdvantageRole
 from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.schema import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP, VALUE_FIELDS
-from relax.trainers.torch.checkpoint import load_checkpoint
+from relax.trainers.torch.checkpoint import load_checkpoint, load_newest_good
 from relax.trainers.torch.critic import Critic
 from relax.transfer.consumer import ConsumerGroup
 from relax.transfer.errors import QueueTimeout
@@ -69,13 +69,14 @@ class CriticRole:
         self.producer = self.queue.producer("critic", VALUE_FIELDS, tokens_field=None)
         self.trained, self.resumed_from = 0, None
         done = critic_checkpoints(ctx.run_url)
-        if done:
-            # the RNG stays as it is: the critic draws no random numbers, and in a colocated run
-            # the actor has just restored its own
-            meta = load_checkpoint(self.checkpoint_url(done[-1]), self.critic.model, self.critic.trainer.optimizer,
-                                   self.critic.trainer.scheduler, restore_rng=False)
+        # the RNG stays as it is: the critic draws no random numbers, and in a colocated run
+        # the actor has just restored its own
+        found = load_newest_good([self.checkpoint_url(s) for s in done], lambda url: load_checkpoint(
+            url, self.critic.model, self.critic.trainer.optimizer, self.critic.trainer.scheduler, restore_rng=False))
+        if found is not None:
+            meta = found[1]
             self.critic.trainer.steps_done = int(meta["steps_done"])
-            self.trained, self.resumed_from = int(meta["step"]) + 1, done[-1]
+            self.trained, self.resumed_from = int(meta["step"]) + 1, done[found[0]]
         else:
             store = ctx.weights()
             store.wait_for(0, wait_s)  # the actor publishes version 0 (after any warm start)

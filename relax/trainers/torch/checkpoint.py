@@ -4,6 +4,12 @@
 touches (torch, Python, numpy); ``<url>/meta.json`` is written last with the file's sha256
 and whatever the caller records (step, manifest versions consumed up to, weight version),
 so a checkpoint exists iff its meta does and a torn one is never loaded.
+
+Whoever can write the run root can write a matching sha256 too, so the hash guards against
+corruption only: ``trainer.pt`` is read with ``torch.load(weights_only=True)``, which builds
+tensors and plain containers and never runs code. The RNG states are stored as tensors and
+ints for that reason; checkpoints written before (numpy's state as an ndarray) load through an
+allow-list of numpy's array constructors, nothing wider.
 """
 
 from __future__ import annotations
@@ -11,13 +17,17 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import random
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from relax import objstore
+
+log = logging.getLogger(__name__)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -27,13 +37,63 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, torn, corrupt, unsafe or of another model; the
+    message names the object and why."""
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a step touches, as tensors and ints (loadable with ``weights_only=True``)."""
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "python": {"version": version, "state": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached": float(cached)}}
+
+
+def set_rng_state(rng: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`'s output (or the tuples of checkpoints written before it)."""
+    torch.set_rng_state(rng["torch"])
+    py, npy = rng["python"], rng["numpy"]
+    if isinstance(py, dict):
+        py = (py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"])
+    random.setstate(py)
+    if isinstance(npy, dict):
+        npy = (npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached"])
+    np.random.set_state(npy)
+
+
+def _numpy_globals() -> list[Any]:
+    # what an ndarray pickles to (pre-tensor RNG states): array reconstruction, no callables of ours
+    try:
+        from numpy._core import multiarray  # numpy 2
+    except ImportError:  # numpy 1
+        from numpy.core import multiarray
+
+    return [multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def safe_load(blob: bytes, where: str) -> dict[str, Any]:
+    """``torch.load`` with ``weights_only=True``; anything else in the file is a CheckpointError."""
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError and whatever a malformed file raises
+        raise CheckpointError(f"checkpoint {where} holds more than tensors and plain values, or is not a "
+                              f"checkpoint ({type(e).__name__}: {str(e)[:200]}); it was not loaded") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"checkpoint {where} is not a trainer checkpoint (no 'model' state)")
+    return state
+
+
 def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     scheduler: Any = None, meta: dict[str, Any] | None = None) -> str:
     state = {
         "model": unwrap(model).state_dict(),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        "rng": rng_state(),
     }
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -46,23 +106,37 @@ def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
 
 
 def read_meta(url: str) -> dict[str, Any]:
+    """``<url>/meta.json``; FileNotFoundError when it is missing, CheckpointError when unreadable."""
+    where = objstore.join(url, "meta.json")
     try:
-        return json.loads(objstore.read_bytes(objstore.join(url, "meta.json")))
+        meta = json.loads(objstore.read_bytes(where))
     except FileNotFoundError:
         raise FileNotFoundError(f"no checkpoint at {url} (meta.json missing: never written or not finished)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{where} is not valid JSON ({e}): a torn or foreign file") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), str):
+        raise CheckpointError(f"{where} has no 'sha256' string: not a checkpoint this code wrote")
+    return meta
+
+
+def read_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(meta, state) of a checkpoint, verified (meta readable, sha256, safe load) before anything is applied."""
+    meta = read_meta(url)
+    where = objstore.join(url, "trainer.pt")
+    blob = objstore.read_bytes(where)
+    if hashlib.sha256(blob).hexdigest() != meta["sha256"]:
+        raise CheckpointError(f"checkpoint {where} fails its sha256 check; it is corrupt")
+    return meta, safe_load(blob, where)
 
 
 def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     scheduler: Any = None, restore_rng: bool = True) -> dict[str, Any]:
     """Restore everything ``save_checkpoint`` wrote; returns the recorded meta.
 
-    A checkpoint of a differently shaped model fails naming the first mismatched tensor.
+    Every check runs before any state is applied, so a failed load changes nothing. A checkpoint
+    of a differently shaped model fails naming the first mismatched tensor.
     """
-    meta = read_meta(url)
-    blob = objstore.read_bytes(objstore.join(url, "trainer.pt"))
-    if hashlib.sha256(blob).hexdigest() != meta["sha256"]:
-        raise ValueError(f"checkpoint {url}/trainer.pt fails its sha256 check; it is corrupt")
-    state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+    meta, state = read_state(url)
     check_compatible(state["model"], unwrap(model).state_dict(), url)
     unwrap(model).load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
@@ -70,21 +144,37 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
     if restore_rng:
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
+        set_rng_state(state["rng"])
     return meta
+
+
+def load_newest_good(urls: Sequence[str], load: Callable[[str], dict[str, Any]]) -> tuple[int, dict[str, Any]] | None:
+    """Resume from the newest checkpoint that verifies: ``load`` (which checks before it applies
+    anything) is tried on ``urls`` newest first (they are given oldest first); one that fails
+    with a CheckpointError is skipped with a warning naming it and why, and the run replays the
+    steps after the one loaded. Returns (index in ``urls``, meta), None for no checkpoints; when
+    every one fails, a CheckpointError lists them all (starting over would discard the run)."""
+    failures = []
+    for i in range(len(urls) - 1, -1, -1):
+        try:
+            return i, load(urls[i])
+        except CheckpointError as e:
+            log.warning("skipping checkpoint %s: %s", urls[i], e)
+            failures.append(str(e))
+    if failures:
+        raise CheckpointError(f"none of the run's {len(urls)} checkpoints loads: " + "; ".join(failures))
+    return None
 
 
 def check_compatible(saved: dict[str, torch.Tensor], current: dict[str, torch.Tensor], where: str) -> None:
     missing = sorted(set(current) - set(saved))
     unexpected = sorted(set(saved) - set(current))
     if missing or unexpected:
-        raise ValueError(f"checkpoint {where} does not fit this model: missing tensors {missing[:5]}, "
+        raise CheckpointError(f"checkpoint {where} does not fit this model: missing tensors {missing[:5]}, "
                          f"unexpected tensors {unexpected[:5]}")
     for name, tensor in saved.items():
         if tuple(tensor.shape) != tuple(current[name].shape):
-            raise ValueError(f"checkpoint {where} does not fit this model: tensor {name!r} has shape "
+            raise CheckpointError(f"checkpoint {where} does not fit this model: tensor {name!r} has shape "
                              f"{tuple(tensor.shape)} in the checkpoint but {tuple(current[name].shape)} in the model")
 
 

@@ -96,3 +96,29 @@ def test_the_actor_role_trains_with_the_exact_top_k_kl(tmp_path):
     kl = [m["kl_topk"] for m in sorted(result.metrics("actor"), key=lambda m: m["step"])]
     assert result.steps == 3 and len(kl) == 3
     assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[2] > 1e-6
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_and_the_run_ends_where_it_would_have(tmp_path, caplog):
+    # a 6-step run stopped after 4 steps (checkpoints at steps 1 and 3) and resumed, twice; in one, a byte of the
+    # newest checkpoint is flipped before the resume. That run resumes from step 1 with a warning naming step 3,
+    # replays steps 2-3 from the queue's records (the redone checkpoint keeps its lineage record), and ends with
+    # the same weights as the other, bit for bit (exact staleness, CPU)
+    from relax.transfer.weights import WeightStore
+
+    finals = {}
+    for name in ("clean", "corrupt"):
+        cfg = tiny_config(f"file://{tmp_path}/{name}", "c", "trainer.total_steps=6", "trainer.checkpoint_every=2",
+                          "queue.exact_staleness=true")
+        train(cfg, progress=False, max_steps=4)
+        if name == "corrupt":
+            pt = tmp_path / name / "runs" / "c" / "checkpoints" / "step-000003" / "trainer.pt"
+            data = bytearray(pt.read_bytes())
+            data[len(data) // 3] ^= 0x01
+            pt.write_bytes(bytes(data))
+        train(cfg, progress=False)
+        finals[name], _ = WeightStore(cfg.root, "c").load()
+        assert [r.checkpoint for r in chain(cfg.root, "c")] == ["step-000005", "step-000003", "step-000001"]
+    assert "step-000003/trainer.pt fails its sha256 check" in caplog.text
+    assert finals["clean"].keys() == finals["corrupt"].keys()
+    for key, w in finals["clean"].items():
+        assert torch.equal(torch.as_tensor(finals["corrupt"][key]), torch.as_tensor(w)), key
