@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -149,11 +150,17 @@ class Snapshot:
         if split not in self.manifest["splits"]:
             raise DataError(f"snapshot {self.id} has no split {split!r}; it has {self.splits}")
         entry = self.manifest["splits"][split]
+        if not SPLIT_NAME.fullmatch(split) or entry.get("file") != f"rows/{split}.jsonl":
+            raise DataError(f"snapshot {self.id}: split {split!r} names rows file {entry.get('file')!r}, not "
+                            f"rows/<split>.jsonl; the snapshot was altered, nothing was read")
         blob = objstore.read_bytes(objstore.join(self.url, entry["file"]))
         if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
             raise DataError(f"snapshot {self.id}: {entry['file']} fails its checksum; the snapshot is corrupt")
         for lineno, line in enumerate(blob.decode("utf-8").splitlines(), start=1):
-            s = Sample.from_json(json.loads(line), f"{self.id}/{entry['file']}:{lineno}")
+            where = f"{self.id}/{entry['file']}:{lineno}"
+            s = Sample.from_json(json.loads(line), where)
+            for ref in (*s.images, *s.audios):
+                check_media_ref(ref, where)
             yield s.with_media(tuple(self._absolute(r) for r in s.images), tuple(self._absolute(r) for r in s.audios))
 
     def load_media(self, ref: MediaRef) -> bytes:
@@ -165,6 +172,19 @@ class Snapshot:
 
     def _absolute(self, ref: MediaRef) -> MediaRef:
         return MediaRef(path=objstore.join(self.url, ref.path), sha256=ref.sha256)
+
+
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")
+MEDIA_NAME = re.compile(r"media/([0-9a-f]{64})\.[a-z0-9]{1,8}")  # content-addressed, as _content_ref names it
+
+
+def check_media_ref(ref: MediaRef, where: str) -> None:
+    """A snapshot row's media is ``media/<its sha256>.<ext>`` with that sha256: nothing outside the
+    snapshot, and nothing unchecked."""
+    m = MEDIA_NAME.fullmatch(ref.path or "")
+    if m is None or ref.sha256 != m.group(1):
+        raise DataError(f"{where}: media {ref.path!r} (sha256 {ref.sha256!r}) is not a file of this snapshot "
+                        f"(media/<sha256>.<ext> with its sha256); the snapshot was altered, nothing was read")
 
 
 def list_snapshots(root: str) -> list[str]:

@@ -9,8 +9,24 @@ reader that applies the same records gets the same samples, fields and arrival o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from relax.transfer.errors import StoreError
+
+# <writer id>.<incarnation>/<8-digit seq>.safetensors, as ``Producer._commit`` names them; no component
+# can be empty, "." or "..", and nothing is absolute, so a name always stays under the topic's shards/
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*/\d{8}\.safetensors")
+RECORD_KEYS = ("kind", "shard", "crc32c", "nbytes", "fields", "time")
+
+
+def check_shard_name(name: Any, where: str) -> str:
+    """``name`` if it is a shard name of the layout; else a StoreError naming ``where`` it came from."""
+    if not isinstance(name, str) or not SHARD_NAME.fullmatch(name):
+        raise StoreError(f"{where} names shard {name!r}, which is not a shard of this topic (<writer key>/<seq>."
+                         f"safetensors under its shards/ folder); it was not read, trained on or deleted")
+    return name
 
 # (commit time, writer key, seq, index in record): a total order that every reader agrees on
 OrderKey = tuple[float, str, int, int]
@@ -66,10 +82,20 @@ class TopicState:
         expected = self.heads.get(writer_key, -1) + 1
         if seq != expected:
             raise ValueError(f"record {writer_key}/{seq} applied out of order (expected {expected})")
+        where = f"record {writer_key}/{seq}"
+        missing = [k for k in RECORD_KEYS if k not in record]
+        if missing:
+            raise StoreError(f"{where} is malformed: no {missing}; the log was altered or torn")
+        shard = check_shard_name(record["shard"], where)
+        if shard != f"{writer_key}/{seq:08d}.safetensors":  # a writer commits only its own shards
+            raise StoreError(f"{where} names shard {shard!r}, not its own {writer_key}/{seq:08d}.safetensors; "
+                             f"it was not read, trained on or deleted")
         self.heads[writer_key] = seq
-        shard = record["shard"]
-        self.shards[shard] = ShardInfo(shard, int(record["crc32c"]), int(record["nbytes"]))
-        t = float(record["time"])
+        try:
+            self.shards[shard] = ShardInfo(shard, int(record["crc32c"]), int(record["nbytes"]))
+            t = float(record["time"])
+        except (TypeError, ValueError) as e:
+            raise StoreError(f"{where} is malformed: {e}") from None
         if record["kind"] == "put":
             for i, (sid, group, size, pv, ntok) in enumerate(record["samples"]):
                 order = (t, writer_key, seq, i)
@@ -124,7 +150,7 @@ class TopicState:
         rows = _decode_samples(d) if "tables" in d else [SampleMeta.from_json(row) for row in d["samples"]]
         st.samples = {m.id: m for m in rows}  # stored in order
         st.arrivals = list(st.samples)
-        st.shards = {name: ShardInfo(name, crc, n) for name, crc, n in d["shards"]}
+        st.shards = {check_shard_name(name, "manifest snapshot"): ShardInfo(name, crc, n) for name, crc, n in d["shards"]}
         st.pending = {sid: {f: (tuple(o), (loc[0], loc[1])) for f, (o, loc) in fs.items()}
                       for sid, fs in d.get("pending", {}).items()}
         st.duplicates = {k: [tuple(o) for o in v] for k, v in d.get("duplicates", {}).items()}

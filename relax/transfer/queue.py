@@ -27,7 +27,7 @@ import google_crc32c
 
 from relax import objstore
 from relax.transfer.errors import SchemaError, StoreError
-from relax.transfer.manifest import TopicState
+from relax.transfer.manifest import TopicState, check_shard_name
 from relax.transfer.polling import Backoff
 from relax.transfer.schema import RESERVED, Field, TopicSchema, decode_shard, encode_shard
 from relax.transfer.writers import (
@@ -176,7 +176,9 @@ class TransferQueue:
         if name in self._cache:
             self._cache.move_to_end(name)
             return self._cache[name]
-        info = self.state.shards[name]
+        info = self.state.shards.get(check_shard_name(name, f"topic {self.url}"))
+        if info is None:
+            raise StoreError(f"shard {name} is named by a sample but committed by no record of {self.url}")
         try:
             blob = objstore.read_bytes(objstore.join(self.url, "shards", name))
         except FileNotFoundError:

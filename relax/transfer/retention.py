@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from relax import objstore
 from relax.transfer.consumer import load_group_state
+from relax.transfer.manifest import check_shard_name
 from relax.transfer.queue import TransferQueue
 from relax.transfer.writers import WriterLease, split_key
 
@@ -47,7 +48,10 @@ def retain(queue: TransferQueue, keep_from_step: Mapping[str, int] | None = None
         return True
 
     # with no consumer group yet, every committed sample is still needed
-    deleted = [shard for shard, ids in sorted(by_shard.items()) if groups and all(done(s) for s in ids)]
+    # names from records must be of the layout, so no record can point retention outside shards/; orphans
+    # are entries of the shards/ folder itself (temporary files of interrupted writes among them)
+    deleted = [check_shard_name(shard, "retention") for shard, ids in sorted(by_shard.items())
+               if groups and all(done(s) for s in ids)]
     deleted += _orphans(queue)
     for shard in deleted:
         objstore.delete(objstore.join(queue.url, "shards", shard))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -22,6 +23,8 @@ from relax import objstore
 from relax.transfer.errors import QueueTimeout, StoreError, TransferError
 from relax.transfer.polling import Backoff
 from relax.transfer.writers import WriterLease
+
+WEIGHT_FILE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")  # what publish() names its files
 
 
 class WeightStore:
@@ -118,13 +121,22 @@ class WeightStore:
             if version is None:
                 raise StoreError(f"no weight version is published at {self.url}")
         manifest = self.manifest(version)
+        where = f"{self.version_url(version)}/manifest.json"
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, list) or not isinstance(manifest.get("meta", {}), dict):
+            raise StoreError(f"{where} is malformed (no list of files); the store was altered")
+        for f in files:  # names as publish() writes them, so none can read outside this version's folder
+            name = f.get("name") if isinstance(f, dict) else None
+            if not isinstance(name, str) or not WEIGHT_FILE.fullmatch(name) or not isinstance(f.get("sha256"), str):
+                raise StoreError(f"{where} names weight file {name!r}, not one of model-NNNNN-of-NNNNN.safetensors "
+                                 f"with a sha256; nothing was loaded")
         state: dict[str, Any] = {}
-        for f in manifest["files"]:
+        for f in files:
             blob = objstore.read_bytes(objstore.join(self.version_url(version), f["name"]))
             if hashlib.sha256(blob).hexdigest() != f["sha256"]:
                 raise StoreError(f"weight file {self.version_url(version)}/{f['name']} fails its sha256 check")
             state.update(st_load(blob))
-        return state, manifest["meta"]
+        return state, manifest.get("meta", {})
 
     def retain(self, keep: Iterable[int], keep_latest: int = 2) -> list[int]:
         """Delete versions that are neither in ``keep`` (what checkpoints reference) nor the newest
