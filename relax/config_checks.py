@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -88,6 +90,8 @@ def validate(cfg: Any, prefix: str = "") -> None:
             close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{name} = {value!r} is not accepted{hint}; choose one of {list(choices)}")
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
+            raise ConfigError(f"{name} = {value!r} is not a finite number; give a value in the field's range")
         bounds = f.metadata.get("range")
         if bounds is not None:
             lo, hi = bounds
@@ -122,7 +126,13 @@ def backend_checks(t: Any, family: str) -> None:
                           "megatron's GPTModel cannot take: use pack, bucket or pad with trainer.backend=megatron")
 
 
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what becomes a path segment (as lineage names)
+
+
 def cross_checks(cfg: Any) -> None:
+    if not SAFE_NAME.fullmatch(cfg.run_id):
+        raise ConfigError(f"run_id = {cfg.run_id!r} becomes a folder under <root>/runs/: use a name without '/' of "
+                          f"letters, digits, '.', '_' or '-', starting with a letter or digit")
     r = cfg.resources
     if r.rollout_gpus + r.actor_gpus > r.num_gpus:
         raise ConfigError(
@@ -185,5 +195,4 @@ def cross_checks(cfg: Any) -> None:
     if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
         raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "
                           f"({ro.engine_processes}); raise it, or 0 to cap at engine_processes")
-    if not cfg.run_id or "/" in cfg.run_id:
-        raise ConfigError(f"run_id = {cfg.run_id!r} must be a non-empty name without '/'")
+

@@ -295,6 +295,10 @@ class Producer:
             if missing or extra:
                 raise SchemaError(f"sample {sid!r}: missing fields {missing}, undeclared fields {extra}; "
                                   f"declared: {list(self.fields)}")
+            size = s.get("group_size", 1)
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                # a group that can never be complete would crash every consumer on every restart
+                raise SchemaError(f"sample {sid!r}: group_size must be an integer >= 1, got {size!r}")
             for name, f in self.fields.items():
                 columns[name].append(f.check(s[name], sid))
             ntok = s.get("num_tokens")

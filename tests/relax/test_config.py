@@ -255,3 +255,16 @@ def test_a_run_saved_with_a_removed_setting_off_resumes_and_one_that_used_it_is_
     saved["trainer"]["frozen_params"] = ["visual.patch_embed"]
     with pytest.raises(ConfigError, match=r"trainer.frozen_params=\['visual.patch_embed'\].*removed"):
         saved_config(saved)
+
+
+@pytest.mark.parametrize("override", ["trainer.lr=nan", "algorithm.clip_high=.inf", "trainer.grad_clip=NaN"])
+def test_non_finite_floats_are_refused(override):
+    # NaN compares false with both ends of a range, so it used to pass every range check
+    with pytest.raises(ConfigError, match=r"is not a finite number"):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize("run_id", ["..", "../other", "a/b", ".hidden", ""])
+def test_run_id_is_a_safe_folder_name(run_id):
+    with pytest.raises(ConfigError, match="becomes a folder under <root>/runs/"):
+        load_config(None, [f"run_id={run_id}"])

@@ -102,3 +102,19 @@ def test_a_snapshot_row_naming_media_outside_the_snapshot_is_refused(tmp_path):
         objstore.write_bytes(manifest_url, json.dumps(manifest).encode())
         with pytest.raises(DataError, match="is not a file of this snapshot"):
             list(Snapshot(info.url).samples("train"))
+
+
+@pytest.mark.parametrize("size", [0, -1, 1.5, True])
+def test_put_refuses_a_group_size_no_group_can_reach(tmp_path, size):
+    # group_size 0 or -1 used to commit, and then every consumer crashed with IndexError on every restart
+    from relax.transfer.errors import SchemaError
+    from relax.transfer.queue import TransferQueue
+    from relax.transfer.schema import Field
+
+    q = TransferQueue(f"file://{tmp_path}", "r", "t")
+    p = q.producer("w", [Field("x", "int64", (None,))], tokens_field=None)
+    with pytest.raises(SchemaError, match=f"group_size must be an integer >= 1, got {size!r}"):
+        p.put([{"id": "s0", "group": "g", "group_size": size, "x": [1]}])
+    q.refresh()
+    assert q.state.samples == {}  # nothing committed
+    p.close()
