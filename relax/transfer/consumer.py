@@ -143,6 +143,7 @@ class ConsumerGroup:
                 return self._deliver(step, current_version, chosen)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                self.queue.check_gaps()  # a lost record, not a slow producer, is then the error to report
                 raise QueueTimeout(f"group {self.group!r} step {step}: not enough complete groups with fields "
                                    f"{self.fields} within {timeout} s ({self.pending_count()} samples pending)")
             self.queue.wait_for_new(min(left, 1.0) if left is not None else 1.0)

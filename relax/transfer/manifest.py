@@ -83,6 +83,8 @@ class TopicState:
         if seq != expected:
             raise ValueError(f"record {writer_key}/{seq} applied out of order (expected {expected})")
         where = f"record {writer_key}/{seq}"
+        if not isinstance(record, dict):
+            raise StoreError(f"{where} is malformed: a {type(record).__name__}, not an object")
         missing = [k for k in RECORD_KEYS if k not in record]
         if missing:
             raise StoreError(f"{where} is malformed: no {missing}; the log was altered or torn")

@@ -17,6 +17,7 @@ checksummed one. See docs/transfer.md for the API and the invariants.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +39,8 @@ from relax.transfer.writers import (
     read_records,
     split_key,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Notifier(Protocol):
@@ -145,6 +148,23 @@ class TransferQueue:
                 applied += 1
         return applied
 
+    def check_gaps(self) -> None:
+        """Raise a StoreError when a writer's log has records after one that is missing.
+
+        Readers apply a log in order and stop at the first record that does not exist, which is
+        also how a record not yet written looks; only a listing tells a lost record apart. So this
+        runs where waiting has failed (a consumer's timeout) and when a topic is opened, never per poll."""
+        for key in objstore.list_dir(objstore.join(self.url, "log")):
+            head = self.state.heads.get(key, -1)
+            later = sorted(int(n[:-5]) for n in objstore.list_dir(objstore.join(self.url, "log", key))
+                           if n.endswith(".json") and n[:-5].isdigit() and int(n[:-5]) > head + 1)
+            if later and not objstore.exists(objstore.join(self.url, "log", key, f"{head + 1:08d}.json")):
+                missing = [s for s in range(head + 1, later[0])]
+                raise StoreError(f"topic {self.topic}: log {key} is missing records {missing[:10]}"
+                                 f"{' ...' if len(missing) > 10 else ''} while {len(later)} later ones exist "
+                                 f"(from {later[0]}); the store lost data: restore those files, or fork the run "
+                                 f"from its last checkpoint")
+
     def wait_for_new(self, timeout: float) -> bool:
         """Block until new records arrive or ``timeout`` passes; polls with backoff (polling.py)."""
         deadline = time.monotonic() + timeout
@@ -226,13 +246,19 @@ class TransferQueue:
 
     def _read_snapshot(self, version: int) -> tuple[TopicState, tuple[int, int]]:
         """The state of snapshot ``version`` and its full base (version, sample count)."""
+        where = objstore.join(self.url, "snapshots", f"{version:08d}.json")
         try:
-            body = json.loads(objstore.read_bytes(objstore.join(self.url, "snapshots", f"{version:08d}.json")))
+            body = json.loads(objstore.read_bytes(where))
         except FileNotFoundError:
             raise StoreError(f"topic {self.topic}: no manifest version {version} "
                              f"(have {self._snapshot_versions()})") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise StoreError(f"manifest snapshot {where} is not valid JSON ({e}): torn or altered") from None
         if "base" not in body:
-            state = TopicState.from_json(body)
+            try:
+                state = TopicState.from_json(body)
+            except (KeyError, TypeError, ValueError) as e:
+                raise StoreError(f"manifest snapshot {where} is malformed ({type(e).__name__}: {e})") from None
             return state, (version, len(state.samples))
         state, base = self._read_snapshot(int(body["base"]))
         for key, head in body["heads"].items():
@@ -253,11 +279,20 @@ class TransferQueue:
                       if n.endswith(".json"))
 
     def _load_latest_snapshot(self) -> None:
-        versions = self._snapshot_versions()
-        if versions:
-            self.state, self._base = self._read_snapshot(versions[-1])
-            self.snapshot_version = versions[-1]
+        """Start from the newest snapshot that reads back; a torn or unreadable one is skipped with
+        a warning (the logs hold everything it held), down to a fold of the whole logs."""
+        for version in reversed(self._snapshot_versions()):
+            try:
+                self.state, self._base = self._read_snapshot(version)
+            except StoreError as e:
+                log.warning("topic %s: skipping manifest version %d (%s); folding the logs from an older one",
+                            self.topic, version, e)
+                self.state, self._base = TopicState(), None
+                continue
+            self.snapshot_version = version
+            break
         self.refresh()
+        self.check_gaps()
 
 
 class Producer:
