@@ -129,6 +129,26 @@ def backend_checks(t: Any, family: str) -> None:
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what becomes a path segment (as lineage names)
 
 
+def convention_checks(a: Any) -> None:
+    """An algorithm option that the chosen estimator or loss would not read is refused, not ignored."""
+    unused = [
+        (a.is_level != "token", "is_level", a.is_level, "off_policy tis or icepop", a.off_policy in ("tis", "icepop")),
+        (a.std_estimator != "population", "std_estimator", a.std_estimator,
+         "advantage grpo, reinforce_pp, reinforce_pp_baseline or gae",
+         a.advantage in ("grpo", "reinforce_pp", "reinforce_pp_baseline", "gae")),
+        (a.gspo_clamp > 0, "gspo_clamp", a.gspo_clamp, "policy_loss gspo or gspo_token",
+         a.policy_loss in ("gspo", "gspo_token")),
+        (a.loss_agg_norm > 0, "loss_agg_norm", a.loss_agg_norm, "loss_agg seq-mean-token-sum-norm",
+         a.loss_agg == "seq-mean-token-sum-norm"),
+        (a.overlong_penalty != 1.0, "overlong_penalty", a.overlong_penalty, "overlong_buffer > 0",
+         a.overlong_buffer > 0),
+    ]
+    for set_, name, value, needs, used in unused:
+        if set_ and not used:
+            raise ConfigError(f"algorithm.{name}={value} is read only with {needs}: it would change nothing here; "
+                              f"remove it or choose one of those")
+
+
 def cross_checks(cfg: Any) -> None:
     if not SAFE_NAME.fullmatch(cfg.run_id):
         raise ConfigError(f"run_id = {cfg.run_id!r} becomes a folder under <root>/runs/: use a name without '/' of "
@@ -167,6 +187,7 @@ def cross_checks(cfg: Any) -> None:
         raise ConfigError("queue.exact_staleness pins each batch to one policy version, and rollout.partial_rollout="
                           "abort switches versions mid-generation: set partial_rollout=wait or exact_staleness=false")
     a = cfg.algorithm
+    convention_checks(a)
     if a.overlong_buffer > cfg.rollout.max_new_tokens:
         raise ConfigError(f"algorithm.overlong_buffer ({a.overlong_buffer}) exceeds rollout.max_new_tokens "
                           f"({cfg.rollout.max_new_tokens}): the penalty ramps inside the length limit; lower it")

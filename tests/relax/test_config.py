@@ -268,3 +268,15 @@ def test_non_finite_floats_are_refused(override):
 def test_run_id_is_a_safe_folder_name(run_id):
     with pytest.raises(ConfigError, match="becomes a folder under <root>/runs/"):
         load_config(None, [f"run_id={run_id}"])
+
+
+@pytest.mark.parametrize(("overrides", "name"), [
+    (["algorithm.is_level=sequence"], "is_level"),  # default off_policy decoupled has no level
+    (["algorithm.std_estimator=unbiased", "algorithm.advantage=rloo"], "std_estimator"),
+    (["algorithm.gspo_clamp=10"], "gspo_clamp"),
+    (["algorithm.loss_agg_norm=8"], "loss_agg_norm"),
+    (["algorithm.overlong_penalty=0.5"], "overlong_penalty"),
+])
+def test_an_option_the_algorithm_would_not_read_is_refused(overrides, name):
+    with pytest.raises(ConfigError, match=rf"algorithm\.{name}=\S+ is read only with"):
+        load_config(None, overrides)

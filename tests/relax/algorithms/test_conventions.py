@@ -105,8 +105,10 @@ def test_the_documented_verl_set_is_a_valid_config_that_computes_verls_grpo():
     overrides = _verl_set()
     assert "algorithm.std_estimator=unbiased" in overrides and "algorithm.off_policy=recompute" in overrides
     a = load_config(None, overrides).algorithm
-    assert (a.std_estimator, a.off_policy, a.policy_loss, a.clip_high, a.kl_clamp, a.gspo_clamp) == (
-        "unbiased", "recompute", "dual_clip", 0.2, 10.0, 10.0)
+    assert (a.std_estimator, a.off_policy, a.policy_loss, a.clip_high, a.kl_clamp) == (
+        "unbiased", "recompute", "dual_clip", 0.2, 10.0)
+    gspo = load_config(None, [*overrides, "algorithm.policy_loss=gspo_token", "algorithm.gspo_clamp=10"]).algorithm
+    assert gspo.gspo_clamp == 10.0
     adv, _ = compute_advantages(a.advantage, torch.tensor([1.0, 0.0, 0.0]), torch.ones(3, 1), group_size=3,
                                 unbiased=a.std_estimator == "unbiased")
     std = 1 / math.sqrt(3)
