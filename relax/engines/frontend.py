@@ -105,12 +105,33 @@ class Frontend:
             raise EngineError(str(e)) from None
         return mm
 
-    def check_length(self, n: int) -> None:
+    def check_length(self, n: int, params: SamplingParams | None = None, explicit: bool = False) -> None:
+        """The prompt fits the context; an explicit ``max_new_tokens`` must fit beside it (a 400 naming the
+        limit, as SGLang answers), a default one is cut to the room left."""
         limit = int(self.engine.max_context_length)
         if n == 0:
             raise EngineError("the prompt is empty (input_ids=[])")
         if n >= limit:
             raise EngineError(f"The input ({n} tokens) is longer than the model's context length ({limit} tokens).")
+        if params is None:
+            return
+        if explicit and n + params.max_new_tokens > limit:
+            raise EngineError(f"max_new_tokens={params.max_new_tokens} with a {n}-token prompt exceeds the model's "
+                              f"context length ({limit} tokens); ask for at most {limit - n}")
+        params.max_new_tokens = min(params.max_new_tokens, limit - n)
+
+    def check_ids(self, ids: list[Any], where: str = "input_ids") -> None:
+        """Token ids are integers inside the vocabulary: checked before the request joins a batch, so a
+        bad id fails its own request (400) and not the prefill of every request batched with it."""
+        vocab = self.vocab_size
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
+                raise EngineError(f"{where}[{i}] = {t!r} is not a token id of this model (0 <= id < {vocab})")
+
+    @property
+    def vocab_size(self) -> int | None:
+        info = getattr(self.engine, "model_info", None)
+        return info().get("vocab_size") if callable(info) else None
 
     async def run(self, req: GenerateRequest) -> list[Completion]:
         self.inflight.add(req.rid)
@@ -150,6 +171,8 @@ class Frontend:
         batched = isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
         prompts = (text if isinstance(text, list) else [text]) if text is not None else (ids if batched else [ids])
         b = len(prompts)
+        if b == 0:
+            raise EngineError("the batch is empty: send at least one prompt")
         sps = body.get("sampling_params") or {}
         sps = sps if isinstance(sps, list) else [sps] * b
         rids = body.get("rid") or [uuid.uuid4().hex for _ in range(b)]
@@ -168,20 +191,28 @@ class Frontend:
             params = SamplingParams.from_json(sps[i])
             imgs = [decode_media(x, "image_data", j) for j, x in enumerate(media["image_data"][i])]
             auds = [decode_media(x, "audio_data", j) for j, x in enumerate(media["audio_data"][i])]
-            if isinstance(p, str):
-                pid, mm = self.tokenize(p, imgs, auds)
+            if isinstance(p, str):  # tokenizing a long prompt must not stall the event loop (and /health)
+                pid, mm = await asyncio.to_thread(self.tokenize, p, imgs, auds)
+            elif isinstance(p, list):
+                self.check_ids(p, "input_ids" if not batched else f"input_ids[{i}]")
+                pid = list(p)
+                mm = await asyncio.to_thread(self.media_for_ids, pid, imgs, auds) if imgs or auds else None
             else:
-                if not all(isinstance(t, int) for t in p):
-                    raise EngineError("input_ids must be a list of ints or a list of such lists")
-                pid, mm = list(p), (self.media_for_ids(p, imgs, auds) if imgs or auds else None)
-            self.check_length(len(pid))
+                raise EngineError("text must be a string or a list of strings; input_ids a list of ints or of such lists")
+            self.check_ids(params.stop_token_ids, "sampling_params.stop_token_ids")
+            self.check_length(len(pid), params, explicit=isinstance(sps[i], dict) and
+                              sps[i].get("max_new_tokens") is not None)
             reqs.append(GenerateRequest(rid=str(rids[i]), input_ids=pid, params=params, mm_inputs=mm))
         if body.get("stream"):
             if len(reqs) != 1:
                 raise EngineError("stream=true takes one prompt (n may be > 1); send a batch without stream")
             return stream_response(self, reqs[0], t0, body)
         results = await asyncio.gather(*(self.run(r) for r in reqs))
-        out = [self.to_native(c, r.params.n, t0, body) for r, cs in zip(reqs, results, strict=True) for c in cs]
+        # SGLang takes no_stop_trim inside sampling_params; the body level is kept for older callers
+        opts = [{**body, "no_stop_trim": bool(body.get("no_stop_trim") or (isinstance(sp, dict) and sp.get("no_stop_trim")))}
+                for sp in sps]
+        out = [self.to_native(c, r.params.n, t0, opts[i]) for i, (r, cs) in enumerate(zip(reqs, results, strict=True))
+               for c in cs]
         return out if batched or len(out) > 1 else out[0]
 
     async def update_weights_from_disk(self, body: dict[str, Any], store_root: str | None,

@@ -8,6 +8,7 @@ media; sampling options map onto SGLang's ``sampling_params`` names; completions
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -15,9 +16,49 @@ from typing import Any
 from fastapi import Body, FastAPI
 
 from relax.engines.frontend import Frontend, decode_media
-from relax.engines.types import EngineError, GenerateRequest, SamplingParams
+from relax.engines.types import EngineError, GenerateRequest, SamplingParams, check_types
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+# OpenAI request fields the native engine does not apply: accepted at their neutral value, a 400 naming
+# the field otherwise (silently ignoring logit_bias, a JSON response_format or tools would answer wrongly)
+NEUTRAL = {"logit_bias": (None, {}), "response_format": (None, {"type": "text"}), "tools": (None, []),
+           "tool_choice": (None, "none", "auto"), "top_logprobs": (None, 0), "frequency_penalty": (None, 0, 0.0),
+           "presence_penalty": (None, 0, 0.0), "stream_options": (None,)}
+
+
+def _check_message(i: int, m: Any) -> None:
+    if not isinstance(m, dict):
+        raise EngineError(f"messages[{i}] must be an object with 'role' and 'content'")
+    if not isinstance(m.get("role", "user"), str):
+        raise EngineError(f"messages[{i}].role must be a string")
+    content = m.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise EngineError(f"messages[{i}].content must be a string or a list of content parts, got "
+                          f"{type(content).__name__}")
+    for j, p in enumerate(content if isinstance(content, list) else []):
+        if not isinstance(p, dict):
+            raise EngineError(f"messages[{i}].content[{j}] must be an object with a 'type'")
+        for key, kind in (("text", str), ("image_url", dict), ("input_audio", dict)):
+            if p.get("type") == key and not isinstance(p.get(key), kind):
+                raise EngineError(f"messages[{i}].content[{j}].{key} must be a {kind.__name__}")
+
+
+def check_chat_request(body: dict[str, Any]) -> None:
+    """Shapes and types of a chat request, each error naming the field (a 400, never a 500)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise EngineError("messages must be a non-empty list of message objects")
+    for i, m in enumerate(messages):
+        _check_message(i, m)
+    for name, neutral in NEUTRAL.items():
+        if name in body and body[name] not in neutral:
+            raise EngineError(f"{name}={body[name]!r} is not supported by this server (only its neutral value); "
+                              f"drop it")
+    n = body.get("n", 1)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise EngineError(f"n must be an integer >= 1, got {n!r}")
 
 
 def chat_prompt(messages: list[dict[str, Any]]) -> tuple[list[dict[str, str]], list[bytes], list[bytes]]:
@@ -52,19 +93,25 @@ async def chat_completion(fe: Frontend, body: dict[str, Any]) -> dict[str, Any]:
     """OpenAI ``/v1/chat/completions`` (non-streaming) on top of the engine."""
     if body.get("stream"):
         raise EngineError("stream=true is not supported by this server")
-    if not body.get("messages"):
-        raise EngineError("messages must be a non-empty list")
-    msgs, images, audios = chat_prompt(body["messages"])
-    text = fe.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    ids, mm = fe.tokenize(text, images, audios)
-    fe.check_length(len(ids))
+    check_chat_request(body)
     sp: dict[str, Any] = {"n": body.get("n") or 1, "stop": body.get("stop")}
     for src, dst in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "sampling_seed"),
                      ("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens")):
         if body.get(src) is not None:
             sp[dst] = body[src]
-    req = GenerateRequest(rid=f"chatcmpl-{uuid.uuid4().hex}", input_ids=ids, params=SamplingParams.from_json(sp),
-                          mm_inputs=mm)
+    # types under the caller's names (max_tokens, not the max_new_tokens it maps to)
+    check_types(body, "request", ints=("max_tokens", "max_completion_tokens", "top_k", "seed", "n"),
+                floats=("temperature", "top_p"))
+    params = SamplingParams.from_json(sp)
+    msgs, images, audios = chat_prompt(body["messages"])
+
+    def tokenize() -> tuple[list[int], dict | None]:  # off the event loop: a long prompt must not stall /health
+        text = fe.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return fe.tokenize(text, images, audios)
+
+    ids, mm = await asyncio.to_thread(tokenize)
+    fe.check_length(len(ids), params, explicit="max_new_tokens" in sp)
+    req = GenerateRequest(rid=f"chatcmpl-{uuid.uuid4().hex}", input_ids=ids, params=params, mm_inputs=mm)
     completions = await fe.run(req)
     choices = []
     for c in completions:

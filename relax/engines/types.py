@@ -6,8 +6,44 @@ client talks to the native engine and to real SGLang servers alike.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+# SGLang sampling_params the native engine does not implement: accepted only at their neutral value
+# (SGLang's own frontend always sends the penalties), any other value is a 400 that names the field
+NEUTRAL: dict[str, Any] = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                           "min_p": 0.0, "min_new_tokens": 0, "regex": None, "json_schema": None, "ebnf": None,
+                           "structural_tag": None, "logit_bias": None, "skip_special_tokens": True,
+                           "spaces_between_special_tokens": True}
+_INTS = ("max_new_tokens", "top_k", "n", "sampling_seed")
+_FLOATS = ("temperature", "top_p")
+
+
+def check_types(d: dict[str, Any], where: str = "sampling_params", ints: tuple[str, ...] = _INTS,
+                floats: tuple[str, ...] = _FLOATS) -> None:
+    """JSON types of the fields SamplingParams takes: a wrong type is the caller's 400, naming the field
+    (``max_new_tokens: 2.5`` or ``"5"`` and ``temperature: "hot"`` used to run, or fail as a 500)."""
+    def bad(name: str, want: str) -> EngineError:
+        return EngineError(f"{where}.{name} must be {want}, got {d[name]!r}")
+
+    for name in ints:
+        if d.get(name) is not None and (isinstance(d[name], bool) or not isinstance(d[name], int)):
+            raise bad(name, "an integer")
+    for name in floats:
+        v = d.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise bad(name, "a finite number")
+    if d.get("ignore_eos") is not None and not isinstance(d["ignore_eos"], bool):
+        raise bad("ignore_eos", "true or false")
+    stop = d.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(x, str) for x in stop)):
+        raise bad("stop", "a string or a list of strings")
+    ids = d.get("stop_token_ids")
+    if ids is not None and not (isinstance(ids, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids)):
+        raise bad("stop_token_ids", "a list of token ids (integers >= 0)")
 
 
 class EngineError(ValueError):
@@ -32,13 +68,19 @@ class SamplingParams:
 
     @staticmethod
     def from_json(d: dict[str, Any] | None) -> SamplingParams:
+        if d is not None and not isinstance(d, dict):
+            raise EngineError(f"sampling_params must be an object, got {type(d).__name__}")
         d = dict(d or {})
         known = set(SamplingParams.__dataclass_fields__)
-        for ignored in ("skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "min_new_tokens"):
-            d.pop(ignored, None)  # accepted for SGLang compatibility; the native engine ignores them
+        d.pop("no_stop_trim", None)  # a reply option: Frontend reads it from the request
+        for name, neutral in NEUTRAL.items():
+            if name in d and d.pop(name) not in (neutral, None):
+                raise EngineError(f"sampling_params.{name} is not supported by the native engine (only its neutral "
+                                  f"value {neutral!r} is accepted); drop it or use an SGLang server")
         unknown = sorted(set(d) - known)
         if unknown:
             raise EngineError(f"unknown sampling_params {unknown}; supported: {sorted(known)}")
+        check_types(d)
         if isinstance(d.get("stop"), str):
             d["stop"] = [d["stop"]]
         p = SamplingParams(**{k: v for k, v in d.items() if v is not None})

@@ -1,0 +1,114 @@
+"""Bad requests get a 400 naming the field, as JSON, and fail alone: the valid requests sent with them in the
+same moment (so batched in the same engine step) answer 200 with the tokens they produce alone.
+
+Against the native server in-process (real uvicorn, real engine on a tiny Qwen2 with a 64-token context)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from relax.engines.server import build_native_engine, create_app
+from tests.relax.engines.contract import InProcessServer, save_tiny_model
+
+GREEDY = {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory):
+    model_dir = save_tiny_model(Path(tmp_path_factory.mktemp("validate")) / "model")
+    engine, processor = build_native_engine(str(model_dir), max_batch_size=16)
+    engine.start()
+    try:
+        with InProcessServer(create_app(engine, str(model_dir), processor=processor)) as srv:
+            yield srv.url
+    finally:
+        engine.stop()
+
+
+# each (route, body, words the 400's message must hold)
+BAD = [
+    ("/generate", {"input_ids": [1, 2, 100000], "sampling_params": GREEDY}, ["input_ids[2] = 100000"]),
+    ("/generate", {"input_ids": [1, -3, 2], "sampling_params": GREEDY}, ["input_ids[1] = -3"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "max_new_tokens": 2.5}},
+     ["max_new_tokens must be an integer"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "max_new_tokens": 100000}},
+     ["context length (64 tokens)", "at most 62"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "temperature": "hot"}},
+     ["temperature must be a finite number"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "n": 0}}, ["n must be >= 1"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "min_p": 0.1}}, ["min_p is not supported"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "stop_token_ids": [99999]}},
+     ["stop_token_ids[0] = 99999"]),
+    ("/v1/chat/completions", {"messages": "hello"}, ["messages must be a non-empty list"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, ["messages[0].content must be"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": ["hi"]}]}, ["messages[0].content[0] must be"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+     ["content[0].image_url must be a dict"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"},
+     ["request.max_tokens must be an integer"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.5},
+     ["request.max_tokens must be an integer"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+     ["request.temperature must be a finite number"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 0}, ["n must be an integer >= 1"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000},
+     ["exceeds the model's context length"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 100}},
+     ["logit_bias", "not supported"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "json_object"}}, ["response_format", "not supported"]),
+]
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize(("route", "body", "needles"), BAD, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(BAD)])
+def test_a_bad_request_is_a_json_400_naming_the_field(url, route, body, needles):
+    status, reply = post(url + route, body)
+    assert status == 400, reply
+    message = reply["error"]["message"]
+    assert all(n in message for n in needles), message
+
+
+def test_neutral_values_of_unsupported_fields_pass(url):
+    # SGLang's frontend always sends the penalties at their neutral values; OpenAI clients send empty extras
+    sp = {**GREEDY, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_p": 0.0,
+          "regex": None, "json_schema": None}
+    assert post(url + "/generate", {"input_ids": [1, 2, 3], "sampling_params": sp})[0] == 200
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logit_bias": {}, "tools": [],
+            "response_format": {"type": "text"}}
+    assert post(url + "/v1/chat/completions", chat)[0] == 200
+
+
+def test_one_bad_request_fails_alone_in_a_batch_of_eight(url):
+    # 8 concurrent requests, one of them invalid in one of the ways above: the 7 others answer 200 with the
+    # tokens each produces alone (greedy), whatever the bad one was
+    good = [{"input_ids": [1 + i, 2 + i, 3], "sampling_params": GREEDY} for i in range(7)]
+    alone = [post(url + "/generate", b)[1]["output_ids"] for b in good]
+
+    async def burst(bad: dict) -> list[tuple[int, dict]]:
+        async with aiohttp.ClientSession() as s:
+            async def one(body: dict) -> tuple[int, dict]:
+                async with s.post(url + "/generate", json=body) as r:
+                    return r.status, await r.json()
+            return await asyncio.gather(*(one(b) for b in [*good[:3], bad, *good[3:]]))
+
+    for _, bad, _ in (b for b in BAD if b[0] == "/generate"):
+        replies = asyncio.run(burst(bad))
+        assert replies[3][0] == 400
+        others = replies[:3] + replies[4:]
+        assert [s for s, _ in others] == [200] * 7
+        assert [r["output_ids"] for _, r in others] == alone
