@@ -89,6 +89,14 @@ class DataConfig:
         0.1, "Share of train_url rows held out (by a hash of the row id) when eval_url is empty.", range=(0.0, 0.9)
     )
     seed: int = opt(0, "Seed of the built-in suite generator (separate from the training seed).", range=(0, 2**63 - 1))
+    allow_remote_media: bool = opt(
+        False, "Let rows reference media by a URL outside the data file's folder (https://, s3://, gs://), fetched "
+        "when the snapshot is made; off, such a row is an error. Local paths must stay inside that folder either way.")
+    max_image_pixels: int = opt(
+        16_777_216, "Largest image (width x height, read from its header) a snapshot accepts; 16777216 = 4096x4096.",
+        range=(1, 1_000_000_000))
+    max_audio_seconds: float = opt(
+        300.0, "Longest audio clip (PCM WAV, duration read from its header) a snapshot accepts.", range=(0.01, 86400.0))
     reward_fn: str = opt(
         "",
         "Dotted path 'package.module:function' of a custom reward(response, sample) -> float; empty = "

@@ -3,15 +3,18 @@
 Readers yield each record with a location string (``file.jsonl:12``, ``file.parquet#row3``)
 so every later error can name the exact row at fault. Relative media paths in a row are
 resolved against the folder of the file the row came from, so a dataset folder can be
-moved or uploaded to S3 as a whole.
+moved or uploaded to S3 as a whole; media outside that folder is refused (remote URLs
+need ``data.allow_remote_media``), since rows come from users.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import posixpath
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import fsspec
@@ -40,11 +43,18 @@ def iter_records(url: str) -> Iterator[tuple[dict[str, Any], str]]:
 
 
 def _iter_jsonl(url: str, name: str) -> Iterator[tuple[dict[str, Any], str]]:
-    with fsspec.open(url, "rt", encoding="utf-8", compression="infer") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    # Bytes, decoded line by line: a text-mode reader decodes ahead in blocks, so a bad byte would
+    # surface as a bare UnicodeDecodeError while an earlier line is being read, naming no line.
+    with fsspec.open(url, "rb", compression="infer") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            where = f"{url}:{lineno}"
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                                f"re-save {name} as UTF-8 or fix line {lineno}") from None
             if not line.strip():
                 continue
-            where = f"{url}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
@@ -75,8 +85,12 @@ def _iter_parquet(url: str, name: str) -> Iterator[tuple[dict[str, Any], str]]:
             index += 1
 
 
-def read_samples(url: str, format: str = "relax") -> Iterator[Sample]:
-    """Parse every row of ``url`` into a validated ``Sample`` (``format``: relax or gsm8k)."""
+def read_samples(url: str, format: str = "relax", allow_remote_media: bool = False) -> Iterator[Sample]:
+    """Parse every row of ``url`` into a validated ``Sample`` (``format``: relax or gsm8k).
+
+    Media paths are resolved and confined here, where the dataset's folder is known: see
+    :func:`resolve_media_path`. ``allow_remote_media`` is ``data.allow_remote_media``.
+    """
     base = posixpath.dirname(objstore.absolute_url(url))
     for index, (record, where) in enumerate(iter_records(url)):
         if format == "gsm8k":
@@ -85,18 +99,85 @@ def read_samples(url: str, format: str = "relax") -> Iterator[Sample]:
             sample = gsm8k_row_to_sample(record, where, index)
         else:
             sample = Sample.from_json(record, where)
-        yield _resolve_media(sample, base)
+        yield _resolve_media(sample, base, where, allow_remote_media)
 
 
-def _resolve_media(sample: Sample, base: str) -> Sample:
-    def fix(ref: MediaRef) -> MediaRef:
-        if ref.path is None or "://" in ref.path or ref.path.startswith("/"):
+def _resolve_media(sample: Sample, base: str, where: str, allow_remote: bool) -> Sample:
+    def fix(ref: MediaRef, slot: str) -> MediaRef:
+        if ref.path is None:
             return ref
-        return MediaRef(path=objstore.join(base, ref.path), sha256=ref.sha256)
+        path = resolve_media_path(ref.path, base, f"{where}: row {sample.id!r} {slot}", allow_remote)
+        return MediaRef(path=path, sha256=ref.sha256)
 
-    if not any(r.path for r in sample.images + sample.audios):
-        return sample
-    return sample.with_media(tuple(map(fix, sample.images)), tuple(map(fix, sample.audios)))
+    images = tuple(fix(r, f"images[{i}]") for i, r in enumerate(sample.images))
+    audios = tuple(fix(r, f"audios[{i}]") for i, r in enumerate(sample.audios))
+    return replace(sample, images=images, audios=audios, origin=where)
+
+
+def resolve_media_path(path: str, base: str, where: str, allow_remote: bool = False) -> str:
+    """The URL to read a row's media from, or a ``DataError`` if the row may not read it.
+
+    Datasets come from users, so a row must not be able to copy any file the snapshotting
+    machine can read into a snapshot. A local path (relative, absolute or ``file://``) must
+    resolve, links followed, inside ``base``, the folder of the data file; so must a relative
+    path or a URL on the dataset's own object store. Any other URL is remote and is read only
+    with ``allow_remote``.
+    """
+    if "::" in path:
+        raise DataError(f"{where}: media {path!r} is a chained fsspec URL; give a path relative to the data file's "
+                        f"folder or a plain URL")
+    protocol, rest = fsspec.core.split_protocol(path)
+    base_protocol, base_path = fsspec.core.split_protocol(base)
+    local = protocol is None or protocol in _LOCAL_PROTOCOLS
+    if local and base_protocol in _LOCAL_PROTOCOLS:
+        candidate = os.path.join(base_path, rest) if protocol is None else os.path.abspath(rest)
+        return "file://" + _confine_local(candidate, base_path, path, where)
+    if protocol is None and not path.startswith("/"):  # relative, in a dataset on an object store
+        return _confine_store(posixpath.join(base_path, path), base_protocol, base_path, path, where, relative=True)
+    if local:
+        raise DataError(f"{where}: media {path!r} is a path on this machine's disk, but the dataset lives at {base}; "
+                        f"give a path relative to the data file's folder")
+    if protocol in _protocols(base_protocol):
+        inside = _confine_store(rest, base_protocol, base_path, path, where, relative=False)
+        if inside:
+            return inside
+    if not allow_remote:
+        raise DataError(f"{where}: media {path!r} is a URL outside the dataset folder {base}; Relax fetches remote "
+                        f"media only with data.allow_remote_media=true (set it if you trust the URL), or copy the "
+                        f"file into the dataset folder")
+    return path
+
+
+_LOCAL_PROTOCOLS = ("file", "local")
+
+
+def _confine_local(candidate: str, base_dir: str, given: str, where: str) -> str:
+    real, root = os.path.realpath(candidate), os.path.realpath(base_dir)
+    if not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise DataError(f"{where}: media path {given!r} resolves to {real} (links followed), outside the dataset "
+                        f"folder {root}; move the file into that folder and give its path relative to the data file")
+    return real
+
+
+def _confine_store(path: str, protocol: str, base_path: str, given: str, where: str, relative: bool) -> str:
+    """``protocol://path`` normalised, if it lies under the dataset's prefix; else an error for a
+    relative path (it was meant to be inside) and ``""`` for a URL (it is remote media)."""
+    norm = posixpath.normpath(path)
+    if norm.startswith(base_path.rstrip("/") + "/"):
+        return f"{protocol}://{norm}"
+    if relative:
+        raise DataError(f"{where}: media path {given!r} leaves the dataset folder {protocol}://{base_path}; move the "
+                        f"file into that folder and give its path relative to the data file")
+    return ""
+
+
+def _protocols(protocol: str) -> tuple[str, ...]:
+    """Every alias of ``protocol`` (s3 and s3a, http and https): the same store either way."""
+    try:
+        names = fsspec.get_filesystem_class(protocol).protocol
+    except (ValueError, ImportError):
+        return (protocol,)
+    return (names,) if isinstance(names, str) else tuple(names)
 
 
 def encode_jsonl(samples: Iterable[Sample]) -> bytes:

@@ -108,6 +108,9 @@ class Sample:
     images: tuple[MediaRef, ...] = ()
     audios: tuple[MediaRef, ...] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # Where the row was read from (``train.jsonl:12``), so errors raised later, when its media is
+    # fetched and checked for a snapshot, can still name the file and line. Not part of the row.
+    origin: str = field(default="", compare=False, repr=False)
 
     @property
     def modality(self) -> str:
@@ -192,4 +195,4 @@ class Sample:
                 )
 
     def with_media(self, images: tuple[MediaRef, ...], audios: tuple[MediaRef, ...]) -> Sample:
-        return Sample(self.id, self.messages, self.answer, self.task, images, audios, self.metadata)
+        return Sample(self.id, self.messages, self.answer, self.task, images, audios, self.metadata, self.origin)

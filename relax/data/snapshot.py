@@ -13,23 +13,29 @@ it was read from), and a change to any row or any media byte gives a new one.
 
 Building a snapshot is two phases. ``plan_snapshot`` reads and validates everything and
 computes the id without writing; only a plan that passed is written. So bad input (a
-malformed row, a missing media file) fails before anything reaches the root.
+malformed row, a missing media file, bytes that are not an image, an image or clip over
+the size limits) fails before anything reaches the root.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import posixpath
 import re
+import warnings
+import wave
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from PIL import Image
 from tqdm import tqdm
 
 from relax import objstore
+from relax.config import DataConfig
 from relax.data.errors import DataError
 from relax.data.readers import encode_jsonl
 from relax.data.schema import MediaRef, Sample
@@ -51,6 +57,22 @@ class SnapshotInfo:
     created: bool = False
 
 
+@dataclass(frozen=True)
+class MediaLimits:
+    """What a snapshot accepts as media (``data.max_image_pixels``, ``data.max_audio_seconds``).
+
+    Checked from headers at planning time, so a small file that would decode to gigabytes is
+    refused before a snapshot holds it and before a trainer or engine tries to decode it.
+    """
+
+    max_image_pixels: int = DataConfig.max_image_pixels
+    max_audio_seconds: float = DataConfig.max_audio_seconds
+
+    @staticmethod
+    def from_config(data: DataConfig) -> MediaLimits:
+        return MediaLimits(data.max_image_pixels, data.max_audio_seconds)
+
+
 @dataclass
 class SnapshotPlan:
     """A validated snapshot, ready to write: canonical rows and where each media blob comes from."""
@@ -63,8 +85,9 @@ class SnapshotPlan:
 
 
 def plan_snapshot(splits: Mapping[str, Iterable[Sample]], source: Mapping[str, Any] | None = None,
-                  progress: bool = False) -> SnapshotPlan:
+                  progress: bool = False, limits: MediaLimits | None = None) -> SnapshotPlan:
     """Read, validate and hash every row and media item; write nothing."""
+    limits = limits or MediaLimits()
     media: dict[str, tuple[str, MediaRef]] = {}
     rows: dict[str, bytes] = {}
     stats: dict[str, Any] = {"tasks": {}, "modalities": {}}
@@ -77,8 +100,8 @@ def plan_snapshot(splits: Mapping[str, Iterable[Sample]], source: Mapping[str, A
                 raise DataError(f"row id {sample.id!r} appears twice (splits {seen_ids[sample.id]} and {split}); "
                                 f"ids must be unique across the dataset")
             seen_ids[sample.id] = split
-            images = tuple(_content_ref(r, sample, "images", i, media) for i, r in enumerate(sample.images))
-            audios = tuple(_content_ref(r, sample, "audios", i, media) for i, r in enumerate(sample.audios))
+            images = tuple(_content_ref(r, sample, "images", i, media, limits) for i, r in enumerate(sample.images))
+            audios = tuple(_content_ref(r, sample, "audios", i, media, limits) for i, r in enumerate(sample.audios))
             out.append(sample.with_media(images, audios))
         if not out:
             raise DataError(f"split {split!r} has no rows; a snapshot needs at least one row per split")
@@ -103,7 +126,7 @@ def write_snapshot(plan: SnapshotPlan, root: str, progress: bool = False) -> Sna
     total = 0
     for name, (where, ref) in tqdm(sorted(plan.media.items()), desc="snapshot media", unit="file",
                                     disable=not progress, leave=False):
-        data = _load(ref, where)
+        data = _fetch(ref, where)
         if hashlib.sha256(data).hexdigest() != name.split(".")[0]:
             raise DataError(f"{where}: media {ref.path} changed while the snapshot was being written; rerun")
         total += len(data)
@@ -192,14 +215,15 @@ def list_snapshots(root: str) -> list[str]:
     return [d for d in objstore.list_dir(base) if objstore.exists(objstore.join(base, d, "manifest.json"))]
 
 
-def _content_ref(ref: MediaRef, sample: Sample, kind: str, i: int, media: dict) -> MediaRef:
-    where = f"row {sample.id!r} {kind}[{i}]"
-    data = _load(ref, where)
+def _content_ref(ref: MediaRef, sample: Sample, kind: str, i: int, media: dict, limits: MediaLimits) -> MediaRef:
+    where = f"{sample.origin + ': ' if sample.origin else ''}row {sample.id!r} {kind}[{i}]"
+    data = _fetch(ref, where)
     if not data:
         raise DataError(f"{where}: media {ref.path or '<bytes>'} is empty")
     sha = hashlib.sha256(data).hexdigest()
     if ref.sha256 and ref.sha256 != sha:
         raise DataError(f"{where}: media {ref.path or '<bytes>'} does not match its sha256 {ref.sha256}")
+    (_check_image if kind == "images" else _check_audio)(data, f"{where} ({ref.path or '<bytes>'})", limits)
     name = sha + _extension(data, ref.path)
     media.setdefault(name, (where, ref))
     return MediaRef(path=f"media/{name}", sha256=sha)
@@ -214,12 +238,83 @@ def _load(ref: MediaRef, where: str) -> bytes:
         raise DataError(f"{where}: media file {ref.path} not found; fix the path in the row or add the file") from None
 
 
+def _fetch(ref: MediaRef, where: str) -> bytes:
+    """``_load`` while a snapshot is built: any failure to read a row's media, whatever the store's
+    client raises (aiohttp, botocore, ssl, OSError), is a DataError naming the row. Reads of a
+    written snapshot keep their own errors, so a run's roles can tell a flaky store from bad data."""
+    try:
+        return _load(ref, where)
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"{where}: cannot read media {ref.path} ({type(e).__name__}: {e}); check the URL, the "
+                        f"network and credentials, or copy the file into the dataset folder") from None
+
+
+# Formats every image path of Relax decodes with PIL; others (EPS runs Ghostscript) are refused.
+IMAGE_FORMATS = ("PNG", "JPEG", "MPO", "GIF", "WEBP", "BMP", "TIFF")
+
+
+def _check_image(data: bytes, where: str, limits: MediaLimits) -> None:
+    """Identify the image and read its size from the header alone; no pixel is decoded."""
+    try:
+        with warnings.catch_warnings():  # PIL warns above its own limit; ours is checked below
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
+                (width, height), fmt = img.size, img.format
+    except Image.DecompressionBombError as e:
+        raise DataError(f"{where}: image is too large to decode ({e}); downscale it") from None
+    except Exception:  # PIL raises many unrelated types for bytes it cannot read
+        raise DataError(f"{where}: not an image in a format Relax reads ({', '.join(IMAGE_FORMATS)}); found "
+                        f"{_describe(data)}; fix the file or the row") from None
+    if width * height > limits.max_image_pixels:
+        raise DataError(f"{where}: {fmt} image is {width}x{height} = {width * height} pixels, over "
+                        f"data.max_image_pixels={limits.max_image_pixels}; downscale it or raise data.max_image_pixels")
+    try:  # chunk structure and checksums (PNG), still without decoding pixels
+        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
+            img.verify()
+    except Exception as e:
+        raise DataError(f"{where}: {fmt} image is corrupt ({type(e).__name__}: {e}); re-export it") from None
+
+
+def _check_audio(data: bytes, where: str, limits: MediaLimits) -> None:
+    """A PCM WAV that ``relax.models.processors.decode_wav`` can read, within the duration limit."""
+    if not (data.startswith(b"RIFF") and data[8:12] == b"WAVE"):
+        raise DataError(f"{where}: audio must be a PCM WAV file (the only container Relax's processors decode); "
+                        f"found {_describe(data)}; convert it, e.g. ffmpeg -i in.mp3 -c:a pcm_s16le out.wav")
+    try:  # the same stdlib reader as the processors; reads the header chunks only
+        with wave.open(io.BytesIO(data)) as w:
+            rate, width, frames = w.getframerate(), w.getsampwidth(), w.getnframes()
+    except Exception as e:
+        raise DataError(f"{where}: unreadable WAV header ({type(e).__name__}: {e}); re-export it as PCM WAV "
+                        f"(ffmpeg -c:a pcm_s16le)") from None
+    if width not in (1, 2, 4) or rate <= 0 or frames == 0:
+        raise DataError(f"{where}: WAV with {width * 8}-bit samples at {rate} Hz and {frames} frames; Relax needs "
+                        f"8, 16 or 32-bit PCM with at least one frame: re-export it")
+    if frames / rate > limits.max_audio_seconds:
+        raise DataError(f"{where}: audio is {frames / rate:.1f} s long, over data.max_audio_seconds="
+                        f"{limits.max_audio_seconds}; cut it or raise data.max_audio_seconds")
+
+
+def _describe(data: bytes) -> str:
+    """What the bytes look like, for an error: their start, and the signature they carry if any."""
+    ext = _sniff(data)
+    return f"{len(data)} bytes starting {data[:16]!r}" + (f" (a {ext[1:].upper()} signature)" if ext else "")
+
+
 def _extension(data: bytes, path: str | None) -> str:
-    for magic, ext in _MAGIC:
-        if data.startswith(magic):
-            return ext
+    ext = _sniff(data)
+    if ext:
+        return ext
     suffix = posixpath.splitext(path or "")[1].lower()
     return suffix if suffix and len(suffix) <= 6 else ".bin"
+
+
+def _sniff(data: bytes) -> str:
+    """The extension the leading bytes announce, or ``""``. RIFF holds both WAV and WEBP."""
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+        return ".webp"
+    return next((ext for magic, ext in _MAGIC if data.startswith(magic)), "")
 
 
 def _info(manifest: Mapping[str, Any], url: str, created: bool) -> SnapshotInfo:

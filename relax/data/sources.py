@@ -13,7 +13,7 @@ from relax.config import DataConfig
 from relax.data.errors import DataError
 from relax.data.readers import read_samples
 from relax.data.schema import Sample
-from relax.data.snapshot import SnapshotInfo, SnapshotPlan, plan_snapshot, write_snapshot
+from relax.data.snapshot import MediaLimits, SnapshotInfo, SnapshotPlan, plan_snapshot, write_snapshot
 from relax.objstore import absolute_url
 
 
@@ -24,9 +24,9 @@ def load_splits(data: DataConfig) -> dict[str, list[Sample]]:
 
         return generate_suite(list(data.tasks), seed=data.seed, train_per_task=data.train_per_task,
                               eval_per_task=data.eval_per_task, difficulty=data.difficulty)
-    train = list(read_samples(data.train_url, data.format))
+    train = list(read_samples(data.train_url, data.format, data.allow_remote_media))
     if data.eval_url:
-        return {"train": train, "eval": list(read_samples(data.eval_url, data.format))}
+        return {"train": train, "eval": list(read_samples(data.eval_url, data.format, data.allow_remote_media))}
     splits: dict[str, list[Sample]] = {"train": [], "eval": []}
     for s in train:
         splits["eval" if held_out(s.id, data.eval_fraction) else "train"].append(s)
@@ -55,7 +55,8 @@ def source_description(data: DataConfig) -> dict[str, Any]:
 
 
 def plan_from_config(data: DataConfig, progress: bool = False) -> SnapshotPlan:
-    return plan_snapshot(load_splits(data), source_description(data), progress=progress)
+    return plan_snapshot(load_splits(data), source_description(data), progress=progress,
+                         limits=MediaLimits.from_config(data))
 
 
 def snapshot_from_config(data: DataConfig, root: str, progress: bool = False) -> SnapshotInfo:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from PIL import Image
 
 from relax.data.readers import write_jsonl
 from relax.data.schema import MediaRef, Message, Sample
@@ -25,7 +26,7 @@ def relax(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def write_rows(folder: Path) -> None:
     (folder / "img").mkdir(parents=True, exist_ok=True)
-    (folder / "img" / "x.png").write_bytes(b"\x89PNG fake image")
+    Image.new("RGB", (2, 2)).save(folder / "img" / "x.png")  # a real PNG: snapshots read every image header
     write_jsonl(str(folder / "rows.jsonl"), [
         Sample(id=f"r{i}", messages=(Message("user", "<image> n?"),), answer=str(i),
                images=(MediaRef(path="img/x.png"),)) for i in range(40)
