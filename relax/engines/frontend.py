@@ -18,7 +18,7 @@ from typing import Any
 
 from relax.engines.streaming import stream_response
 from relax.engines.types import Completion, EngineError, GenerateRequest, SamplingParams
-from relax.engines.weight_source import load_weights
+from relax.engines.weight_source import check_source, complete_tied, load_weights
 
 
 def decode_media(item: Any, kind: str, index: int) -> bytes:
@@ -217,10 +217,20 @@ class Frontend:
 
     async def update_weights_from_disk(self, body: dict[str, Any], store_root: str | None,
                                        run_id: str | None) -> tuple[int, dict[str, Any]]:
-        path = str(body.get("model_path") or "")
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            return 400, {"success": False, "message": "model_path must be a non-empty string", "num_paused_requests": 0}
+        try:
+            check_source(path, store_root, run_id, self.model_path)
+        except PermissionError as e:
+            return 403, {"success": False, "message": str(e), "num_paused_requests": 0}
         try:
             state, version = await asyncio.to_thread(load_weights, path, store_root, run_id)
-            version = str(body.get("weight_version") or version)
+            label = body.get("weight_version")
+            # the version the samples will carry is the store's, never a label the caller chose
+            if label is not None and str(label) != version:
+                raise EngineError(f"weight_version {label!r} is not the version at {path!r} ({version})")
+            state = complete_tied(state, getattr(self.engine, "model", None))
             await asyncio.to_thread(self.engine.update_weights, state, version)
         except Exception as e:  # the engine keeps its old weights; the caller decides what to do
             return 400, {"success": False, "message": f"{type(e).__name__}: {e}", "num_paused_requests": 0}

@@ -7,11 +7,40 @@ URL (``<root>/runs/<run>/weights/<n>``), a bare version number when the server w
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 _VERSION_URL = re.compile(r"^(?P<root>.*)/runs/(?P<run>[^/]+)/weights/(?P<version>\d+)/?$")
+
+
+def _local(path: str) -> Path | None:
+    """The resolved local path of ``path`` (plain or file://), None for other fsspec URLs."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    return Path(os.path.realpath(Path(path.removeprefix("file://")).expanduser()))
+
+
+def check_source(path: str, store_root: str | None, run_id: str | None, served: str) -> None:
+    """Refuse (PermissionError) a ``model_path`` outside what this engine may load: its own run's
+    WeightStore (``store_root``/``run_id``) and the folder it serves. Any other folder, run, ``../``
+    or URL a caller names would make the server read (or fetch) it."""
+    if path.isdigit() and store_root and run_id:
+        return
+    m = _VERSION_URL.match(path.rstrip("/"))
+    if m and store_root and (run_id is None or m["run"] == run_id):
+        given, mine = _local(m["root"]), _local(store_root)
+        if (given is not None and given == mine) or m["root"].rstrip("/") == store_root.rstrip("/"):
+            return
+    local = _local(path)
+    if not m and local is not None:
+        for root in (served, store_root):
+            base = _local(root) if root else None
+            if base is not None and (local == base or base in local.parents):
+                return
+    allowed = [x for x in (f"{store_root}/runs/{run_id or '<run>'}/weights/<n>" if store_root else None, served) if x]
+    raise PermissionError(f"model_path {path!r} is outside what this engine loads from ({', '.join(allowed)})")
 
 
 def load_weights(path: str, store_root: str | None, run_id: str | None) -> tuple[dict[str, Any], str]:
@@ -37,3 +66,18 @@ def load_weights(path: str, store_root: str | None, run_id: str | None) -> tuple
     for f in files:
         state.update(load_file(str(f)))
     return state, folder.name
+
+
+def complete_tied(state: dict[str, Any], model: Any) -> dict[str, Any]:
+    """Fill the tensors a tied-embedding model shares with its input embedding (``lm_head.weight``),
+    which ``save_pretrained`` leaves out of the files; other missing tensors stay missing (and fail)."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", lambda: config)()
+    if not getattr(text, "tie_word_embeddings", False) or not hasattr(model, "get_input_embeddings"):
+        return state
+    current = model.state_dict()
+    shared = model.get_input_embeddings().weight.data_ptr()
+    source = next((k for k, v in current.items() if v.data_ptr() == shared and k in state), None)
+    if source is None:
+        return state
+    return {**state, **{k: state[source] for k, v in current.items() if k not in state and v.data_ptr() == shared}}

@@ -70,10 +70,32 @@ def test_update_weights_from_store_and_folder(server) -> None:
             assert r["success"] is True, r
             out = await c.generate(input_ids=[5, 6, 7], sampling_params=greedy)
             assert out["output_ids"][0] != base[0] and out["meta_info"]["weight_version"] == "2"
-            r = await c.update_weights_from_disk(str(model_dir), version="orig")
+            r = await c.update_weights_from_disk(str(model_dir), version="orig")  # a label the caller made up
+            assert r["success"] is False and "is not the version" in r["message"], r
+            r = await c.update_weights_from_disk(str(model_dir))  # the served folder: its name is the version
             assert r["success"] is True, r
             out = await c.generate(input_ids=[5, 6, 7], sampling_params=greedy)
-            assert out["output_ids"] == base and out["meta_info"]["weight_version"] == "orig"
-            assert (await c.model_info())["weight_version"] == "orig"
+            assert out["output_ids"] == base and out["meta_info"]["weight_version"] == "model"
+            assert (await c.model_info())["weight_version"] == "model"
 
     asyncio.run(go())
+
+
+def test_weight_update_outside_the_allow_list_is_403_and_changes_nothing(server, tmp_path) -> None:
+    # another folder with safetensors, another run's store, ../ out of the store, a remote URL: each would make
+    # the server read what a caller names; the served weights stay
+    import shutil
+
+    url, model_dir, root = server
+    other = tmp_path / "elsewhere"
+    shutil.copytree(model_dir, other)
+    for path in (str(other), f"{root}/runs/other-run/weights/1", f"{root}/runs/run1/weights/../../../../etc",
+                 "http://127.0.0.1:9/weights", f"{model_dir}/../{other.name}"):
+        req = urllib.request.Request(url + "/update_weights_from_disk", data=json.dumps({"model_path": path}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=30)
+        assert err.value.code == 403, path
+        assert "outside what this engine loads from" in json.loads(err.value.read())["message"]
+    with urllib.request.urlopen(url + "/get_model_info", timeout=30) as r:
+        assert json.load(r)["weight_version"] != "elsewhere"
