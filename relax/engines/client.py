@@ -23,6 +23,8 @@ from typing import Any
 
 import aiohttp
 
+from relax.engines.guards import token_from_env
+
 
 class EngineHTTPError(RuntimeError):
     """The engine answered with an error status; ``message`` is the server's own message."""
@@ -64,8 +66,10 @@ class EngineClient:
     """
 
     def __init__(self, url: str, timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, token: str | None = None):
         self.url = url.rstrip("/")
+        # the engines' bearer token (relax.engines.guards): given, or the run's RELAX_ENGINE_TOKEN
+        self.token = token if token is not None else token_from_env()
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -76,7 +80,8 @@ class EngineClient:
     def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._session._loop is not loop:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=headers)
         return self._session
 
     async def close(self) -> None:
