@@ -137,7 +137,7 @@ def test_no_correction_and_dispatch():
     dropped = off_policy_correction("decoupled", target, behav, ONES, cap=2.0)
     assert_close_to(dropped.mask, [[0.0, 1.0, 1.0]])
     assert_close_to(dropped.weights, [[0.0, 1.0, 0.25]])
-    with pytest.raises(ValueError, match="unknown off_policy 'is'; valid: decoupled, icepop, none, tis"):
+    with pytest.raises(ValueError, match="unknown off_policy 'is'; valid: decoupled, icepop, none, recompute, tis"):
         off_policy_correction("is", target, behav, ONES)
     with pytest.raises(ValueError, match="is_cap"):
         tis_weights(target, behav, ONES, cap=0.5)
