@@ -26,6 +26,9 @@ from relax.transfer.weights import WeightStore
 
 log = logging.getLogger(__name__)
 
+# below an engine server's default body limit (8 MiB, relax.engines.guards), with room for the JSON around
+MAX_REQUEST_BYTES = 6 << 20
+
 
 class RemoteEngines:
     """SGLang-compatible engines by URL; a private event loop thread runs the async router.
@@ -36,12 +39,15 @@ class RemoteEngines:
     process=...)``) are processes this pool stops on removal or close. Keeping them serving is
     its :class:`~relax.rollout.engine_supervisor.EngineSupervisor` (``self.supervisor``,
     given ``launcher``): :meth:`supervise` runs one pass, and with ``supervise_interval_s > 0``
-    a background thread runs one that often.
+    a background thread runs one that often. :meth:`generate` sends one batched request per
+    engine (split in turns of at most ``max_request_bytes``), so that runs repeat.
     """
 
     def __init__(self, urls: list[str], timeout_s: float = 120.0, *, owned: list[LaunchedEngine] | None = None,
                  launcher: EngineLauncher | None = None, store: WeightStore | None = None, max_failures: int = 3,
-                 vocab_size: int | None = None, supervise_interval_s: float = 0.0):
+                 vocab_size: int | None = None, supervise_interval_s: float = 0.0,
+                 max_request_bytes: int = MAX_REQUEST_BYTES):
+        self.max_request_bytes = max_request_bytes
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="relax-rollout-http", daemon=True)
         self._thread.start()
@@ -77,23 +83,55 @@ class RemoteEngines:
         """Run a coroutine on the pool's loop from any thread."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    async def _one(self, p: EncodedPrompt, sp: SamplingParams, rid: str) -> list[Completion]:
-        params = dataclasses.asdict(sp)  # the same names as SGLang's sampling_params
-        # media goes as bytes beside the already expanded ids (docs/engines.md, "Media"): the
-        # engine rebuilds the same tensors, and the tokens trained on are the ones it saw
-        media = {"image_data": [_data_uri(b, "image/png") for b in p.images] or None,
-                 "audio_data": [_data_uri(b, "audio/wav") for b in p.audios] or None}
-        out = await self.router.generate(input_ids=p.input_ids, sampling_params=params, return_logprob=True, rid=rid,
-                                         **media)
-        items = out if isinstance(out, list) else [out]
-        return [_completion(rid, i, item, len(p.input_ids)) for i, item in enumerate(items)]
-
     def generate(self, prompts: list[EncodedPrompt], params: list[SamplingParams], rids: list[str],
                  should_abort: Callable[[], bool] | None = None) -> list[list[Completion]]:
-        async def all_of():
-            return await asyncio.gather(*(self._one(p, sp, rid) for p, sp, rid in zip(prompts, params, rids,
-                                                                                        strict=True)))
+        """Completions per prompt. The prompts go as one batched ``/generate`` per routable engine,
+        in contiguous shares of the list (the router places each share and fails it over whole):
+        an engine admits a share together, as the in-process engine admits a step's requests, so
+        which requests share a batch (and with it the padded shapes, and the last bits of every
+        logprob) follows from the call, not from when each request happened to arrive. Sent one
+        by one, that timing made runs with engine processes differ from each other."""
+        if len(prompts) != len(params) or len(prompts) != len(rids):
+            raise ValueError(f"{len(prompts)} prompts, {len(params)} sampling params and {len(rids)} rids; "
+                             f"pass one of each per prompt")
+
+        async def all_of() -> list[list[Completion]]:
+            live = sum(e["healthy"] and e["ready"] and not e["draining"] for e in self.router.engines())
+            shares = _shares(len(prompts), max(1, live))
+            out = await asyncio.gather(*(self._share(prompts[a:b], params[a:b], rids[a:b]) for a, b in shares))
+            return [per_prompt for share in out for per_prompt in share]
         return self.run(all_of())
+
+    async def _share(self, prompts: list[EncodedPrompt], params: list[SamplingParams],
+                     rids: list[str]) -> list[list[Completion]]:
+        """One share: batches of at most ``max_request_bytes`` (an engine refuses larger bodies,
+        and media prompts are large), each sent once the one before it is answered, so each is
+        still admitted whole."""
+        out: list[list[Completion]] = []
+        for a, b in _by_size([_request_bytes(p) for p in prompts], self.max_request_bytes):
+            out += await self._batch(prompts[a:b], params[a:b], rids[a:b])
+        return out
+
+    async def _batch(self, prompts: list[EncodedPrompt], params: list[SamplingParams],
+                     rids: list[str]) -> list[list[Completion]]:
+        """One batched ``/generate`` (a plain one for a single prompt) -> completions per prompt."""
+        sps = [dataclasses.asdict(sp) for sp in params]  # the same names as SGLang's sampling_params
+        # media goes as bytes beside the already expanded ids (docs/engines.md, "Media"): the
+        # engine rebuilds the same tensors, and the tokens trained on are the ones it saw
+        images = [[_data_uri(b, "image/png") for b in p.images] or None for p in prompts]
+        audios = [[_data_uri(b, "audio/wav") for b in p.audios] or None for p in prompts]
+        one = len(prompts) == 1
+        out = await self.router.generate(
+            input_ids=prompts[0].input_ids if one else [p.input_ids for p in prompts],
+            sampling_params=sps[0] if one else sps, rid=rids[0] if one else rids, return_logprob=True,
+            image_data=(images[0] if one else images) if any(images) else None,
+            audio_data=(audios[0] if one else audios) if any(audios) else None)
+        items = out if isinstance(out, list) else [out]
+        result, at = [], 0
+        for p, sp, rid in zip(prompts, params, rids, strict=True):
+            result.append([_completion(rid, i, item, len(p.input_ids)) for i, item in enumerate(items[at:at + sp.n])])
+            at += sp.n
+        return result
 
     # -- weights -----------------------------------------------------------------------------------
     def load_weights(self, store: WeightStore, version: int) -> None:
@@ -206,6 +244,32 @@ class RemoteEngines:
             self.run(self.router.close(), timeout=10)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _shares(n: int, k: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of ``min(n, k)`` contiguous, near-equal shares of ``n`` items (larger first)."""
+    if n == 0:
+        return []
+    k = max(1, min(n, k))
+    bounds = [i * (n // k) + min(i, n % k) for i in range(k + 1)]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def _request_bytes(p: EncodedPrompt) -> int:
+    """An upper bound of what prompt ``p`` adds to a ``/generate`` body (ids as JSON, media as base64)."""
+    return 8 * len(p.input_ids) + sum(4 * len(b) // 3 + 32 for b in [*p.images, *p.audios]) + 512
+
+
+def _by_size(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of consecutive items whose sizes add up to at most ``limit`` (an item
+    over it alone); the same sizes always give the same runs."""
+    runs, start, total = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > limit:
+            runs.append((start, i))
+            start, total = i, 0
+        total += size
+    return [*runs, (start, len(sizes))] if sizes else []
 
 
 def _data_uri(data: bytes, mime: str) -> str:

@@ -77,6 +77,7 @@ class NativeEngine:
         self.eos_ids = {eos} if eos is not None else set()
         self._free = list(range(max_batch_size))[::-1]  # pop() hands out the lowest slot first
         self._waiting: deque[_Pending] = deque()
+        self._staged: list[_Pending] = []  # generate() calls of this event-loop turn, queued together
         self._running: list[_Seq] = []
         self._inflight: dict[int, _Pending] = {}  # admitted, not yet resolved
         self._cond = threading.Condition()
@@ -85,7 +86,6 @@ class NativeEngine:
         self._thread: threading.Thread | None = None
         self.background = background
 
-    # -- public API ------------------------------------------------------------------------
     def start(self) -> NativeEngine:
         if self._thread is None:
             self._stop = False
@@ -104,6 +104,27 @@ class NativeEngine:
     def submit(self, req: GenerateRequest, listener: Any = None) -> concurrent.futures.Future:
         """Queue a request; the future resolves to its ``n`` completions. ``listener(index, token,
         logprob)``, if given, sees every token as it is sampled (on the engine thread: keep it cheap)."""
+        return self._enqueue([self._pending(req, listener)])[0]
+
+    def submit_many(self, reqs: list[GenerateRequest]) -> list[concurrent.futures.Future]:
+        return self._enqueue([self._pending(r) for r in reqs])  # admitted together (see generate)
+
+    async def generate(self, req: GenerateRequest) -> list[Completion]:
+        """Requests of one event-loop turn (one HTTP batch, gathered) reach the scheduler at once: one by one,
+        its batches (so padded shapes and logprobs' last bits) would depend on thread timing."""
+        p = self._pending(req)
+        with self._cond:
+            self._staged.append(p)
+            if len(self._staged) == 1:  # runs after every task already scheduled in this turn (FIFO)
+                asyncio.get_running_loop().call_soon(self._release_staged)
+        return await asyncio.wrap_future(p.future)
+
+    def _release_staged(self) -> None:
+        with self._cond:  # reentrant: abort() never finds a request in neither queue
+            self._enqueue(self._staged)
+            self._staged = []
+
+    def _pending(self, req: GenerateRequest, listener: Any = None) -> _Pending:
         req.params.validate()
         if not req.input_ids:
             raise EngineError("input_ids is empty")
@@ -112,19 +133,15 @@ class NativeEngine:
                               f"{self.max_context_length}; shorten the prompt")
         if req.params.n > self.max_batch_size:
             raise EngineError(f"n={req.params.n} exceeds the engine's max_batch_size {self.max_batch_size}")
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        return _Pending(req, concurrent.futures.Future(), listener)
+
+    def _enqueue(self, pendings: list[_Pending]) -> list[concurrent.futures.Future]:
         with self._cond:
-            self._waiting.append(_Pending(req, future, listener))
+            self._waiting.extend(pendings)
             self._cond.notify_all()
         if self._thread is None and self.background:
             self.start()
-        return future
-
-    def submit_many(self, reqs: list[GenerateRequest]) -> list[concurrent.futures.Future]:
-        return [self.submit(r) for r in reqs]
-
-    async def generate(self, req: GenerateRequest) -> list[Completion]:
-        return await asyncio.wrap_future(self.submit(req))
+        return [p.future for p in pendings]
 
     def generate_sync(self, req: GenerateRequest, timeout: float | None = None) -> list[Completion]:
         return self.submit(req).result(timeout)
@@ -158,9 +175,10 @@ class NativeEngine:
     def abort(self, rid: str) -> bool:
         """Finish request ``rid`` now (finish_reason abort); False if it is unknown or done."""
         with self._cond:
-            for p in list(self._waiting):
-                if p.req.rid == rid:
-                    self._waiting.remove(p)
+            for queued in (self._staged, self._waiting):
+                p = next((p for p in queued if p.req.rid == rid), None)
+                if p is not None:
+                    queued.remove(p)
                     p.future.set_result([self._aborted(p, i) for i in range(p.req.params.n)])
                     return True
             for s in self._running:
@@ -200,7 +218,7 @@ class NativeEngine:
     @property
     def load(self) -> int:
         with self._cond:
-            return len(self._waiting) + len({id(s.pending) for s in self._running})
+            return len(self._staged) + len(self._waiting) + len({id(s.pending) for s in self._running})
 
     def model_info(self) -> dict[str, Any]:
         text = getattr(self.model.config, "text_config", None) or self.model.config
@@ -208,7 +226,6 @@ class NativeEngine:
                 "vocab_size": text.vocab_size, "weight_version": self.weight_version, "is_generation": True,
                 "max_batch_size": self.max_batch_size}
 
-    # -- scheduler -------------------------------------------------------------------------
     def _loop(self) -> None:
         while self._step(block=True):
             pass

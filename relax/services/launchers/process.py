@@ -9,6 +9,10 @@ before starting anything, so a scale-out never leaves half its engines behind.
 The rollout also launches its own engines here (``rollout.engine_processes``); the pool
 (:class:`~relax.rollout.remote_engines.RemoteEngines`) then owns them and, when one dies, launches a
 replacement through the same launcher (the dead one no longer counts against ``max_engines``).
+
+Owned engines die with their owner however it dies, and a launcher ends any engine a previous
+owner left behind before it starts new ones (``lifetime.py``). Every engine runs torch with
+the same number of threads (``num_threads``), so every engine computes the same floats.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
+
+from relax.engines.guards import TOKEN_ENV
+from relax.services.launchers import lifetime
 
 
 class CapacityError(RuntimeError):
@@ -36,16 +44,11 @@ def _free_port(host: str) -> int:
 
 
 def kill_on_parent_death() -> None:
-    """In the child before exec (Linux): SIGTERM when the spawning thread's process dies, so an
-    engine or a role process never outlives a killed owner (a Ray actor, a Ray task, a driver).
-    Only for owners that spawn from a thread that lives as long as they do: the signal follows
-    the thread, not the process."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the owner's stop() is the only way out
-        pass
+    """A ``preexec_fn`` for role processes (Linux): SIGTERM when the spawning thread's process
+    dies, so a role never outlives a killed owner (a Ray task, a driver). Only for owners that
+    spawn from a thread that lives as long as they do: the signal follows the thread, not the
+    process. Engines get more (SIGKILL, a watchdog, a reaper): ``lifetime.py``."""
+    lifetime.set_parent_death_signal(signal.SIGTERM)  # not Linux: the owner's stop() is the only way out
 
 
 class NativeEngineProcess:
@@ -53,26 +56,46 @@ class NativeEngineProcess:
 
     The constructor only spawns the process, so several can boot in parallel; call
     :meth:`wait_healthy` (or use :meth:`start`) before routing to it.
+
+    ``die_with_parent`` (the default): this process owns the engine. It dies with it (a
+    parent-death signal, and a watchdog in the server on this pid), leads its own process group,
+    and is recorded so that a later launcher can end it if it outlives this process anyway; any
+    engine left by an owner that is gone is ended first (``lifetime.reap_orphans``).
+    ``num_threads``: torch threads in the engine (default ``OMP_NUM_THREADS``, else 1): one
+    value for every engine of a run, since a different thread count can change the floats.
     """
 
     def __init__(self, model_dir: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
                  max_batch_size: int = 16, weight_store_root: str | None = None, run_id: str | None = None,
-                 log_dir: str | Path | None = None, seed: int = 0, die_with_parent: bool = False):
+                 log_dir: str | Path | None = None, seed: int = 0, die_with_parent: bool = True,
+                 num_threads: int | None = None, api_token: str | None = None):
         self.host = host
         self.port = port or _free_port(host)
+        self.num_threads = num_threads or default_num_threads()
+        self.token = uuid.uuid4().hex
+        self.owned = die_with_parent
+        owner = os.getpid()
         args = [sys.executable, "-m", "relax.engines.server", "--model-path", str(model_dir), "--host", host,
-                "--port", str(self.port), "--max-batch-size", str(max_batch_size), "--seed", str(seed)]
+                "--port", str(self.port), "--max-batch-size", str(max_batch_size), "--seed", str(seed),
+                "--num-threads", str(self.num_threads), lifetime.TOKEN_FLAG, self.token]
         if weight_store_root and run_id:
             args += ["--weight-store-root", weight_store_root, "--run-id", run_id]
+        if die_with_parent:
+            args += ["--owner-pid", str(owner), "--owner-start", lifetime.start_time(owner) or ""]
+            lifetime.reap_orphans()
         log = tempfile.NamedTemporaryFile(prefix=f"relax-engine-{self.port}-", suffix=".log",
                                           dir=log_dir, delete=False)
         self.log_path = Path(log.name)
-        # One OpenMP thread per engine: several engines share the host's cores, and oversubscribed
-        # thread pools make every engine slower than one thread each.
-        env = {"OMP_NUM_THREADS": "1", **os.environ}
+        # torch reads OMP_NUM_THREADS as it loads; the server also sets the count explicitly
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.num_threads)}
+        if api_token:  # the engine's bearer token (relax.engines.guards); else whatever this process has
+            env[TOKEN_ENV] = api_token
         with log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         preexec_fn=kill_on_parent_death if die_with_parent else None)
+            # its own process group (session): stop() and a reaper end it with anything it started
+            self.proc = lifetime.spawn(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                       preexec_fn=lifetime.child_setup(owner) if die_with_parent else None)
+        if die_with_parent:
+            lifetime.record(self.proc.pid, self.token, owner, url=self.url, log=str(self.log_path))
 
     @classmethod
     def start(cls, model_dir: str | Path, timeout_s: float = 180.0, **kwargs) -> NativeEngineProcess:
@@ -114,16 +137,35 @@ class NativeEngineProcess:
             time.sleep(0.2)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Terminate (the server shuts down cleanly), then kill if it does not exit in time."""
+        """Terminate its process group (the server exits at once), then kill it if it does not exit in time."""
         if self.alive:
-            self.proc.terminate()
+            self._signal(signal.SIGTERM)
             # a stopped (SIGSTOP, hung in a debugger) process handles the SIGTERM only once continued
-            self.proc.send_signal(signal.SIGCONT)
+            self._signal(signal.SIGCONT)
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._signal(signal.SIGKILL)
                 self.proc.wait(timeout=timeout_s)
+        if self.owned:
+            lifetime.forget(self.proc.pid, self.token)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # it leads its group (start_new_session)
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # a group we cannot signal as a whole (not expected): the process itself
+            self.proc.send_signal(sig)
+
+
+def default_num_threads() -> int:
+    """``OMP_NUM_THREADS`` of this process, else 1: several engines share the host's cores, and
+    oversubscribed thread pools make every engine slower than one thread each."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
 
 
 class LocalProcessLauncher:
