@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# engine servers the tests start guard their routes with it, and EngineClient sends it (relax.engines.guards)
+os.environ.setdefault("RELAX_ENGINE_TOKEN", "relax-test-token")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -19,6 +19,7 @@ import hmac
 import ipaddress
 import json
 import os
+import secrets
 from typing import Any
 
 TOKEN_ENV = "RELAX_ENGINE_TOKEN"
@@ -30,6 +31,14 @@ PUBLIC = frozenset({"/health", "/health_generate"})
 
 def token_from_env() -> str | None:
     return os.environ.get(TOKEN_ENV) or None
+
+
+def ensure_token() -> str:
+    """This process's engine token: the one in the environment, or a fresh random one put there, so
+    the engines it launches (which inherit it) and its clients share it and nobody else has it."""
+    if not token_from_env():
+        os.environ[TOKEN_ENV] = secrets.token_hex(16)
+    return os.environ[TOKEN_ENV]
 
 
 def check_bind(host: str, token: str | None) -> None:

@@ -22,6 +22,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from relax.engines.frontend import Frontend
+from relax.engines.guards import MAX_BODY_BYTES, Guard, check_bind, token_from_env
+from relax.engines.info_routes import add_info_routes
 from relax.engines.openai_routes import add_openai_routes
 from relax.engines.types import EngineError, GenerateRequest, SamplingParams
 
@@ -31,9 +33,11 @@ def error_body(message: str, status: int) -> dict[str, Any]:
 
 
 def create_app(engine: Any, model_path: str, weight_store_root: str | None = None, run_id: str | None = None,
-               *, processor: Any = None) -> FastAPI:
-    """A FastAPI app serving ``engine`` (the NativeEngine interface) under SGLang's routes."""
+               *, processor: Any = None, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """A FastAPI app serving ``engine`` (the NativeEngine interface) under SGLang's routes, behind the
+    guard (relax.engines.guards): ``token`` (default: ``RELAX_ENGINE_TOKEN``) and the body-size limit."""
     app = FastAPI(title="Relax engine", description="SGLang-compatible native routes and OpenAI chat.")
+    app.add_middleware(Guard, token=token if token is not None else token_from_env(), max_body_bytes=max_body_bytes)
     fe = Frontend(engine, model_path, processor)
     app.state.frontend = fe
 
@@ -91,6 +95,7 @@ def create_app(engine: Any, model_path: str, weight_store_root: str | None = Non
         return Response(status_code=200)
 
     add_openai_routes(app, fe)  # /v1/chat/completions, /v1/models
+    add_info_routes(app, fe)  # /get_server_info, /get_load, /version, /tokenize, /metrics
     return app
 
 
@@ -117,14 +122,32 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--weight-store-root", default=None)
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (a run's seed: same tokens as in-process)")
+    ap.add_argument("--num-threads", type=int, default=0,
+                    help="torch threads (0: torch's default); every engine of a run uses one count, so they "
+                         "compute the same floats")
+    ap.add_argument("--owner-pid", type=int, default=0,
+                    help="exit when this process is gone (the rollout that owns the engine)")
+    ap.add_argument("--owner-start", default="", help="the owner's start time, so a reused pid is not mistaken for it")
+    ap.add_argument("--engine-token", default="", help="names this process in its owner's registry (lifetime.py)")
+    ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get a 413")
     args = ap.parse_args(argv)
+    check_bind(args.host, token_from_env())  # before loading anything: no token, no network address
+    if args.owner_pid:  # first: an owner that dies while the model loads leaves no engine behind
+        from relax.engines.owner import watch_owner
+
+        watch_owner(args.owner_pid, args.owner_start or None)
+    if args.num_threads > 0:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
     import uvicorn
 
     # The engine's scheduler runs on the main thread, the thread that loaded the model: torch's
     # OpenMP pool belongs to the first thread that used it, and compute on a second thread beside
     # it measured 2x slower per op here. HTTP handling (no heavy torch) gets its own thread.
     engine, processor = build_native_engine(args.model_path, args.max_batch_size, background=False, seed=args.seed)
-    app = create_app(engine, args.model_path, args.weight_store_root, args.run_id, processor=processor)
+    app = create_app(engine, args.model_path, args.weight_store_root, args.run_id, processor=processor,
+                     max_body_bytes=args.max_body_bytes)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     http = threading.Thread(target=server.run, name="relax-http", daemon=True)
     http.start()

@@ -40,7 +40,8 @@ def check_source(path: str, store_root: str | None, run_id: str | None, served: 
             if base is not None and (local == base or base in local.parents):
                 return
     allowed = [x for x in (f"{store_root}/runs/{run_id or '<run>'}/weights/<n>" if store_root else None, served) if x]
-    raise PermissionError(f"model_path {path!r} is outside what this engine loads from ({', '.join(allowed)})")
+    raise PermissionError(f"model_path {path!r} is outside what this engine loads from ({', '.join(allowed)}); "
+                          f"start it with --weight-store-root <root> --run-id <run> of the run that updates it")
 
 
 def load_weights(path: str, store_root: str | None, run_id: str | None) -> tuple[dict[str, Any], str]:

@@ -25,6 +25,7 @@ import numpy as np
 
 from relax.config_loader import ConfigError
 from relax.data.suite import load_env_fn
+from relax.engines.guards import ensure_token
 from relax.engines.types import SamplingParams
 from relax.rollout.engine_pool import EnginePool, LocalEngines
 from relax.rollout.engine_supervisor import EngineLauncher
@@ -159,9 +160,12 @@ class RolloutRole:
                     raise ConfigError(f"rollout.engine_launcher=ray needs a running Ray cluster ({e}); start one "
                                       f"with `ray start --head`, or use engine_launcher=process") from None
             return RayEngineLauncher(self._model_dir, max_engines, num_cpus=r.engine_cpus, num_gpus=r.engine_gpus,
-                                     max_batch_size=slots, seed=self.cfg.seed)
+                                     max_batch_size=slots, seed=self.cfg.seed, weight_store_root=self.cfg.root,
+                                     run_id=self.cfg.run_id, api_token=ensure_token())
+        # the engines inherit this process's token (and its clients send it): only they may change an engine
         return LocalProcessLauncher(self._model_dir, max_engines=max_engines, max_batch_size=slots,
-                                    seed=self.cfg.seed)
+                                    seed=self.cfg.seed, weight_store_root=self.cfg.root, run_id=self.cfg.run_id,
+                                    api_token=ensure_token())
 
     # -- weights ------------------------------------------------------------------------------
     def _newer_weights(self) -> bool:

@@ -45,6 +45,11 @@ def save_tiny_model(folder: Path, seed: int = 0, max_positions: int = 64) -> Pat
     return folder
 
 
+def auth(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Headers with the engines' bearer token (tests/conftest.py sets RELAX_ENGINE_TOKEN)."""
+    return {"Authorization": f"Bearer {os.environ['RELAX_ENGINE_TOKEN']}", **(extra or {})}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 
 import openai
@@ -19,7 +20,7 @@ def client(tmp_path_factory: pytest.TempPathFactory):
     engine.start()
     try:
         with InProcessServer(create_app(engine, str(model_dir), processor=processor)) as srv:
-            yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=30)
+            yield openai.OpenAI(base_url=srv.url + "/v1", api_key=os.environ["RELAX_ENGINE_TOKEN"], max_retries=0, timeout=30)
     finally:
         engine.stop()
 

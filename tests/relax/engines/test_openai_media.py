@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ def client(tmp_path_factory: pytest.TempPathFactory):
     engine.start()
     try:
         with InProcessServer(create_app(engine, str(folder), processor=processor)) as srv:
-            yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60)
+            yield openai.OpenAI(base_url=srv.url + "/v1", api_key=os.environ["RELAX_ENGINE_TOKEN"], max_retries=0, timeout=60)
     finally:
         engine.stop()
 

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from relax.engines.server import build_native_engine, create_app
-from tests.relax.engines.contract import InProcessServer, save_tiny_model
+from tests.relax.engines.contract import InProcessServer, auth, save_tiny_model
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}
 
@@ -67,7 +67,7 @@ BAD = [
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=auth({"Content-Type": "application/json"}))
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.load(r)
@@ -100,7 +100,7 @@ def test_one_bad_request_fails_alone_in_a_batch_of_eight(url):
     alone = [post(url + "/generate", b)[1]["output_ids"] for b in good]
 
     async def burst(bad: dict) -> list[tuple[int, dict]]:
-        async with aiohttp.ClientSession() as s:
+        async with aiohttp.ClientSession(headers=auth()) as s:
             async def one(body: dict) -> tuple[int, dict]:
                 async with s.post(url + "/generate", json=body) as r:
                     return r.status, await r.json()
@@ -112,3 +112,31 @@ def test_one_bad_request_fails_alone_in_a_batch_of_eight(url):
         others = replies[:3] + replies[4:]
         assert [s for s, _ in others] == [200] * 7
         assert [r["output_ids"] for _, r in others] == alone
+
+
+def get(url: str, headers: dict | None = None) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_the_server_is_guarded_and_answers_the_probe_routes(url):
+    # create_app puts the guard in front: no token, no weight update (the served weights stay), no generation
+    status, _ = get(url + "/get_model_info")
+    assert status == 401
+    req = urllib.request.Request(url + "/update_weights_from_disk", data=b'{"model_path": "/tmp"}',
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer wrong"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 401
+    assert get(url + "/health")[0] == 200
+    info = json.loads(get(url + "/get_server_info", auth())[1])
+    assert info["context_length"] == 64 and info["engine"] == "relax-native" and info["weight_version"] != "/tmp"
+    assert json.loads(get(url + "/get_load", auth())[1]) == {"load": 0}
+    assert "version" in json.loads(get(url + "/version", auth())[1])
+    status, tokens = post(url + "/tokenize", {"prompt": "hello world"})
+    assert status == 200 and tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] == 64
+    status, text = get(url + "/metrics", auth())
+    assert status == 200 and "relax_engine_load 0" in text and 'relax_engine_info{model_path=' in text

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from relax.engines.client import EngineClient
-from tests.relax.engines.contract import free_port, run_contract, save_tiny_model, start_subprocess
+from tests.relax.engines.contract import auth, free_port, run_contract, save_tiny_model, start_subprocess
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +37,10 @@ def test_health_generate_flush_and_openapi(server) -> None:
     url, _, _ = server
     with urllib.request.urlopen(url + "/health_generate", timeout=30) as r:
         assert r.status == 200
-    req = urllib.request.Request(url + "/flush_cache", method="POST")
+    req = urllib.request.Request(url + "/flush_cache", method="POST", headers=auth())
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 200
-    with urllib.request.urlopen(url + "/openapi.json", timeout=30) as r:
+    with urllib.request.urlopen(urllib.request.Request(url + "/openapi.json", headers=auth()), timeout=30) as r:
         paths = json.load(r)["paths"]
     assert {"/generate", "/v1/chat/completions", "/update_weights_from_disk", "/abort_request"} <= set(paths)
 
@@ -92,10 +92,10 @@ def test_weight_update_outside_the_allow_list_is_403_and_changes_nothing(server,
     for path in (str(other), f"{root}/runs/other-run/weights/1", f"{root}/runs/run1/weights/../../../../etc",
                  "http://127.0.0.1:9/weights", f"{model_dir}/../{other.name}"):
         req = urllib.request.Request(url + "/update_weights_from_disk", data=json.dumps({"model_path": path}).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers=auth({"Content-Type": "application/json"}))
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=30)
         assert err.value.code == 403, path
         assert "outside what this engine loads from" in json.loads(err.value.read())["message"]
-    with urllib.request.urlopen(url + "/get_model_info", timeout=30) as r:
+    with urllib.request.urlopen(urllib.request.Request(url + "/get_model_info", headers=auth()), timeout=30) as r:
         assert json.load(r)["weight_version"] != "elsewhere"

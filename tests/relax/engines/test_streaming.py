@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from relax.engines.server import build_native_engine, create_app
-from tests.relax.engines.contract import InProcessServer, save_tiny_model
+from tests.relax.engines.contract import InProcessServer, auth, save_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def url(tmp_path_factory: pytest.TempPathFactory):
 
 def post(url: str, body: dict) -> bytes:
     req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers=auth({"Content-Type": "application/json"}))
     with urllib.request.urlopen(req, timeout=60) as r:
         return r.read()
 

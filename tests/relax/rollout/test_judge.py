@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -112,7 +113,7 @@ def test_a_native_engine_serves_as_judge(tmp_path):
     engine.start()
     try:
         with InProcessServer(create_app(engine, str(folder))) as srv:
-            judge = JudgeReward(srv.url + "/v1", max_tokens=4)
+            judge = JudgeReward(srv.url + "/v1", max_tokens=4, api_key=os.environ["RELAX_ENGINE_TOKEN"])
             scored = RewardDispatcher(judge=judge).score_many([("<answer>7</answer>", sample())] * 2)
     finally:
         engine.stop()

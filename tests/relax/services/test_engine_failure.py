@@ -20,6 +20,7 @@ from relax.services.roles.advantage import AdvantageRole
 from relax.services.roles.rollout import RolloutRole
 from relax.services.train import train
 from relax.transfer.errors import QueueTimeout
+from tests.relax.engines.contract import auth
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -32,7 +33,8 @@ def test_killing_an_engine_mid_run_does_not_stop_it(tmp_path):
     model, _ = ctx.build_model()
     model.save_pretrained(tmp_path / "model")
     ctx.tokenizer.save_pretrained(tmp_path / "model")
-    engines = [NativeEngineProcess(tmp_path / "model", max_batch_size=16, log_dir=tmp_path) for _ in range(2)]
+    engines = [NativeEngineProcess(tmp_path / "model", max_batch_size=16, log_dir=tmp_path, weight_store_root=cfg.root,
+                                   run_id=cfg.run_id) for _ in range(2)]
     try:
         for e in engines:
             e.wait_healthy()
@@ -57,7 +59,7 @@ def test_killing_an_engine_mid_run_does_not_stop_it(tmp_path):
 
 
 def _weight_version(url: str) -> str:
-    with urllib.request.urlopen(url + "/get_model_info", timeout=10) as r:
+    with urllib.request.urlopen(urllib.request.Request(url + "/get_model_info", headers=auth()), timeout=10) as r:
         return str(json.load(r)["weight_version"])
 
 

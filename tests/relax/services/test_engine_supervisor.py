@@ -15,7 +15,7 @@ import pytest
 from relax.rollout.remote_engines import RemoteEngines
 from relax.services.launchers.process import LocalProcessLauncher, NativeEngineProcess
 from relax.transfer.weights import WeightStore
-from tests.relax.engines.contract import save_tiny_model
+from tests.relax.engines.contract import auth, save_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ GREEDY = {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}
 
 
 def _version(url: str) -> str:
-    with urllib.request.urlopen(url + "/get_model_info", timeout=10) as r:
+    with urllib.request.urlopen(urllib.request.Request(url + "/get_model_info", headers=auth()), timeout=10) as r:
         return str(json.load(r)["weight_version"])
 
 
@@ -42,8 +42,9 @@ def test_hung_owned_engine_is_replaced_and_restarted_external_engine_comes_back(
     store = WeightStore(str(tmp_path / "store"), "run1", fsync=False)
     state = load_file(str(model_dir / "model.safetensors"))
     store.publish(1, {k: (-v if k == "lm_head.weight" else v) for k, v in state.items()})
-    launcher = LocalProcessLauncher(model_dir, max_engines=1, max_batch_size=4, log_dir=tmp_path)
-    external = NativeEngineProcess(model_dir, max_batch_size=4, log_dir=tmp_path)  # boots beside the owned one
+    served = {"weight_store_root": str(tmp_path / "store"), "run_id": "run1"}  # what they may load weights from
+    launcher = LocalProcessLauncher(model_dir, max_engines=1, max_batch_size=4, log_dir=tmp_path, **served)
+    external = NativeEngineProcess(model_dir, max_batch_size=4, log_dir=tmp_path, **served)  # boots beside the owned one
     owned = launcher.launch(1)
     external.wait_healthy()
     restarted = None
@@ -69,7 +70,7 @@ def test_hung_owned_engine_is_replaced_and_restarted_external_engine_comes_back(
         assert _generate(pool, 2) == ["1", "1"]
         assert not {e["url"]: e for e in pool.engines()}[external.url]["healthy"]
         assert pool.supervise() == {"retired": [], "added": [], "revived": []}  # still down: nothing to do
-        restarted = NativeEngineProcess.start(model_dir, port=external.port, max_batch_size=4, log_dir=tmp_path)
+        restarted = NativeEngineProcess.start(model_dir, port=external.port, max_batch_size=4, log_dir=tmp_path, **served)
         assert _version(restarted.url) == "0"
         assert pool.supervise()["revived"] == [external.url]  # after it loaded version 1
         assert _version(restarted.url) == "1" and pool.replaced == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -51,8 +52,9 @@ def env(tmp_path_factory: pytest.TempPathFactory):
 
     tmp = tmp_path_factory.mktemp("rollout-api")
     model_dir = save_tiny_model(tmp / "model", max_positions=8192)
-    e1 = NativeEngineProcess(model_dir, max_batch_size=4, log_dir=tmp)  # both boot in parallel
-    e2 = NativeEngineProcess(model_dir, max_batch_size=4, log_dir=tmp)
+    served = {"weight_store_root": str(tmp / "store"), "run_id": "run1"}  # what they may load weights from
+    e1 = NativeEngineProcess(model_dir, max_batch_size=4, log_dir=tmp, **served)  # both boot in parallel
+    e2 = NativeEngineProcess(model_dir, max_batch_size=4, log_dir=tmp, **served)
     pool = elastic = None
     try:
         e1.wait_healthy(120)
@@ -62,7 +64,7 @@ def env(tmp_path_factory: pytest.TempPathFactory):
         store.publish(1, {k: (-v if k == "lm_head.weight" else v) for k, v in state.items()})  # flips argmaxes
         pool = RemoteEngines([e1.url])
         pool.load_weights(store, 1)
-        launcher = LocalProcessLauncher(model_dir, max_engines=1, max_batch_size=4, log_dir=tmp)
+        launcher = LocalProcessLauncher(model_dir, max_engines=1, max_batch_size=4, log_dir=tmp, **served)
         elastic = ElasticRollout(pool, store, launcher, drain_timeout_s=120)
         with InProcessServer(create_rollout_app(elastic, TOKEN)) as api:
             yield SimpleNamespace(api=api.url, e1=e1, e2=e2, pool=pool, store=store, launcher=launcher,
@@ -91,7 +93,8 @@ def _set_e2(env, present: bool) -> None:
 
 
 def _greedy(url: str) -> dict[str, Any]:
-    status, out = _http("POST", url + "/generate", {"input_ids": [5, 6, 7], "sampling_params": GREEDY}, token=None)
+    status, out = _http("POST", url + "/generate", {"input_ids": [5, 6, 7], "sampling_params": GREEDY},
+                        token=os.environ["RELAX_ENGINE_TOKEN"])  # engines answer the run's engine token
     assert status == 200, out
     return out
 
@@ -151,7 +154,7 @@ def test_scale_out_by_url_loads_current_weights_and_is_idempotent(env) -> None:
     status, op = _http("POST", env.api + "/rollout/scale_out", body)
     assert status == 200 and op["status"] == "succeeded" and op["engines_added"] == [env.e2.url], op
 
-    _, info = _http("GET", env.e2.url + "/get_model_info", token=None)
+    _, info = _http("GET", env.e2.url + "/get_model_info", token=os.environ["RELAX_ENGINE_TOKEN"])
     assert str(info["weight_version"]) == "1"
     first, second = _greedy(env.e1.url), _greedy(env.e2.url)
     assert first["output_ids"] == second["output_ids"] and second["meta_info"]["weight_version"] == "1"

@@ -14,6 +14,7 @@ import pytest
 
 from relax.services.context import RunContext
 from relax.services.train import train
+from tests.relax.engines.contract import auth
 from tests.relax.services.runtime_helpers import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -21,9 +22,9 @@ TOKEN = "s3rve"
 PORT = 8000  # Serve's proxy port: the session's Serve keeps the port it first started on
 
 
-def get(url: str) -> tuple[int, dict]:
+def get(url: str, headers: dict | None = None) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, {}
@@ -61,7 +62,7 @@ def test_the_rollout_deployment_serves_the_rest_api(tmp_path, ray_session, monke
     assert post(api + "/rollout/scale_out", {"num_replicas": 1}, None)[0] == 401
     code, op = post(api + "/rollout/scale_out", {"num_replicas": 1}, TOKEN)
     assert code == 200 and op["status"] == "succeeded" and len(op["engines_added"]) == 1, op
-    status, info = get(op["engines_added"][0] + "/get_model_info")
+    status, info = get(op["engines_added"][0] + "/get_model_info", auth())  # engines answer only the run's token
     assert status == 200 and int(info["weight_version"]) >= 0  # it loaded the run's weights first
     assert len(get(api + "/rollout/engines")[1]["engines"]) == 2
 
