@@ -55,6 +55,52 @@ def run(layout: str, batch: RolloutBatch, budget: int, cfg: Qwen2Config) -> dict
             "micro_batches": len(mbs)}
 
 
+def run_backend(backend: str, batch: RolloutBatch, budget: int, cfg: Qwen2Config) -> dict:
+    """One packed SFT step of ``backend`` from the same initial weights (megatron: the same model
+    converted into megatron-core's GPTModel, relax.trainers.megatron.policy)."""
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    if backend == "megatron":
+        from relax.trainers.megatron.policy import megatron_policy
+
+        model = megatron_policy(model)
+    trainer = TorchTrainer(model, lr=1e-4, micro_batch_tokens=budget, layout="pack")
+    t0 = time.perf_counter()
+    trainer.step(batch, sft_loss)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "tokens_per_s": sum(batch.lengths) / seconds}
+
+
+def compare_backends(batch: RolloutBatch, budget: int, cfg: Qwen2Config, repeats: int) -> dict | None:
+    """PyTorch vs Megatron-core backend on one batch, interleaved; None without megatron-core."""
+    import importlib.util
+    import warnings
+
+    if importlib.util.find_spec("megatron") is None:
+        return None
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+    runs: dict[str, list[dict]] = {"torch": [], "megatron": []}
+    for backend in runs:  # warm-up
+        run_backend(backend, batch, budget, cfg)
+    for _ in range(repeats):
+        for backend in runs:
+            runs[backend].append(run_backend(backend, batch, budget, cfg))
+    return {k: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in v)} for k, v in runs.items()}
+
+
+def write_backend_table(result: dict, output: Output) -> None:
+    b = result["backends"]
+    rows = ["| backend | real tokens/s | vs torch |", "|---|---|---|"]
+    for name, r in b.items():
+        rows.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / b['torch']['tokens_per_s']:.2f}x |")
+    output.table("trainer-backends", rows,
+                 "## Training backends (`benchmarks/trainer.py`, results/trainer.json)\n\n"
+                 "The same packed batch and model as the packing table (uniform lengths), one SFT step of the "
+                 "PyTorch backend and of `trainer.backend=megatron` (megatron-core's GPTModel, local layer spec, "
+                 "one process), interleaved, median. On 2 CPU cores neither is favoured by fused kernels "
+                 "(megatron's need CUDA); the ratio shows the adapter's overhead, not GPU speed.")
+
+
 def write_table(result: dict, output: Output) -> None:
     rows = ["| lengths | layout | real tokens/s | padding share | micro-batches | speed vs pad |",
             "|---|---|---|---|---|---|"]
@@ -87,17 +133,24 @@ def main() -> None:
         result["distributions"][dist] = {
             k: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in v), "waste": v[0]["waste"],
                 "micro_batches": v[0]["micro_batches"]} for k, v in runs.items()}
+    backends = compare_backends(make_batch(n, longest, 16, cfg.vocab_size, skewed=False), budget, cfg, repeats)
+    if backends is not None:
+        result["backends"] = backends
     result["setup"] = (f"Tiny Qwen2 (hidden 128, 4 layers, vocab 512), {n} samples of 16 prompt + "
                        f"{longest // 4}..{longest} response tokens (uniform, or log-uniform = skewed), token budget "
                        f"{budget} per micro-batch, SFT loss, one full optimizer step, median of {repeats}, 2 CPU cores.")
     output.write_json("trainer", result)
     write_table(result, output)
+    if backends is not None:
+        write_backend_table(result, output)
     uni, skew = result["distributions"]["uniform"], result["distributions"]["skewed"]
     speed = lambda d, k: round(d[k]["tokens_per_s"] / d["pad"]["tokens_per_s"], 3)  # noqa: E731
     summary = {"packing_speedup": speed(uni, "pack"), "packing_speedup_skewed": speed(skew, "pack"),
                "bucket_speedup": speed(uni, "bucket"), "bucket_speedup_skewed": speed(skew, "bucket"),
                "padded_waste": round(uni["pad"]["waste"], 3), "padded_waste_skewed": round(skew["pad"]["waste"], 3),
                "packed_waste": round(uni["pack"]["waste"], 3), "packed_tokens_per_s": round(uni["pack"]["tokens_per_s"])}
+    if backends is not None:
+        summary["megatron_vs_torch"] = round(backends["megatron"]["tokens_per_s"] / backends["torch"]["tokens_per_s"], 3)
     print(json.dumps(summary))
     sys.stdout.flush()
 
