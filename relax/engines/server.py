@@ -29,7 +29,8 @@ from relax.engines.types import EngineError, GenerateRequest, SamplingParams
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "BadRequest" if status < 500 else "InternalServerError", "code": status}}
+    return {"error": {"message": message, "type": "BadRequest" if status < 500 else "InternalServerError",
+                      "param": None, "code": status}}  # OpenAI's error shape
 
 
 def create_app(engine: Any, model_path: str, weight_store_root: str | None = None, run_id: str | None = None,
