@@ -119,30 +119,7 @@ def test_stuck_group_push_on_a_real_batch(tmp_path):
     # a real rollout of the untrained tiny policy (mostly wrong answers), advantages committed by the
     # role with stuck_group_push 0.3: a group of all-equal rewards r < 1 carries -0.3 * (1 - r) on every
     # response token, any other group its GRPO advantage; the metric counts the first kind
-    from relax.services.context import RunContext
-    from relax.services.roles.actor import ActorRole
-    from relax.services.roles.advantage import AdvantageRole
-    from relax.services.roles.rollout import RolloutRole
-    from relax.transfer.consumer import ConsumerGroup
-    from tests.relax.services.runtime_helpers import tiny_config
-
-    ctx = RunContext(tiny_config(f"file://{tmp_path}", "stuck", "algorithm.stuck_group_push=0.3"))
-    ctx.ensure_run()
-    ActorRole(ctx).close()
-    rollout = RolloutRole(ctx)
-    rollout.step(timeout=60)
-    rollout.close()
-    role = AdvantageRole(ctx)
-    try:
-        m = role.step(timeout=60)
-    finally:
-        role.close()
-    check = ConsumerGroup(ctx.queue(), "check", ["reward", "loss_mask", "advantages"],
-                          batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10)
-    try:
-        batch = check.take(0, current_version=0, timeout=30)
-    finally:
-        check.close()
+    m, batch = one_advantage_step(tmp_path, "stuck", "algorithm.stuck_group_push=0.3")
     f = batch.fields
     by_group: dict[str, list[int]] = {}
     for i, g in enumerate(batch.groups):
@@ -196,31 +173,9 @@ def test_the_role_whitens_reinforce_pp_over_the_step(tmp_path, advantage):
     # the library function on the whole batch (REINFORCE++: mean 0, std 1 over the step's trained tokens), and
     # differ from the per-group answer the role gave before; GRPO stays per group
     from relax.algorithms import compute_advantages
-    from relax.services.context import RunContext
-    from relax.services.roles.actor import ActorRole
-    from relax.services.roles.advantage import AdvantageRole
-    from relax.services.roles.rollout import RolloutRole
-    from relax.transfer.consumer import ConsumerGroup
-    from tests.relax.services.runtime_helpers import tiny_config
 
-    ctx = RunContext(tiny_config(f"file://{tmp_path}", "rpp", f"algorithm.advantage={advantage}",
-                                 "data.reward_fn=tests.relax.services.runtime_helpers:length_reward"))
-    ctx.ensure_run()
-    ActorRole(ctx).close()
-    rollout = RolloutRole(ctx)
-    rollout.step(timeout=60)
-    rollout.close()
-    role = AdvantageRole(ctx)
-    try:
-        m = role.step(timeout=60)
-    finally:
-        role.close()
-    check = ConsumerGroup(ctx.queue(), "check", ["reward", "loss_mask", "advantages"],
-                          batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10)
-    try:
-        batch = check.take(0, current_version=0, timeout=30)
-    finally:
-        check.close()
+    m, batch = one_advantage_step(tmp_path, "rpp", f"algorithm.advantage={advantage}",
+                                  "data.reward_fn=tests.relax.services.runtime_helpers:length_reward")
     f = batch.fields
     order = sorted(range(len(batch)), key=lambda i: (batch.groups[i], i))  # contiguous groups of 4
     rewards = torch.tensor([float(f["reward"][i]) for i in order])
@@ -242,3 +197,32 @@ def test_the_role_whitens_reinforce_pp_over_the_step(tmp_path, advantage):
     else:
         assert m["adv_mean"] == pytest.approx(0.0, abs=1e-5) and m["adv_std"] == pytest.approx(1.0, abs=1e-4)
         assert (per_group_rows - whole).abs().max() > 1e-3, "per-group whitening would have given the same answer"
+
+
+def one_advantage_step(tmp_path, run_id: str, *overrides: str):
+    """A real rollout step of the untrained tiny policy, then one advantage-role step on it: (the role's
+    metrics, the committed batch with reward, loss_mask and advantages)."""
+    from relax.services.context import RunContext
+    from relax.services.roles.actor import ActorRole
+    from relax.services.roles.advantage import AdvantageRole
+    from relax.services.roles.rollout import RolloutRole
+    from relax.transfer.consumer import ConsumerGroup
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    ctx = RunContext(tiny_config(f"file://{tmp_path}", run_id, *overrides))
+    ctx.ensure_run()
+    ActorRole(ctx).close()
+    rollout = RolloutRole(ctx)
+    rollout.step(timeout=60)
+    rollout.close()
+    role = AdvantageRole(ctx)
+    try:
+        metrics = role.step(timeout=60)
+    finally:
+        role.close()
+    check = ConsumerGroup(ctx.queue(), "check", ["reward", "loss_mask", "advantages"],
+                          batch_groups=ctx.cfg.rollout.prompts_per_step, max_staleness=10)
+    try:
+        return metrics, check.take(0, current_version=0, timeout=30)
+    finally:
+        check.close()
