@@ -3,7 +3,8 @@
 Chat messages (string content, or ``text``/``image_url``/``input_audio`` parts with data: URIs)
 become the tokenizer's chat template with ``<image>``/``<audio>`` placeholders and the decoded
 media; sampling options map onto SGLang's ``sampling_params`` names; completions come back as a
-``chat.completion``. Non-streaming only (``stream: true`` is a 400).
+``chat.completion`` (or, with ``stream: true``, as ``chat.completion.chunk`` events). ``/v1/completions``
+takes a plain prompt (text or token ids) the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from fastapi import Body, FastAPI
 
 from relax.engines.frontend import Frontend, decode_media
+from relax.engines.openai_stream import openai_stream
 from relax.engines.types import EngineError, GenerateRequest, SamplingParams, check_types
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -89,20 +91,10 @@ def chat_prompt(messages: list[dict[str, Any]]) -> tuple[list[dict[str, str]], l
     return msgs, images, audios
 
 
-async def chat_completion(fe: Frontend, body: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI ``/v1/chat/completions`` (non-streaming) on top of the engine."""
-    if body.get("stream"):
-        raise EngineError("stream=true is not supported by this server")
+async def chat_completion(fe: Frontend, body: dict[str, Any]) -> Any:
+    """OpenAI ``/v1/chat/completions`` on top of the engine (``stream: true``: server-sent chunks)."""
     check_chat_request(body)
-    sp: dict[str, Any] = {"n": body.get("n") or 1, "stop": body.get("stop")}
-    for src, dst in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "sampling_seed"),
-                     ("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens")):
-        if body.get(src) is not None:
-            sp[dst] = body[src]
-    # types under the caller's names (max_tokens, not the max_new_tokens it maps to)
-    check_types(body, "request", ints=("max_tokens", "max_completion_tokens", "top_k", "seed", "n"),
-                floats=("temperature", "top_p"))
-    params = SamplingParams.from_json(sp)
+    params, explicit = sampling_of(body)
     msgs, images, audios = chat_prompt(body["messages"])
 
     def tokenize() -> tuple[list[int], dict | None]:  # off the event loop: a long prompt must not stall /health
@@ -110,8 +102,10 @@ async def chat_completion(fe: Frontend, body: dict[str, Any]) -> dict[str, Any]:
         return fe.tokenize(text, images, audios)
 
     ids, mm = await asyncio.to_thread(tokenize)
-    fe.check_length(len(ids), params, explicit="max_new_tokens" in sp)
+    fe.check_length(len(ids), params, explicit=explicit)
     req = GenerateRequest(rid=f"chatcmpl-{uuid.uuid4().hex}", input_ids=ids, params=params, mm_inputs=mm)
+    if body.get("stream"):
+        return openai_stream(fe, req, "chat.completion.chunk", body)
     completions = await fe.run(req)
     choices = []
     for c in completions:
@@ -130,12 +124,68 @@ async def chat_completion(fe: Frontend, body: dict[str, Any]) -> dict[str, Any]:
                                           "total_tokens": len(ids) + done}}
 
 
+def sampling_of(body: dict[str, Any]) -> tuple[SamplingParams, bool]:
+    """OpenAI sampling fields -> (SamplingParams, whether max tokens was asked for explicitly)."""
+    sp: dict[str, Any] = {"n": body.get("n") or 1, "stop": body.get("stop")}
+    for src, dst in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "sampling_seed"),
+                     ("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens")):
+        if body.get(src) is not None:
+            sp[dst] = body[src]
+    # types under the caller's names (max_tokens, not the max_new_tokens it maps to)
+    check_types(body, "request", ints=("max_tokens", "max_completion_tokens", "top_k", "seed", "n"),
+                floats=("temperature", "top_p"))
+    return SamplingParams.from_json(sp), "max_new_tokens" in sp
+
+
+async def text_completion(fe: Frontend, body: dict[str, Any]) -> Any:
+    """OpenAI ``/v1/completions``: one prompt (a string or token ids), no chat template."""
+    for name, neutral in NEUTRAL.items():
+        if name in body and body[name] not in neutral:
+            raise EngineError(f"{name}={body[name]!r} is not supported by this server (only its neutral value)")
+    prompt = body.get("prompt")
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, 0) and not (isinstance(logprobs, int) and not isinstance(logprobs, bool)):
+        raise EngineError(f"logprobs must be an integer, got {logprobs!r}")
+    if logprobs:
+        raise EngineError(f"logprobs={logprobs}: top alternatives are not supported (0 gives the sampled tokens')")
+    params, explicit = sampling_of(body)
+    if isinstance(prompt, str) and prompt:
+        ids = await asyncio.to_thread(lambda: list(fe.tokenizer.encode(prompt, add_special_tokens=False)))
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        fe.check_ids(prompt, "prompt")
+        ids = list(prompt)
+    else:
+        raise EngineError("prompt must be a non-empty string or a list of token ids (one prompt per request)")
+    fe.check_length(len(ids), params, explicit=explicit)
+    req = GenerateRequest(rid=f"cmpl-{uuid.uuid4().hex}", input_ids=ids, params=params)
+    if body.get("stream"):
+        return openai_stream(fe, req, "text_completion", body)
+    completions = await fe.run(req)
+    choices = []
+    for c in completions:
+        lp = None
+        if logprobs is not None:
+            lp = {"tokens": [fe.tokenizer.decode([t]) for t in c.output_ids], "token_logprobs": [float(x) for x in
+                                                                                               c.logprobs],
+                  "top_logprobs": None, "text_offset": None}
+        choices.append({"index": c.index, "text": fe.decode(c.output_ids, c.finish_reason, True), "logprobs": lp,
+                        "finish_reason": _FINISH.get(c.finish_reason.get("type"), "stop")})
+    done = sum(len(c.output_ids) for c in completions)
+    return {"id": req.rid, "object": "text_completion", "created": int(time.time()), "model": fe.model_path,
+            "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": done,
+                                          "total_tokens": len(ids) + done}}
+
+
 def add_openai_routes(app: FastAPI, fe: Frontend) -> None:
-    """Register ``POST /v1/chat/completions`` and ``GET /v1/models`` on ``app``."""
+    """Register ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models`` on ``app``."""
 
     @app.post("/v1/chat/completions")
-    async def chat(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    async def chat(body: dict[str, Any] = Body(...)) -> Any:
         return await chat_completion(fe, body)
+
+    @app.post("/v1/completions")
+    async def completions(body: dict[str, Any] = Body(...)) -> Any:
+        return await text_completion(fe, body)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

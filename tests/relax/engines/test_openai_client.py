@@ -71,3 +71,45 @@ def test_malformed_media_and_long_prompt(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": badwav}])
     with pytest.raises(openai.BadRequestError, match="context length"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello world " * 60}])
+
+
+def test_chat_streaming_pieces_add_up_to_the_reply(client: openai.OpenAI) -> None:
+    # greedy: the streamed deltas of each of n=2 samples concatenate to the non-streaming text, the first delta
+    # names the role, only the last carries a finish_reason; with a stop string, nothing of it is streamed
+    msgs = [{"role": "user", "content": "the quick brown fox"}]
+    full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0.0, n=2)
+    text = full.choices[0].message.content
+    stops = [None] + ([text[2:4]] if len(text) >= 4 and text[2:4].strip() else [])
+    for stop in stops:
+        expected = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0.0, n=2,
+                                                  stop=stop)
+        pieces: dict[int, list[str]] = {0: [], 1: []}
+        finishes: dict[int, list] = {0: [], 1: []}
+        roles = []
+        for chunk in client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0.0, n=2,
+                                                    stop=stop, stream=True):
+            assert chunk.object == "chat.completion.chunk"
+            for ch in chunk.choices:
+                pieces[ch.index].append(ch.delta.content or "")
+                finishes[ch.index].append(ch.finish_reason)
+                roles.append(ch.delta.role)
+        for c in expected.choices:
+            assert "".join(pieces[c.index]) == c.message.content
+            assert finishes[c.index][-1] == c.finish_reason and all(f is None for f in finishes[c.index][:-1])
+        assert roles.count("assistant") == 2
+
+
+def test_text_completions_and_their_stream(client: openai.OpenAI) -> None:
+    r = client.completions.create(model="tiny", prompt="1 + 2 =", max_tokens=5, temperature=0.0, logprobs=0)
+    c = r.choices[0]
+    assert r.object == "text_completion" and isinstance(c.text, str) and r.usage.completion_tokens >= 1
+    assert len(c.logprobs.token_logprobs) == r.usage.completion_tokens and all(x <= 0 for x in c.logprobs.token_logprobs)
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model="tiny", prompt="1 + 2 =", max_tokens=5, temperature=0.0, stream=True))
+    assert streamed == c.text
+    ids = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3, temperature=0.0)
+    assert ids.usage.prompt_tokens == 3
+    with pytest.raises(openai.BadRequestError, match="top alternatives are not supported"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=3)
+    with pytest.raises(openai.BadRequestError, match=r"prompt\[1\] = 99999"):
+        client.completions.create(model="tiny", prompt=[5, 99999], max_tokens=2)

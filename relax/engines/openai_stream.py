@@ -1,0 +1,83 @@
+"""Server-sent events for OpenAI's ``stream: true`` (chat and completions), as the official client reads them.
+
+Each event is ``data: <json>\\n\\n`` with the text *added* since the previous event (``delta.content``
+for chat, ``text`` for completions), ``finish_reason`` null until a sample's last event, and the
+stream ends with ``data: [DONE]``. The pieces concatenate to exactly the non-streaming reply's text:
+a piece that would end inside a multi-byte character (decoded as U+FFFD) is held back until the
+character is complete, the last characters that could still begin a stop string are held back until
+the sample ends, and its last event carries what is left once a matched stop string is cut. Tokens
+reach the event loop from the engine thread through ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from relax.engines.types import GenerateRequest
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def openai_stream(fe: Any, req: GenerateRequest, kind: str, body: dict[str, Any]) -> StreamingResponse:
+    """``kind``: ``chat.completion.chunk`` or ``text_completion``."""
+    return StreamingResponse(_events(fe, req, kind), media_type="text/event-stream")
+
+
+def _chunk(req: GenerateRequest, kind: str, model: str, index: int, piece: str, finish: str | None,
+           first: bool) -> bytes:
+    if kind == "text_completion":
+        choice: dict[str, Any] = {"index": index, "text": piece, "logprobs": None, "finish_reason": finish}
+    else:
+        delta = {"role": "assistant", "content": piece} if first else {"content": piece}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+    body = {"id": req.rid, "object": kind, "created": int(time.time()), "model": model, "choices": [choice]}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _streamable(text: str, stops: list[str], hold: int) -> str:
+    """What of ``text`` may be sent now: up to a stop string it holds (the sample ends there and the reply
+    cuts it), else all but the last ``hold`` characters, which could be the start of one."""
+    found = [text.find(x) for x in stops if x and x in text]
+    if found:
+        return text[:min(found)]
+    return text[:len(text) - hold] if hold else text
+
+
+async def _events(fe: Any, req: GenerateRequest, kind: str) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    tokens: asyncio.Queue = asyncio.Queue()
+    future = fe.engine.submit(req, lambda i, t, lp: loop.call_soon_threadsafe(tokens.put_nowait, (i, t)))
+    done = asyncio.wrap_future(future)
+    n = req.params.n
+    ids: list[list[int]] = [[] for _ in range(n)]
+    sent = [""] * n
+    hold = max((len(x) for x in req.params.stop), default=1) - 1  # a stop string may still be forming
+    fe.inflight.add(req.rid)
+    try:
+        while True:
+            getter = asyncio.ensure_future(tokens.get())
+            finished, _ = await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in finished:
+                getter.cancel()
+                break
+            i, token = getter.result()
+            ids[i].append(token)
+            text = _streamable(fe.tokenizer.decode(ids[i], skip_special_tokens=True), req.params.stop, hold)
+            if text.endswith("\ufffd") or not text.startswith(sent[i]) or len(text) <= len(sent[i]):
+                continue  # an incomplete character, or nothing new yet
+            piece, sent[i] = text[len(sent[i]):], text
+            yield _chunk(req, kind, fe.model_path, i, piece, None, first=len(piece) == len(text))
+        for c in done.result():
+            final = fe.decode(c.output_ids, c.finish_reason, True)
+            rest = final[len(sent[c.index]):] if final.startswith(sent[c.index]) else ""
+            yield _chunk(req, kind, fe.model_path, c.index, rest, _FINISH.get(c.finish_reason.get("type"), "stop"),
+                         first=not sent[c.index])
+        yield b"data: [DONE]\n\n"
+    finally:
+        fe.inflight.discard(req.rid)
