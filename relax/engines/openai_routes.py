@@ -26,8 +26,7 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 # OpenAI request fields the native engine does not apply: accepted at their neutral value, a 400 naming
 # the field otherwise (silently ignoring logit_bias, a JSON response_format or tools would answer wrongly)
 NEUTRAL = {"logit_bias": (None, {}), "response_format": (None, {"type": "text"}), "tools": (None, []),
-           "tool_choice": (None, "none", "auto"), "top_logprobs": (None, 0), "frequency_penalty": (None, 0, 0.0),
-           "presence_penalty": (None, 0, 0.0), "stream_options": (None,)}
+           "tool_choice": (None, "none", "auto"), "top_logprobs": (None, 0), "stream_options": (None,)}
 
 
 def _check_message(i: int, m: Any) -> None:
@@ -128,12 +127,13 @@ def sampling_of(body: dict[str, Any]) -> tuple[SamplingParams, bool]:
     """OpenAI sampling fields -> (SamplingParams, whether max tokens was asked for explicitly)."""
     sp: dict[str, Any] = {"n": body.get("n") or 1, "stop": body.get("stop")}
     for src, dst in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "sampling_seed"),
-                     ("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens")):
+                     ("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens"),
+                     ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty")):
         if body.get(src) is not None:
             sp[dst] = body[src]
     # types under the caller's names (max_tokens, not the max_new_tokens it maps to)
     check_types(body, "request", ints=("max_tokens", "max_completion_tokens", "top_k", "seed", "n"),
-                floats=("temperature", "top_p"))
+                floats=("temperature", "top_p", "frequency_penalty", "presence_penalty"))
     return SamplingParams.from_json(sp), "max_new_tokens" in sp
 
 

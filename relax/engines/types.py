@@ -12,12 +12,11 @@ from typing import Any
 
 # SGLang sampling_params the native engine does not implement: accepted only at their neutral value
 # (SGLang's own frontend always sends the penalties), any other value is a 400 that names the field
-NEUTRAL: dict[str, Any] = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                           "min_p": 0.0, "min_new_tokens": 0, "regex": None, "json_schema": None, "ebnf": None,
+NEUTRAL: dict[str, Any] = {"min_new_tokens": 0, "regex": None, "json_schema": None, "ebnf": None,
                            "structural_tag": None, "logit_bias": None, "skip_special_tokens": True,
                            "spaces_between_special_tokens": True}
 _INTS = ("max_new_tokens", "top_k", "n", "sampling_seed")
-_FLOATS = ("temperature", "top_p")
+_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 
 def check_types(d: dict[str, Any], where: str = "sampling_params", ints: tuple[str, ...] = _INTS,
@@ -65,6 +64,10 @@ class SamplingParams:
     n: int = 1
     ignore_eos: bool = False
     sampling_seed: int | None = None  # per-request seed: same seed -> same tokens, whatever else is batched
+    min_p: float = 0.0  # keep tokens with p >= min_p * max p (after temperature)
+    repetition_penalty: float = 1.0  # CTRL's, on every token of the prompt and the output
+    frequency_penalty: float = 0.0  # OpenAI's, per occurrence in the output
+    presence_penalty: float = 0.0  # OpenAI's, once per token present in the output
 
     @staticmethod
     def from_json(d: dict[str, Any] | None) -> SamplingParams:
@@ -98,6 +101,17 @@ class SamplingParams:
             raise EngineError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.n < 1:
             raise EngineError(f"n must be >= 1, got {self.n}")
+        if not 0 <= self.min_p <= 1:
+            raise EngineError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise EngineError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise EngineError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+
+    @property
+    def penalised(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
     def greedy(self) -> bool:

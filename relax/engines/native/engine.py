@@ -304,7 +304,7 @@ class NativeEngine:
                 params.append(p.req.params)
                 draws.append(s.uniforms.next())
                 seqs.append(s)
-        tokens, lps = sample(last[rows], params, draws, self.banned)
+        tokens, lps = sample(last[rows], params, draws, self.banned, [(s.pending.req.input_ids, s.out_ids) for s in seqs])
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
         with self._cond:
@@ -315,7 +315,7 @@ class NativeEngine:
         logits = decode_logits(self.model, self.fused, self.cache, [s.out_ids[-1] for s in seqs],
                                [s.last_pos for s in seqs], [s.slot for s in seqs], [s.rope_delta for s in seqs])
         tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
-                             self.banned)
+                             self.banned, [(s.pending.req.input_ids, s.out_ids) for s in seqs])
         for s, t, lp in zip(seqs, tokens, lps, strict=True):
             self._append(s, t, lp)
 

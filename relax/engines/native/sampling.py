@@ -14,44 +14,68 @@ import torch
 from relax.engines.types import SamplingParams
 
 
+def penalise(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """One row's (V,) logits with the penalties applied (a copy).
+
+    Repetition (CTRL, Keskar et al., arXiv:1909.05858, as HF and SGLang apply it): every token seen in
+    the prompt or the output has z / r if z > 0, else z * r. Frequency and presence (OpenAI):
+    z_v -= f * c_v + p * 1[c_v > 0], c_v = occurrences of v in the output."""
+    z = logits.clone()
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long)
+        picked = z[seen]
+        z[seen] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
+    if output and (params.frequency_penalty or params.presence_penalty):
+        counts = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=z.shape[-1]).to(z.dtype)
+        z = z - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(z.dtype)
+    return z
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float],
-           banned: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
+           banned: torch.Tensor | None = None, seen: list[tuple[list[int], list[int]]] | None = None,
+           ) -> tuple[list[int], list[float]]:
     """logits (b, V) float -> (token ids, logprobs) for each row, row i drawn by inverse CDF at
     ``uniforms[i]`` in [0, 1) (its sequence's ``UniformStream.next()``). ``banned`` ids (media
     placeholders: input-only tokens a tiny or early policy could otherwise emit) are never
-    chosen; like top-k/top-p this truncates the sampling distribution, not the logprob."""
+    chosen; like top-k/top-p/min-p and the penalties (:func:`penalise`, on ``seen[i]`` = (prompt,
+    output) token ids) this changes the sampling distribution, not the logprob, which stays the
+    model's: what a trainer recomputes."""
     logits = logits.float()
+    drawn = logits
+    if seen is not None and any(p.penalised for p in params):
+        drawn = torch.stack([penalise(logits[i], p, *seen[i]) if p.penalised else logits[i]
+                             for i, p in enumerate(params)])
     temps, greedy, truncated = [], [], []
     for i, p in enumerate(params):  # one pass: per-row Python work is a visible part of a small step
         g = p.temperature < 1e-6  # SamplingParams.greedy, inlined
         temps.append(1.0 if g else p.temperature)
         greedy.append(g)
-        if not g and (p.top_k > 0 or p.top_p < 1.0):
+        if not g and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0):
             truncated.append(i)
-    if all(t == temps[0] for t in temps):  # the common case: one division by a scalar (same result)
-        scaled = logits / temps[0]
-    else:
-        scaled = logits / torch.tensor(temps, dtype=logits.dtype)[:, None]
-    logp = torch.log_softmax(scaled, dim=-1)
-    probs = logp.exp()
+    temp = temps[0] if all(t == temps[0] for t in temps) else torch.tensor(temps, dtype=logits.dtype)[:, None]
+    logp = torch.log_softmax(logits / temp, dim=-1)  # one scalar division in the common case (same result)
+    probs = logp if drawn is logits else torch.log_softmax(drawn / temp, dim=-1)
+    probs = probs.exp()
     if banned is not None:
         probs[:, banned] = 0.0
-        logits = logits.index_fill(-1, banned, float("-inf"))
+        drawn = drawn.index_fill(-1, banned, float("-inf"))
     for i in truncated:  # truncation only for the rows that ask for it
-        probs[i] = _truncate(probs[i], params[i].top_k, params[i].top_p)
+        probs[i] = _truncate(probs[i], params[i].top_k, params[i].top_p, params[i].min_p)
     # inverse-CDF sampling: one uniform per row, then one vectorised search (a torch.multinomial
     # call per row cost more than the model's step)
     u = torch.tensor(uniforms, dtype=probs.dtype)  # rounds each double as .to() would
     cdf = torch.cumsum(probs, dim=-1)
     chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
     if any(greedy):
-        chosen = torch.where(torch.tensor(greedy), logits.argmax(-1), chosen)
+        chosen = torch.where(torch.tensor(greedy), drawn.argmax(-1), chosen)
     tokens = chosen.tolist()
     lps = logp.gather(-1, chosen[:, None]).squeeze(-1)
     return tokens, lps.tolist()
 
 
-def _truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+def _truncate(probs: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
+    if min_p > 0:  # "min-p sampling" (Nguyen et al., arXiv:2407.01082): relative to the likeliest token
+        probs = torch.where(probs >= min_p * probs.max(), probs, torch.zeros_like(probs))
     if top_k > 0 and top_k < probs.shape[-1]:
         kth = torch.topk(probs, top_k).values[-1]
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))

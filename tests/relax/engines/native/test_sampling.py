@@ -50,3 +50,37 @@ def test_a_uniform_stream_yields_one_draw_per_call_of_its_generator_across_chunk
     assert [stream.next() for _ in range(10)] == [torch.rand((), generator=g, dtype=torch.float64).item()
                                                   for _ in range(10)]
 
+
+
+def test_repetition_frequency_and_presence_penalties_by_hand():
+    # logits [2, -1, 1]; prompt [0], output [1, 1]
+    # repetition r = 2 on seen {0, 1}: 2 / 2 = 1, -1 * 2 = -2, unseen 1 stays -> [1, -2, 1]
+    # frequency 0.5 and presence 0.25 over the output (token 1 twice): -1 - 0.5 * 2 - 0.25 = -2.25 -> [2, -2.25, 1]
+    from relax.engines.native.sampling import penalise
+
+    z = torch.tensor([2.0, -1.0, 1.0])
+    rep = penalise(z, SamplingParams(repetition_penalty=2.0), [0], [1, 1])
+    assert rep.tolist() == [1.0, -2.0, 1.0]
+    freq = penalise(z, SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), [0], [1, 1])
+    assert freq.tolist() == [2.0, -2.25, 1.0]
+    assert z.tolist() == [2.0, -1.0, 1.0]  # a copy: the model's logits are left alone
+
+
+def test_penalties_move_the_draw_not_the_logprob():
+    # logits log [0.2, 0.3, 0.5], u = 0.6 picks id 2 (cdf 0.5 .. 1.0); a presence penalty of ln 5 on id 2, already
+    # in the output, makes the drawn probabilities [0.2, 0.3, 0.1] / 0.6 = [1/3, 1/2, 1/6], cdf [1/3, 5/6, 1]:
+    # u = 0.6 now falls on id 1, whose logprob is still the model's log 0.3
+    logits = torch.tensor([[0.2, 0.3, 0.5]]).log()
+    p = SamplingParams(temperature=1.0, presence_penalty=math.log(5.0))
+    (tok,), (lp,) = sample(logits, [p], [0.6], seen=[([0], [2])])
+    assert tok == 1 and math.isclose(lp, math.log(0.3), rel_tol=1e-5)
+    (tok,), _ = sample(logits, [SamplingParams(temperature=1.0)], [0.6], seen=[([0], [2])])
+    assert tok == 2  # unpenalised
+
+
+def test_min_p_keeps_tokens_near_the_likeliest():
+    # probs [0.2, 0.3, 0.5], min_p 0.5: keep p >= 0.25 -> [0, 0.3, 0.5] / 0.8 = [0, 0.375, 0.625]; cdf [0, .375, 1]
+    # u = 0.1 falls on id 1 (it would be id 0 without min_p); the logprob stays log 0.3
+    logits = torch.tensor([[0.2, 0.3, 0.5]]).log()
+    (tok,), (lp,) = sample(logits, [SamplingParams(temperature=1.0, min_p=0.5)], [0.1])
+    assert tok == 1 and math.isclose(lp, math.log(0.3), rel_tol=1e-5)
