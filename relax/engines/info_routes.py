@@ -8,6 +8,7 @@ of every worker; Prometheus scrapes ``/metrics``. Nothing here changes the serve
 from __future__ import annotations
 
 import asyncio
+import time
 from importlib import metadata
 from typing import Any
 
@@ -69,8 +70,9 @@ def add_info_routes(app: FastAPI, fe: Frontend) -> None:
         return server_info(fe)
 
     @app.get("/get_load")
-    async def get_load() -> dict[str, Any]:
-        return {"load": load_of(fe)}
+    async def get_load() -> list[dict[str, Any]]:  # SGLang's shape: one entry per data-parallel rank
+        return [{"dp_rank": 0, "num_reqs": load_of(fe), "num_waiting_reqs": 0,
+                 "num_tokens": int(getattr(fe.engine, "tokens_in_use", 0)), "ts_tic": time.perf_counter()}]
 
     @app.get("/version")
     async def version() -> dict[str, Any]:

@@ -60,8 +60,7 @@ class NativeEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch_size: int = 64,
                  max_seq_len: int | None = None, weight_version: str = "0", model_path: str = "", seed: int = 0,
                  background: bool = True):
-        """``background``: run the scheduler in its own thread (started on first use); False means
-        the caller drives it with ``run_until_idle()`` on its own thread."""
+        """``background``: its own scheduler thread (started on first use); False: the caller drives it."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         text = getattr(model.config, "text_config", None) or model.config
@@ -155,12 +154,9 @@ class NativeEngine:
             pass
 
     def run_until_idle(self) -> None:
-        """Drive the scheduler on the calling thread until every submitted request is done.
-
-        For callers that own the compute thread (a colocated rollout, a benchmark): torch's
-        OpenMP pool belongs to the thread that first used it, and a second thread doing
-        torch work beside it measured 2x slower per op on our 2-core machines.
-        """
+        """Drive the scheduler on the calling thread until every submitted request is done. For callers
+        that own the compute thread (a colocated rollout, a benchmark): torch's OpenMP pool belongs to the
+        thread that first used it, and a second thread doing torch work beside it measured 2x slower."""
         if self.background:
             raise RuntimeError("this engine runs its own scheduler thread; build it with background=False "
                                "to drive it with run_until_idle()")
@@ -168,8 +164,7 @@ class NativeEngine:
             pass
 
     def step(self) -> bool:
-        """One scheduler iteration on the calling thread (``background=False``); False when idle.
-        Lets a caller interleave its own checks (new weights to load) with decoding."""
+        """One scheduler iteration on the calling thread, between the caller's own checks; False when idle."""
         return self._step(block=False)
 
     def abort(self, rid: str) -> bool:
@@ -219,6 +214,11 @@ class NativeEngine:
     def load(self) -> int:
         with self._cond:
             return len(self._staged) + len(self._waiting) + len({id(s.pending) for s in self._running})
+
+    @property
+    def tokens_in_use(self) -> int:  # prompt and generated tokens the running sequences hold in the cache
+        with self._cond:
+            return sum(s.last_pos + 1 for s in self._running)
 
     def model_info(self) -> dict[str, Any]:
         text = getattr(self.model.config, "text_config", None) or self.model.config
