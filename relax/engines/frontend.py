@@ -158,6 +158,9 @@ class Frontend:
                 [float(lp), int(t), self.tokenizer.decode([t]) if with_text else None]
                 for lp, t in zip(c.logprobs, c.output_ids, strict=False)
             ]
+            if c.top_logprobs is not None:
+                meta["output_top_logprobs"] = [[[float(lp), int(t), self.tokenizer.decode([t]) if with_text else None]
+                                                for lp, t in row] for row in c.top_logprobs]
         trim = not opts.get("no_stop_trim", False)
         return {"text": self.decode(c.output_ids, c.finish_reason, trim), "output_ids": list(c.output_ids),
                 "meta_info": meta}
@@ -186,9 +189,10 @@ class Frontend:
             if batched and items is not None and len(per) != b:
                 raise EngineError(f"{kind} has {len(per)} entries for a batch of {b}")
             media[kind] = per if items is not None else [[] for _ in range(b)]
+        top = body.get("top_logprobs_num")  # SGLang takes it beside sampling_params, for every prompt
         reqs = []
         for i, p in enumerate(prompts):
-            params = SamplingParams.from_json(sps[i])
+            params = SamplingParams.from_json(sps[i] if top is None else {**(sps[i] or {}), "top_logprobs_num": top})
             imgs = [decode_media(x, "image_data", j) for j, x in enumerate(media["image_data"][i])]
             auds = [decode_media(x, "audio_data", j) for j, x in enumerate(media["audio_data"][i])]
             if isinstance(p, str):  # tokenizing a long prompt must not stall the event loop (and /health)

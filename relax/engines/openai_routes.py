@@ -26,7 +26,7 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 # OpenAI request fields the native engine does not apply: accepted at their neutral value, a 400 naming
 # the field otherwise (silently ignoring logit_bias, a JSON response_format or tools would answer wrongly)
 NEUTRAL = {"logit_bias": (None, {}), "response_format": (None, {"type": "text"}), "tools": (None, []),
-           "tool_choice": (None, "none", "auto"), "top_logprobs": (None, 0), "stream_options": (None,)}
+           "tool_choice": (None, "none", "auto"), "stream_options": (None,)}
 
 
 def _check_message(i: int, m: Any) -> None:
@@ -111,8 +111,10 @@ async def chat_completion(fe: Frontend, body: dict[str, Any]) -> Any:
         logprobs = None
         if body.get("logprobs"):
             toks = [fe.tokenizer.decode([t]) for t in c.output_ids]
-            logprobs = {"content": [{"token": s, "logprob": float(lp), "bytes": list(s.encode()), "top_logprobs": []}
-                                    for s, lp in zip(toks, c.logprobs, strict=False)]}
+            tops = c.top_logprobs or [[] for _ in toks]
+            logprobs = {"content": [{"token": s, "logprob": float(lp), "bytes": list(s.encode()),
+                                     "top_logprobs": [_entry(fe, t, x) for x, t in top]}
+                                    for s, lp, top in zip(toks, c.logprobs, tops, strict=False)]}
         choices.append({"index": c.index, "message": {"role": "assistant",
                                                       "content": fe.decode(c.output_ids, c.finish_reason, True)},
                         "logprobs": logprobs, "finish_reason": _FINISH.get(c.finish_reason.get("type"), "stop"),
@@ -123,16 +125,30 @@ async def chat_completion(fe: Frontend, body: dict[str, Any]) -> Any:
                                           "total_tokens": len(ids) + done}}
 
 
+def _entry(fe: Frontend, token: int, logprob: float) -> dict[str, Any]:
+    text = fe.tokenizer.decode([token])
+    return {"token": text, "logprob": float(logprob), "bytes": list(text.encode())}
+
+
+def _by_text(fe: Frontend, row: list[tuple[float, int]]) -> dict[str, float]:
+    """The legacy API keys top logprobs by token text; tokens that decode alike keep the likelier one."""
+    out: dict[str, float] = {}
+    for logprob, token in row:
+        out.setdefault(fe.tokenizer.decode([token]), float(logprob))
+    return out
+
+
 def sampling_of(body: dict[str, Any]) -> tuple[SamplingParams, bool]:
     """OpenAI sampling fields -> (SamplingParams, whether max tokens was asked for explicitly)."""
     sp: dict[str, Any] = {"n": body.get("n") or 1, "stop": body.get("stop")}
     for src, dst in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "sampling_seed"),
                      ("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens"),
-                     ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty")):
+                     ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty"),
+                     ("top_logprobs", "top_logprobs_num")):
         if body.get(src) is not None:
             sp[dst] = body[src]
     # types under the caller's names (max_tokens, not the max_new_tokens it maps to)
-    check_types(body, "request", ints=("max_tokens", "max_completion_tokens", "top_k", "seed", "n"),
+    check_types(body, "request", ints=("max_tokens", "max_completion_tokens", "top_k", "seed", "n", "top_logprobs"),
                 floats=("temperature", "top_p", "frequency_penalty", "presence_penalty"))
     return SamplingParams.from_json(sp), "max_new_tokens" in sp
 
@@ -146,9 +162,10 @@ async def text_completion(fe: Frontend, body: dict[str, Any]) -> Any:
     logprobs = body.get("logprobs")
     if logprobs not in (None, 0) and not (isinstance(logprobs, int) and not isinstance(logprobs, bool)):
         raise EngineError(f"logprobs must be an integer, got {logprobs!r}")
-    if logprobs:
-        raise EngineError(f"logprobs={logprobs}: top alternatives are not supported (0 gives the sampled tokens')")
+    if logprobs is not None and not 0 <= logprobs <= 20:
+        raise EngineError(f"logprobs must be in [0, 20], got {logprobs}")
     params, explicit = sampling_of(body)
+    params.top_logprobs_num = logprobs or 0
     if isinstance(prompt, str) and prompt:
         ids = await asyncio.to_thread(lambda: list(fe.tokenizer.encode(prompt, add_special_tokens=False)))
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
@@ -165,9 +182,9 @@ async def text_completion(fe: Frontend, body: dict[str, Any]) -> Any:
     for c in completions:
         lp = None
         if logprobs is not None:
-            lp = {"tokens": [fe.tokenizer.decode([t]) for t in c.output_ids], "token_logprobs": [float(x) for x in
-                                                                                               c.logprobs],
-                  "top_logprobs": None, "text_offset": None}
+            tops = None if c.top_logprobs is None else [_by_text(fe, row) for row in c.top_logprobs]
+            lp = {"tokens": [fe.tokenizer.decode([t]) for t in c.output_ids],
+                  "token_logprobs": [float(x) for x in c.logprobs], "top_logprobs": tops, "text_offset": None}
         choices.append({"index": c.index, "text": fe.decode(c.output_ids, c.finish_reason, True), "logprobs": lp,
                         "finish_reason": _FINISH.get(c.finish_reason.get("type"), "stop")})
     done = sum(len(c.output_ids) for c in completions)

@@ -15,7 +15,7 @@ from typing import Any
 NEUTRAL: dict[str, Any] = {"min_new_tokens": 0, "regex": None, "json_schema": None, "ebnf": None,
                            "structural_tag": None, "logit_bias": None, "skip_special_tokens": True,
                            "spaces_between_special_tokens": True}
-_INTS = ("max_new_tokens", "top_k", "n", "sampling_seed")
+_INTS = ("max_new_tokens", "top_k", "n", "sampling_seed", "top_logprobs_num")
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 
@@ -68,6 +68,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # CTRL's, on every token of the prompt and the output
     frequency_penalty: float = 0.0  # OpenAI's, per occurrence in the output
     presence_penalty: float = 0.0  # OpenAI's, once per token present in the output
+    top_logprobs_num: int = 0  # with each sampled token, the k likeliest tokens' logprobs (the model's)
 
     @staticmethod
     def from_json(d: dict[str, Any] | None) -> SamplingParams:
@@ -101,6 +102,8 @@ class SamplingParams:
             raise EngineError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.n < 1:
             raise EngineError(f"n must be >= 1, got {self.n}")
+        if not 0 <= self.top_logprobs_num <= 20:
+            raise EngineError(f"top_logprobs_num must be in [0, 20], got {self.top_logprobs_num}")
         if not 0 <= self.min_p <= 1:
             raise EngineError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
@@ -141,3 +144,4 @@ class Completion:
     finish_reason: dict[str, Any]  # {"type": "stop", "matched": id|str} | {"type": "length", "length": n} | abort
     prompt_tokens: int
     weight_version: str
+    top_logprobs: list[list[tuple[float, int]]] | None = None  # per output token, with top_logprobs_num > 0

@@ -23,7 +23,8 @@ import torch
 from relax.engines.native.forward import decode_logits, prefill_logits
 from relax.engines.native.fused_decode import FusedDecoder
 from relax.engines.native.kv_cache import cache_for
-from relax.engines.native.sampling import UniformStream, sample
+from relax.engines.native.media_tokens import input_only_token_ids
+from relax.engines.native.sampling import UniformStream, sample, top_logprobs
 from relax.engines.types import Completion, EngineError, GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class _Seq:
     uniforms: UniformStream
     out_ids: list[int] = field(default_factory=list)
     out_lps: list[float] = field(default_factory=list)
+    out_top: list[list[tuple[float, int]]] = field(default_factory=list)  # with top_logprobs_num > 0
     finish: dict[str, Any] | None = None
     rope_delta: int = 0  # text rope position minus cache position (multimodal 3-D rope models)
 
@@ -305,8 +307,8 @@ class NativeEngine:
                 draws.append(s.uniforms.next())
                 seqs.append(s)
         tokens, lps = sample(last[rows], params, draws, self.banned, [(s.pending.req.input_ids, s.out_ids) for s in seqs])
-        for s, t, lp in zip(seqs, tokens, lps, strict=True):
-            self._append(s, t, lp)
+        for k, (s, t, lp) in enumerate(zip(seqs, tokens, lps, strict=True)):
+            self._append(s, t, lp, top_logprobs(last[rows[k]], s.pending.req.params))
         with self._cond:
             self._running.extend(s for s in seqs if s.finish is None)
 
@@ -316,12 +318,14 @@ class NativeEngine:
                                [s.last_pos for s in seqs], [s.slot for s in seqs], [s.rope_delta for s in seqs])
         tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
                              self.banned, [(s.pending.req.input_ids, s.out_ids) for s in seqs])
-        for s, t, lp in zip(seqs, tokens, lps, strict=True):
-            self._append(s, t, lp)
+        for k, (s, t, lp) in enumerate(zip(seqs, tokens, lps, strict=True)):
+            self._append(s, t, lp, top_logprobs(logits[k], s.pending.req.params))
 
-    def _append(self, s: _Seq, token: int, logprob: float) -> None:
+    def _append(self, s: _Seq, token: int, logprob: float, top: list[tuple[float, int]] | None = None) -> None:
         s.out_ids.append(token)
         s.out_lps.append(logprob)
+        if top is not None:
+            s.out_top.append(top)
         if s.pending.listener is not None:
             s.pending.listener(s.index, token, logprob)
         params = s.pending.req.params
@@ -354,8 +358,9 @@ class NativeEngine:
                     done.append(p)
             self._cond.notify_all()
         for p in done:
-            p.future.set_result([Completion(p.req.rid, s.index, s.out_ids, s.out_lps, s.finish,
-                                            len(p.req.input_ids), p.version) for s in p.seqs])
+            p.future.set_result([Completion(p.req.rid, s.index, s.out_ids, s.out_lps, s.finish, len(p.req.input_ids),
+                                            p.version, s.out_top if s.pending.req.params.top_logprobs_num else None)
+                                 for s in p.seqs])
 
     def _aborted(self, p: _Pending, index: int) -> Completion:
         return Completion(p.req.rid, index, [], [], {"type": "abort", "message": "aborted by request",
@@ -373,11 +378,6 @@ class NativeEngine:
             self._cond.notify_all()
 
 
-MEDIA_TOKEN_ATTRS = ("image_token_id", "image_token_index", "audio_token_id", "audio_token_index", "video_token_id",
-                     "video_token_index", "vision_start_token_id", "vision_end_token_id", "audio_start_token_id",
-                     "audio_end_token_id")
-
-
 def _same_media_prompts(admitted: list[tuple[_Pending, list[int]]]) -> list[list[tuple[_Pending, list[int]]]]:
     """Media requests grouped by prompt, in arrival order: the same ids with the same media
     tensors (the rollout sends a prompt's n samples as n requests sharing one encoding)."""
@@ -386,14 +386,6 @@ def _same_media_prompts(admitted: list[tuple[_Pending, list[int]]]) -> list[list
         key = (tuple(p.req.input_ids), tuple(sorted((k, id(v)) for k, v in p.req.mm_inputs.items())))
         groups.setdefault(key, []).append((p, slots))
     return list(groups.values())
-
-
-def input_only_token_ids(model: torch.nn.Module) -> torch.Tensor | None:
-    """Media placeholder ids of a multimodal model (None for a text model): a sampled one would
-    ask the model for an image or clip that does not exist, and make the sample untrainable."""
-    cfg = model.config
-    ids = {getattr(cfg, a) for a in MEDIA_TOKEN_ATTRS if isinstance(getattr(cfg, a, None), int)}
-    return torch.tensor(sorted(ids)) if ids else None
 
 
 def _seed_of(rid: str, seed: int) -> int:

@@ -14,6 +14,17 @@ import torch
 from relax.engines.types import SamplingParams
 
 
+def top_logprobs(logits: torch.Tensor, params: SamplingParams) -> list[tuple[float, int]] | None:
+    """The ``params.top_logprobs_num`` likeliest tokens of one (V,) row as (logprob, id), likeliest first:
+    log softmax(logits / T), the distribution the returned logprobs come from; None when not asked."""
+    k = params.top_logprobs_num
+    if not k:
+        return None
+    logp = torch.log_softmax(logits.float() / (1.0 if params.greedy else params.temperature), dim=-1)
+    values, ids = torch.topk(logp, min(k, logp.shape[-1]))
+    return list(zip(values.tolist(), ids.tolist(), strict=True))
+
+
 def penalise(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
     """One row's (V,) logits with the penalties applied (a copy).
 

@@ -109,7 +109,19 @@ def test_text_completions_and_their_stream(client: openai.OpenAI) -> None:
     assert streamed == c.text
     ids = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3, temperature=0.0)
     assert ids.usage.prompt_tokens == 3
-    with pytest.raises(openai.BadRequestError, match="top alternatives are not supported"):
-        client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=3)
+    top = client.completions.create(model="tiny", prompt="1 + 2 =", max_tokens=3, temperature=0.0, logprobs=3)
+    for row, chosen, lp in zip(top.choices[0].logprobs.top_logprobs, top.choices[0].logprobs.tokens,
+                               top.choices[0].logprobs.token_logprobs, strict=True):
+        assert len(row) <= 3 and max(row.values()) == pytest.approx(lp, abs=1e-6) and chosen in row  # greedy
     with pytest.raises(openai.BadRequestError, match=r"prompt\[1\] = 99999"):
         client.completions.create(model="tiny", prompt=[5, 99999], max_tokens=2)
+
+
+def test_chat_top_logprobs(client: openai.OpenAI) -> None:
+    # greedy: each sampled token is its position's likeliest, so it heads its top-3 list, which is sorted
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4,
+                                       temperature=0.0, logprobs=True, top_logprobs=3)
+    for entry in r.choices[0].logprobs.content:
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert entry.top_logprobs[0].token == entry.token and tops[0] == pytest.approx(entry.logprob, abs=1e-6)

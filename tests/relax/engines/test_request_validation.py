@@ -142,3 +142,14 @@ def test_the_server_is_guarded_and_answers_the_probe_routes(url):
     assert status == 200 and tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] == 64
     status, text = get(url + "/metrics", auth())
     assert status == 200 and "relax_engine_load 0" in text and 'relax_engine_info{model_path=' in text
+
+
+def test_generate_returns_top_logprobs_in_sglangs_shape(url):
+    body = {"input_ids": [5, 6, 7], "sampling_params": GREEDY, "return_logprob": True, "top_logprobs_num": 2}
+    status, reply = post(url + "/generate", body)
+    assert status == 200
+    meta = reply["meta_info"]
+    assert len(meta["output_top_logprobs"]) == len(reply["output_ids"]) == 4
+    for (lp, tok, _), row in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True):
+        assert len(row) == 2 and row[0][1] == tok and row[0][0] >= row[1][0]
+        assert row[0][0] == pytest.approx(lp, abs=1e-6)

@@ -84,3 +84,18 @@ def test_min_p_keeps_tokens_near_the_likeliest():
     logits = torch.tensor([[0.2, 0.3, 0.5]]).log()
     (tok,), (lp,) = sample(logits, [SamplingParams(temperature=1.0, min_p=0.5)], [0.1])
     assert tok == 1 and math.isclose(lp, math.log(0.3), rel_tol=1e-5)
+
+
+def test_top_logprobs_by_hand():
+    # logits log [0.2, 0.3, 0.5] at T = 1: the two likeliest are id 2 (log 0.5) then id 1 (log 0.3); at T = 2 the
+    # distribution is softmax(log p / 2) = sqrt(p) / sum sqrt(p): sqrt .5 / (sqrt .2 + sqrt .3 + sqrt .5) = 0.3996
+    from relax.engines.native.sampling import top_logprobs
+
+    z = torch.tensor([0.2, 0.3, 0.5]).log()
+    (lp2, id2), (lp1, id1) = top_logprobs(z, SamplingParams(top_logprobs_num=2))
+    assert (id2, id1) == (2, 1) and math.isclose(lp2, math.log(0.5), rel_tol=1e-5)
+    assert math.isclose(lp1, math.log(0.3), rel_tol=1e-5)
+    ((lp, i),) = top_logprobs(z, SamplingParams(temperature=2.0, top_logprobs_num=1))
+    expected = math.sqrt(0.5) / sum(math.sqrt(p) for p in (0.2, 0.3, 0.5))
+    assert i == 2 and math.isclose(lp, math.log(expected), rel_tol=1e-5)
+    assert top_logprobs(z, SamplingParams()) is None
