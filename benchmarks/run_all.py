@@ -13,7 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 BENCHMARKS = [("bench_data.py", []), ("transfer_queue.py", ["--quick"]), ("snapshot_open.py", ["--quick"]),
               ("trainer.py", ["--quick"]), ("prefix.py", ["--quick"]),
-              ("engine.py", ["--quick"]), ("rollout_media.py", ["--quick"]),
+              ("engine.py", ["--quick"]), ("engine_guard.py", []), ("rollout_media.py", ["--quick"]),
               ("async_vs_sync.py", ["--quick"])]
 
 if __name__ == "__main__":
