@@ -7,7 +7,9 @@ per-request price of validating a /generate request.
    server with the limit raised to 64 MiB (it reads, parses and tokenizes all of it, off the event
    loop, before the context check refuses it). Reported: time to the answer, its status, and /health p50/p95/max while the
    big request was in flight.
-2. **Validation cost.** The checks a /generate request passes before it joins a batch
+2. **The HTTP path** at 64 concurrent clients (256 requests, 16 new tokens), side by side: without a
+   token and with the token check, each plain and streaming (SSE), after one warm-up round.
+3. **Validation cost.** The checks a /generate request passes before it joins a batch
    (``SamplingParams.from_json``, token ids inside the vocabulary, the context budget), timed over
    many calls, against the p50 latency of the same request at 64 concurrent clients: the ratio is
    the share of a request's time that validation takes.
@@ -87,6 +89,38 @@ def huge_body(url: str, megabytes: int = 10) -> dict:
             "health_max_ms": round(health[-1], 2) if health else None, "health_probes": len(health)}
 
 
+async def fire(url: str, requests: int, concurrency: int, new: int, vocab: int, token: str | None,
+               stream: bool) -> dict:
+    """``requests`` /generate calls from ``concurrency`` clients: p50/p95 latency (to the last byte) and tokens/s."""
+    import asyncio
+
+    import aiohttp
+
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    batch = [[(7 * i + j) % vocab for j in range(16 + i % 16)] for i in range(requests)]
+
+    async def one(client, ids):
+        async with sem:
+            t0 = time.perf_counter()
+            body = {"input_ids": ids, "stream": stream, "sampling_params": {
+                "max_new_tokens": new, "temperature": 1.0, "ignore_eos": True}}
+            async with client.post(url + "/generate", json=body) as r:
+                r.raise_for_status()
+                await r.read()
+            latencies.append(time.perf_counter() - t0)
+
+    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=300)) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(client, ids) for ids in batch))
+        wall = time.perf_counter() - t0
+    latencies.sort()
+    return {"p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
+            "p95_ms": round(1000 * latencies[int(len(latencies) * 0.95) - 1], 1),
+            "tokens_per_s": round(requests * new / wall)}
+
+
 class _Engine:  # what Frontend's checks read of an engine
     max_context_length = 512
 
@@ -129,6 +163,23 @@ def main() -> None:
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
+        # the HTTP path at 64 concurrent clients, side by side: no token and with the token check, plain and streaming
+        result["http_c64"] = {}
+        for token in (None, "bench-token"):
+            if token:
+                os.environ["RELAX_ENGINE_TOKEN"] = token  # the server inherits it and checks every request
+            port = 31000 + os.getpid() % 1000 + (1 if token else 0)
+            proc = serve(tmp, port, 8 << 20)
+            try:
+                for stream in (False, True):
+                    asyncio.run(fire(f"http://127.0.0.1:{port}", 64, 64, 16, model.config.vocab_size, token, stream))
+                    key = f"{'token' if token else 'no token'}, {'streaming' if stream else 'plain'}"
+                    result["http_c64"][key] = asyncio.run(fire(f"http://127.0.0.1:{port}", 256, 64, 16,
+                                                               model.config.vocab_size, token, stream))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+            os.environ.pop("RELAX_ENGINE_TOKEN", None)
     check = validation_seconds()
     result["validation_us"] = round(1e6 * check, 2)
     result["validation_share_of_p50"] = round(check / (result["latency_c64"]["p50_ms"] / 1000), 6)
@@ -141,6 +192,10 @@ def main() -> None:
     rows.append(f"| validation of one /generate request | | {result['validation_us']} us | "
                 f"{100 * result['validation_share_of_p50']:.3f} % of the request's p50 at 64 concurrent clients "
                 f"({result['latency_c64']['p50_ms']:.0f} ms) |")
+    rows += ["", "| HTTP /generate, 256 requests from 64 clients, 16 new tokens | p50 | p95 | tokens/s |",
+             "|---|---|---|---|"]
+    for key, r in result["http_c64"].items():
+        rows.append(f"| {key} | {r['p50_ms']} ms | {r['p95_ms']} ms | {r['tokens_per_s']:,} |")
     output.table("engine-guard", rows, "## Engine guard (`benchmarks/engine_guard.py`, results/engine_guard.json)\n\n"
                  "A 10 MB request to the native engine server (tiny model, real subprocess) while /health is polled "
                  "every 20 ms, with the shipped 8 MiB body limit and with it raised to 64 MiB; and the time the "

@@ -56,6 +56,11 @@ def validate_media(images: list[bytes], audios: list[bytes]) -> None:
             raise EngineError(f"audio_data[{i}] is not a decodable WAV file: {e}") from None
 
 
+# /generate fields beside sampling_params that the native engine does not serve: only their defaults pass
+UNSERVED = {"logprob_start_len": (None, -1), "return_hidden_states": (None, False), "input_embeds": (None,),
+            "video_data": (None, []), "lora_path": (None,), "custom_logit_processor": (None,)}
+
+
 def _as_list(x: Any) -> list[Any]:
     return [] if x is None else list(x) if isinstance(x, list) else [x]
 
@@ -168,6 +173,10 @@ class Frontend:
     async def generate(self, body: dict[str, Any]) -> Any:
         """SGLang ``/generate``: a dict for one prompt with n=1, a list for a batch or n>1."""
         t0 = time.perf_counter()
+        for name, defaults in UNSERVED.items():
+            if name in body and body[name] not in defaults:
+                raise EngineError(f"{name}={body[name]!r} is not served by the native engine (prompt logprobs, hidden "
+                                  f"states, embeddings, video and LoRA are not); drop it or use an SGLang server")
         text, ids = body.get("text"), body.get("input_ids")
         if (text is None) == (ids is None):
             raise EngineError("send exactly one of 'text' or 'input_ids'")

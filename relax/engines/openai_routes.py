@@ -26,7 +26,7 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 # OpenAI request fields the native engine does not apply: accepted at their neutral value, a 400 naming
 # the field otherwise (silently ignoring logit_bias, a JSON response_format or tools would answer wrongly)
 NEUTRAL = {"logit_bias": (None, {}), "response_format": (None, {"type": "text"}), "tools": (None, []),
-           "tool_choice": (None, "none", "auto"), "stream_options": (None,)}
+           "tool_choice": (None, "none", "auto"), "stream_options": (None, {}, {"include_usage": False})}
 
 
 def _check_message(i: int, m: Any) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 # SGLang sampling_params the native engine does not implement: accepted only at their neutral value
 # (SGLang's own frontend always sends the penalties), any other value is a 400 that names the field
 NEUTRAL: dict[str, Any] = {"min_new_tokens": 0, "regex": None, "json_schema": None, "ebnf": None,
-                           "structural_tag": None, "logit_bias": None, "skip_special_tokens": True,
-                           "spaces_between_special_tokens": True}
+                           "structural_tag": None, "logit_bias": None, "stop_regex": None, "custom_params": None,
+                           "skip_special_tokens": True, "spaces_between_special_tokens": True}
 _INTS = ("max_new_tokens", "top_k", "n", "sampling_seed", "top_logprobs_num")
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
@@ -106,8 +106,8 @@ class SamplingParams:
             raise EngineError(f"top_logprobs_num must be in [0, 20], got {self.top_logprobs_num}")
         if not 0 <= self.min_p <= 1:
             raise EngineError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise EngineError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise EngineError(f"repetition_penalty must be in (0, 2] (1 = off), got {self.repetition_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise EngineError(f"{name} must be in [-2, 2], got {getattr(self, name)}")

@@ -1,7 +1,7 @@
 """Bad requests get a 400 naming the field, as JSON, and fail alone: the valid requests sent with them in the
 same moment (so batched in the same engine step) answer 200 with the tokens they produce alone.
 
-Against the native server in-process (real uvicorn, real engine on a tiny Qwen2 with a 64-token context)."""
+Against the native server as a real subprocess (``python -m relax.engines.server``, a tiny Qwen2 with a\n64-token context)."""
 
 from __future__ import annotations
 
@@ -13,22 +13,21 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from relax.engines.server import build_native_engine, create_app
-from tests.relax.engines.contract import InProcessServer, auth, save_tiny_model
+from tests.relax.engines.contract import auth, free_port, save_tiny_model, start_subprocess
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = save_tiny_model(Path(tmp_path_factory.mktemp("validate")) / "model")
-    engine, processor = build_native_engine(str(model_dir), max_batch_size=16)
-    engine.start()
-    try:
-        with InProcessServer(create_app(engine, str(model_dir), processor=processor)) as srv:
-            yield srv.url
-    finally:
-        engine.stop()
+    tmp = Path(tmp_path_factory.mktemp("validate"))
+    model_dir = save_tiny_model(tmp / "model")
+    port = free_port()
+    proc, base = start_subprocess(["-m", "relax.engines.server", "--model-path", str(model_dir), "--port", str(port),
+                                   "--max-batch-size", "16"], port, tmp / "server.log")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
 
 
 # each (route, body, words the 400's message must hold)
@@ -44,6 +43,8 @@ BAD = [
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "n": 0}}, ["n must be >= 1"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "regex": "a+"}}, ["regex is not supported"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "min_p": 1.5}}, ["min_p must be in [0, 1]"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": GREEDY, "logprob_start_len": 0},
+     ["logprob_start_len=0 is not served"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "stop_token_ids": [99999]}},
      ["stop_token_ids[0] = 99999"]),
     ("/v1/chat/completions", {"messages": "hello"}, ["messages must be a non-empty list"]),
