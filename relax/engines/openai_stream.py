@@ -11,7 +11,6 @@ reach the event loop from the engine thread through ``call_soon_threadsafe``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from relax.engines.streaming import TokenStream
 from relax.engines.types import GenerateRequest
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -50,34 +50,21 @@ def _streamable(text: str, stops: list[str], hold: int) -> str:
 
 
 async def _events(fe: Any, req: GenerateRequest, kind: str) -> AsyncIterator[bytes]:
-    loop = asyncio.get_running_loop()
-    tokens: asyncio.Queue = asyncio.Queue()
-    future = fe.engine.submit(req, lambda i, t, lp: loop.call_soon_threadsafe(tokens.put_nowait, (i, t)))
-    done = asyncio.wrap_future(future)
     n = req.params.n
     ids: list[list[int]] = [[] for _ in range(n)]
     sent = [""] * n
     hold = max((len(x) for x in req.params.stop), default=1) - 1  # a stop string may still be forming
-    fe.inflight.add(req.rid)
-    try:
-        while True:
-            getter = asyncio.ensure_future(tokens.get())
-            finished, _ = await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
-            if getter not in finished:
-                getter.cancel()
-                break
-            i, token = getter.result()
-            ids[i].append(token)
-            text = _streamable(fe.tokenizer.decode(ids[i], skip_special_tokens=True), req.params.stop, hold)
-            if text.endswith("\ufffd") or not text.startswith(sent[i]) or len(text) <= len(sent[i]):
-                continue  # an incomplete character, or nothing new yet
-            piece, sent[i] = text[len(sent[i]):], text
-            yield _chunk(req, kind, fe.model_path, i, piece, None, first=len(piece) == len(text))
-        for c in done.result():
-            final = fe.decode(c.output_ids, c.finish_reason, True)
-            rest = final[len(sent[c.index]):] if final.startswith(sent[c.index]) else ""
-            yield _chunk(req, kind, fe.model_path, c.index, rest, _FINISH.get(c.finish_reason.get("type"), "stop"),
-                         first=not sent[c.index])
-        yield b"data: [DONE]\n\n"
-    finally:
-        fe.inflight.discard(req.rid)
+    stream = TokenStream(fe, req)
+    async for i, token in stream:
+        ids[i].append(token)
+        text = _streamable(fe.tokenizer.decode(ids[i], skip_special_tokens=True), req.params.stop, hold)
+        if text.endswith("\ufffd") or not text.startswith(sent[i]) or len(text) <= len(sent[i]):
+            continue  # an incomplete character, or nothing new yet
+        piece, sent[i] = text[len(sent[i]):], text
+        yield _chunk(req, kind, fe.model_path, i, piece, None, first=len(piece) == len(text))
+    for c in stream.completions:
+        final = fe.decode(c.output_ids, c.finish_reason, True)
+        rest = final[len(sent[c.index]):] if final.startswith(sent[c.index]) else ""
+        yield _chunk(req, kind, fe.model_path, c.index, rest, _FINISH.get(c.finish_reason.get("type"), "stop"),
+                     first=not sent[c.index])
+    yield b"data: [DONE]\n\n"
