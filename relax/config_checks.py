@@ -149,6 +149,19 @@ def convention_checks(a: Any) -> None:
                               f"remove it or choose one of those")
 
 
+def engine_checks(ro: Any) -> None:
+    """Engine settings that the chosen engine layout would not read are refused, not ignored."""
+    if ro.engine == "native" and ro.num_engines != 1:
+        raise ConfigError(f"rollout.num_engines={ro.num_engines} sizes SGLang servers; native engines are "
+                          f"rollout.engine_processes (0 = one inside the rollout): set that instead")
+    if ro.engine_launcher == "ray" and ro.engine_processes == 0:
+        raise ConfigError("rollout.engine_launcher=ray places engine processes, and rollout.engine_processes=0 runs "
+                          "the engine inside the rollout: set engine_processes >= 1 or engine_launcher=process")
+    if ro.engine_launcher == "process" and (ro.engine_cpus != 1.0 or ro.engine_gpus != 0.0):
+        raise ConfigError("rollout.engine_cpus and engine_gpus are what each Ray engine actor holds: they need "
+                          "rollout.engine_launcher=ray (child processes take what the host has)")
+
+
 def cross_checks(cfg: Any) -> None:
     if not SAFE_NAME.fullmatch(cfg.run_id):
         raise ConfigError(f"run_id = {cfg.run_id!r} becomes a folder under <root>/runs/: use a name without '/' of "
@@ -213,6 +226,7 @@ def cross_checks(cfg: Any) -> None:
                               f"as it generates (to filter groups, from the env) or the critic's stage expects them; "
                               f"turn those off or set data.reward_role=false")
     ro = cfg.rollout
+    engine_checks(ro)
     if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
         raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "
                           f"({ro.engine_processes}); raise it, or 0 to cap at engine_processes")

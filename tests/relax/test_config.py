@@ -280,3 +280,15 @@ def test_run_id_is_a_safe_folder_name(run_id):
 def test_an_option_the_algorithm_would_not_read_is_refused(overrides, name):
     with pytest.raises(ConfigError, match=rf"algorithm\.{name}=\S+ is read only with"):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    (["rollout.num_engines=2"], "rollout.num_engines=2 sizes SGLang servers"),
+    (["rollout.engine_launcher=ray"], "engine_launcher=ray places engine processes"),
+    (["rollout.engine_gpus=1"], "need rollout.engine_launcher=ray"),
+])
+def test_engine_settings_the_layout_would_ignore_are_refused(overrides, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load_config(None, overrides)
+    ok = load_config(None, ["rollout.engine_processes=1", "rollout.engine_launcher=ray", "rollout.engine_gpus=1"])
+    assert ok.rollout.engine_gpus == 1.0
