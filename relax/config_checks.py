@@ -142,6 +142,16 @@ def convention_checks(a: Any) -> None:
          a.loss_agg == "seq-mean-token-sum-norm"),
         (a.overlong_penalty != 1.0, "overlong_penalty", a.overlong_penalty, "overlong_buffer > 0",
          a.overlong_buffer > 0),
+        (a.kl_estimator != "k3", "kl_estimator", a.kl_estimator, "kl_coef > 0", a.kl_coef > 0),
+        (a.kl_clamp > 0, "kl_clamp", a.kl_clamp, "kl_coef > 0", a.kl_coef > 0),
+        (a.kl_in_reward, "kl_in_reward", a.kl_in_reward, "kl_coef > 0", a.kl_coef > 0),
+        (a.dual_clip_c != 3.0, "dual_clip_c", a.dual_clip_c, "policy_loss dual_clip", a.policy_loss == "dual_clip"),
+        (a.is_cap != 2.0, "is_cap", a.is_cap, "off_policy decoupled, tis or icepop",
+         a.off_policy in ("decoupled", "tis", "icepop")),
+        (a.gamma != 1.0, "gamma", a.gamma, "advantage gae, reinforce_pp or reinforce_pp_baseline",
+         a.advantage in ("gae", "reinforce_pp", "reinforce_pp_baseline")),
+        (a.lam != 0.95, "lam", a.lam, "advantage gae", a.advantage == "gae"),
+        (a.value_clip != 0.2, "value_clip", a.value_clip, "advantage gae (the critic)", a.advantage == "gae"),
     ]
     for set_, name, value, needs, used in unused:
         if set_ and not used:

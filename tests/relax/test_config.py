@@ -276,6 +276,14 @@ def test_run_id_is_a_safe_folder_name(run_id):
     (["algorithm.gspo_clamp=10"], "gspo_clamp"),
     (["algorithm.loss_agg_norm=8"], "loss_agg_norm"),
     (["algorithm.overlong_penalty=0.5"], "overlong_penalty"),
+    (["algorithm.kl_estimator=k1"], "kl_estimator"),  # kl_coef is 0 by default: no KL is computed
+    (["algorithm.kl_clamp=10"], "kl_clamp"),
+    (["algorithm.kl_in_reward=true"], "kl_in_reward"),
+    (["algorithm.dual_clip_c=5"], "dual_clip_c"),
+    (["algorithm.off_policy=none", "algorithm.is_cap=5"], "is_cap"),
+    (["algorithm.gamma=0.9"], "gamma"),
+    (["algorithm.lam=1.0"], "lam"),
+    (["algorithm.value_clip=0.5"], "value_clip"),
 ])
 def test_an_option_the_algorithm_would_not_read_is_refused(overrides, name):
     with pytest.raises(ConfigError, match=rf"algorithm\.{name}=\S+ is read only with"):

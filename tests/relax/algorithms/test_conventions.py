@@ -105,8 +105,13 @@ def test_the_documented_verl_set_is_a_valid_config_that_computes_verls_grpo():
     overrides = _verl_set()
     assert "algorithm.std_estimator=unbiased" in overrides and "algorithm.off_policy=recompute" in overrides
     a = load_config(None, overrides).algorithm
-    assert (a.std_estimator, a.off_policy, a.policy_loss, a.clip_high, a.kl_clamp) == (
-        "unbiased", "recompute", "dual_clip", 0.2, 10.0)
+    assert (a.std_estimator, a.off_policy, a.policy_loss, a.clip_high) == ("unbiased", "recompute", "dual_clip", 0.2)
+    kl = load_config(None, [*overrides, "algorithm.kl_coef=0.001", "algorithm.kl_estimator=k3",
+                            "algorithm.kl_clamp=10"]).algorithm
+    assert (kl.kl_coef, kl.kl_clamp) == (0.001, 10.0)
+    ppo = load_config(None, [*overrides, "algorithm.advantage=gae", "model.value_head=true", "algorithm.lam=1.0",
+                             "algorithm.value_clip=0.5"]).algorithm
+    assert (ppo.lam, ppo.value_clip) == (1.0, 0.5)
     gspo = load_config(None, [*overrides, "algorithm.policy_loss=gspo_token", "algorithm.gspo_clamp=10"]).algorithm
     assert gspo.gspo_clamp == 10.0
     adv, _ = compute_advantages(a.advantage, torch.tensor([1.0, 0.0, 0.0]), torch.ones(3, 1), group_size=3,
