@@ -12,12 +12,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import time
 import uuid
 from typing import Any
 
 from relax.engines.streaming import stream_response
-from relax.engines.types import Completion, EngineError, GenerateRequest, SamplingParams
+from relax.engines.types import (
+    Completion,
+    EngineError,
+    GenerateRequest,
+    SamplingParams,
+    refuse_unless_neutral,
+)
 from relax.engines.weight_source import check_source, complete_tied, load_weights
 
 
@@ -56,7 +63,8 @@ def validate_media(images: list[bytes], audios: list[bytes]) -> None:
             raise EngineError(f"audio_data[{i}] is not a decodable WAV file: {e}") from None
 
 
-# /generate fields beside sampling_params that the native engine does not serve: only their defaults pass
+# /generate fields beside sampling_params that the native engine does not serve (prompt logprobs, hidden
+# states, embeddings, video, LoRA): only their defaults pass
 UNSERVED = {"logprob_start_len": (None, -1), "return_hidden_states": (None, False), "input_embeds": (None,),
             "video_data": (None, []), "lora_path": (None,), "custom_logit_processor": (None,)}
 
@@ -133,8 +141,8 @@ class Frontend:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
                 raise EngineError(f"{where}[{i}] = {t!r} is not a token id of this model (0 <= id < {vocab})")
 
-    @property
-    def vocab_size(self) -> int | None:
+    @functools.cached_property
+    def vocab_size(self) -> int | None:  # read once: a weight update never changes the vocabulary
         info = getattr(self.engine, "model_info", None)
         return info().get("vocab_size") if callable(info) else None
 
@@ -173,10 +181,7 @@ class Frontend:
     async def generate(self, body: dict[str, Any]) -> Any:
         """SGLang ``/generate``: a dict for one prompt with n=1, a list for a batch or n>1."""
         t0 = time.perf_counter()
-        for name, defaults in UNSERVED.items():
-            if name in body and body[name] not in defaults:
-                raise EngineError(f"{name}={body[name]!r} is not served by the native engine (prompt logprobs, hidden "
-                                  f"states, embeddings, video and LoRA are not); drop it or use an SGLang server")
+        refuse_unless_neutral(body, UNSERVED)
         text, ids = body.get("text"), body.get("input_ids")
         if (text is None) == (ids is None):
             raise EngineError("send exactly one of 'text' or 'input_ids'")

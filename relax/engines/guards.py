@@ -62,12 +62,12 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
-        denied = self._denied(path, dict(scope.get("headers") or []))
+        path, headers = scope.get("path", ""), dict(scope.get("headers") or [])
+        denied = self._denied(path, headers)
         if denied is not None:
             await _reply(send, *denied)
             return
-        length = dict(scope.get("headers") or []).get(b"content-length")
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             await _reply(send, 413, self._too_large())
             return

@@ -18,7 +18,13 @@ from fastapi import Body, FastAPI
 
 from relax.engines.frontend import Frontend, decode_media
 from relax.engines.openai_stream import openai_stream
-from relax.engines.types import EngineError, GenerateRequest, SamplingParams, check_types
+from relax.engines.types import (
+    EngineError,
+    GenerateRequest,
+    SamplingParams,
+    check_types,
+    refuse_unless_neutral,
+)
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -53,10 +59,7 @@ def check_chat_request(body: dict[str, Any]) -> None:
         raise EngineError("messages must be a non-empty list of message objects")
     for i, m in enumerate(messages):
         _check_message(i, m)
-    for name, neutral in NEUTRAL.items():
-        if name in body and body[name] not in neutral:
-            raise EngineError(f"{name}={body[name]!r} is not supported by this server (only its neutral value); "
-                              f"drop it")
+    refuse_unless_neutral(body, NEUTRAL)
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise EngineError(f"n must be an integer >= 1, got {n!r}")
@@ -119,10 +122,15 @@ async def chat_completion(fe: Frontend, body: dict[str, Any]) -> Any:
                                                       "content": fe.decode(c.output_ids, c.finish_reason, True)},
                         "logprobs": logprobs, "finish_reason": _FINISH.get(c.finish_reason.get("type"), "stop"),
                         "matched_stop": c.finish_reason.get("matched")})
-    done = sum(len(c.output_ids) for c in completions)
-    return {"id": req.rid, "object": "chat.completion", "created": int(time.time()), "model": fe.model_path,
-            "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": done,
-                                          "total_tokens": len(ids) + done}}
+    return _reply(fe, req, "chat.completion", choices, completions)
+
+
+def _reply(fe: Frontend, req: GenerateRequest, kind: str, choices: list[dict[str, Any]],
+           completions: list[Any]) -> dict[str, Any]:
+    """A non-streaming OpenAI reply of ``kind`` (``chat.completion`` or ``text_completion``) with its usage."""
+    done, prompt = sum(len(c.output_ids) for c in completions), len(req.input_ids)
+    return {"id": req.rid, "object": kind, "created": int(time.time()), "model": fe.model_path, "choices": choices,
+            "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}}
 
 
 def _entry(fe: Frontend, token: int, logprob: float) -> dict[str, Any]:
@@ -155,9 +163,7 @@ def sampling_of(body: dict[str, Any]) -> tuple[SamplingParams, bool]:
 
 async def text_completion(fe: Frontend, body: dict[str, Any]) -> Any:
     """OpenAI ``/v1/completions``: one prompt (a string or token ids), no chat template."""
-    for name, neutral in NEUTRAL.items():
-        if name in body and body[name] not in neutral:
-            raise EngineError(f"{name}={body[name]!r} is not supported by this server (only its neutral value)")
+    refuse_unless_neutral(body, NEUTRAL)
     prompt = body.get("prompt")
     logprobs = body.get("logprobs")
     if logprobs not in (None, 0) and not (isinstance(logprobs, int) and not isinstance(logprobs, bool)):
@@ -187,10 +193,7 @@ async def text_completion(fe: Frontend, body: dict[str, Any]) -> Any:
                   "token_logprobs": [float(x) for x in c.logprobs], "top_logprobs": tops, "text_offset": None}
         choices.append({"index": c.index, "text": fe.decode(c.output_ids, c.finish_reason, True), "logprobs": lp,
                         "finish_reason": _FINISH.get(c.finish_reason.get("type"), "stop")})
-    done = sum(len(c.output_ids) for c in completions)
-    return {"id": req.rid, "object": "text_completion", "created": int(time.time()), "model": fe.model_path,
-            "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": done,
-                                          "total_tokens": len(ids) + done}}
+    return _reply(fe, req, "text_completion", choices, completions)
 
 
 def add_openai_routes(app: FastAPI, fe: Frontend) -> None:

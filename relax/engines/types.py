@@ -10,11 +10,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-# SGLang sampling_params the native engine does not implement: accepted only at their neutral value
-# (SGLang's own frontend always sends the penalties), any other value is a 400 that names the field
-NEUTRAL: dict[str, Any] = {"min_new_tokens": 0, "regex": None, "json_schema": None, "ebnf": None,
-                           "structural_tag": None, "logit_bias": None, "stop_regex": None, "custom_params": None,
-                           "skip_special_tokens": True, "spaces_between_special_tokens": True}
+# SGLang sampling_params the native engine does not implement: accepted only at their neutral values
+NEUTRAL: dict[str, tuple] = {"min_new_tokens": (None, 0), "regex": (None,), "json_schema": (None,), "ebnf": (None,),
+                             "structural_tag": (None,), "logit_bias": (None,), "stop_regex": (None,),
+                             "custom_params": (None,), "skip_special_tokens": (None, True),
+                             "spaces_between_special_tokens": (None, True)}
+
+
+def refuse_unless_neutral(d: dict[str, Any], accepted: dict[str, tuple], where: str = "") -> None:
+    """Fields the native engine does not serve pass only at a value in ``accepted[name]`` (clients send
+    some at their defaults on every call); any other value is a 400 naming the field, since ignoring it
+    would answer something other than what was asked."""
+    for name, ok in accepted.items():
+        if name in d and d[name] not in ok:
+            raise EngineError(f"{where}{name}={d[name]!r} is not supported by the native engine (only "
+                              f"{' or '.join(map(repr, ok))}); drop it or use an SGLang server")
 _INTS = ("max_new_tokens", "top_k", "n", "sampling_seed", "top_logprobs_num")
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
@@ -77,10 +87,9 @@ class SamplingParams:
         d = dict(d or {})
         known = set(SamplingParams.__dataclass_fields__)
         d.pop("no_stop_trim", None)  # a reply option: Frontend reads it from the request
-        for name, neutral in NEUTRAL.items():
-            if name in d and d.pop(name) not in (neutral, None):
-                raise EngineError(f"sampling_params.{name} is not supported by the native engine (only its neutral "
-                                  f"value {neutral!r} is accepted); drop it or use an SGLang server")
+        refuse_unless_neutral(d, NEUTRAL, "sampling_params.")
+        for name in NEUTRAL:
+            d.pop(name, None)
         unknown = sorted(set(d) - known)
         if unknown:
             raise EngineError(f"unknown sampling_params {unknown}; supported: {sorted(known)}")

@@ -16,7 +16,8 @@ from relax.config import DataConfig
 from relax.data.errors import DataError
 from relax.data.readers import read_samples
 from relax.data.sources import snapshot_from_config
-from tests.relax.data.test_snapshot import PNG, png_bytes, wav_bytes
+from tests.media_files import png_bytes, wav_bytes
+from tests.relax.data.test_snapshot import PNG
 
 
 def dataset(folder, images=(), audios=(), files=None) -> DataConfig:
@@ -63,7 +64,8 @@ def test_a_symlink_out_of_the_dataset_folder_is_refused(tmp_path, secret):
     data = dataset(str(tmp_path / "src"), images=["img/link.png"])
     (tmp_path / "src" / "img").mkdir()
     os.symlink(secret, tmp_path / "src" / "img" / "link.png")
-    refused(data, tmp_path / "root", "train.jsonl:2: row 'm0' images[0]", f"resolves to {secret} (links followed)")
+    msg = refused(data, tmp_path / "root", "train.jsonl:2: row 'm0' images[0]")
+    assert f"resolves to {secret} (links followed)" in msg, msg
 
 
 def test_media_inside_the_folder_by_any_spelling_is_read(tmp_path):
@@ -114,7 +116,8 @@ def test_bytes_of_the_wrong_kind_are_refused(tmp_path, kind, blob, found):
     data = dataset(str(tmp_path / "src"), files={"m.bin": blob}, **{kind: ["m.bin"]})
     want = "not an image in a format Relax reads" if kind == "images" else "audio must be a PCM WAV file"
     row = "m0" if kind == "images" else "a0"
-    refused(data, tmp_path / "root", f"train.jsonl:2: row '{row}' {kind}[0]", want, found)
+    msg = refused(data, tmp_path / "root", f"train.jsonl:2: row '{row}' {kind}[0]")
+    assert want in msg and found in msg, msg
 
 
 def png_declaring(width: int, height: int) -> bytes:
@@ -128,7 +131,8 @@ def png_declaring(width: int, height: int) -> bytes:
                                              (20000, "too large to decode")])
 def test_an_image_header_over_the_pixel_limit_is_refused(tmp_path, side, found):
     data = dataset(str(tmp_path / "src"), images=["big.png"], files={"big.png": png_declaring(side, side)})
-    refused(data, tmp_path / "root", "train.jsonl:2: row 'm0' images[0]", found)
+    msg = refused(data, tmp_path / "root", "train.jsonl:2: row 'm0' images[0]")
+    assert found in msg, msg
 
 
 def test_the_pixel_and_duration_limits_are_config_fields(tmp_path):
@@ -144,7 +148,8 @@ def test_the_pixel_and_duration_limits_are_config_fields(tmp_path):
 
 def test_a_truncated_png_is_refused(tmp_path):
     data = dataset(str(tmp_path / "src"), images=["cut.png"], files={"cut.png": png_bytes(64, 64)[:60]})
-    refused(data, tmp_path / "root", "row 'm0' images[0]", "PNG image is corrupt")
+    msg = refused(data, tmp_path / "root", "row 'm0' images[0]")
+    assert "PNG image is corrupt" in msg, msg
 
 
 def test_a_non_utf8_jsonl_line_names_file_and_line(tmp_path):

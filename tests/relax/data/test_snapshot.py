@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import io
 import json
-import wave
 
 import pytest
-from PIL import Image
 
 from relax import objstore
 from relax.config import DataConfig
@@ -16,28 +13,10 @@ from relax.data.readers import write_jsonl
 from relax.data.schema import MediaRef, Message, Sample
 from relax.data.snapshot import Snapshot, list_snapshots, plan_snapshot, write_snapshot
 from relax.data.sources import held_out, snapshot_from_config
+from tests.media_files import png_bytes, wav_bytes
 
-
-def png_bytes(width: int = 2, height: int = 1, colour: tuple = (255, 0, 0)) -> bytes:
-    """A real PNG: snapshots decode every image header."""
-    out = io.BytesIO()
-    Image.new("RGB", (width, height), colour).save(out, format="PNG")
-    return out.getvalue()
-
-
-def wav_bytes(seconds: float = 0.01, rate: int = 16000) -> bytes:
-    """A real 16-bit mono PCM WAV of silence: snapshots read every WAV header."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(bytes(2 * round(seconds * rate)))
-    return out.getvalue()
-
-
-PNG = png_bytes()
-WAV = wav_bytes()
+PNG = png_bytes(2, 1, (255, 0, 0))
+WAV = wav_bytes(0.01, tone=False)
 
 
 def make_dataset(folder, png=PNG, answer="red"):
@@ -79,7 +58,7 @@ def test_id_independent_of_location(tmp_path):
 
 def test_any_change_gives_a_new_id(tmp_path):
     base = snapshot_from_config(make_dataset(str(tmp_path / "a")), str(tmp_path / "r")).id
-    one_byte = png_bytes(colour=(254, 0, 0))  # one channel of the pixels differs by one
+    one_byte = png_bytes(2, 1, colour=(254, 0, 0))  # one channel of the pixels differs by one
     assert snapshot_from_config(make_dataset(str(tmp_path / "b"), png=one_byte), str(tmp_path / "r")).id != base
     assert snapshot_from_config(make_dataset(str(tmp_path / "c"), answer="blue"), str(tmp_path / "r")).id != base
     assert len(list_snapshots(str(tmp_path / "r"))) == 3

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from relax.engines.client import EngineClient, EngineHTTPError
+from tests.media_files import png_bytes, wav_bytes  # noqa: F401 - the engine tests' media
 
 REPO = Path(__file__).resolve().parents[3]
 CORPUS = ["hello world", "the quick brown fox jumps over the lazy dog", "1 + 2 = 3", "<answer>42</answer>",
@@ -104,31 +105,6 @@ class InProcessServer:
     def __exit__(self, *exc: Any) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-
-
-def png_bytes(size: int = 8) -> bytes:
-    import io
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (size, size), (200, 30, 30)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def wav_bytes(seconds: float = 0.1, rate: int = 16000) -> bytes:
-    import io
-    import math
-    import struct
-    import wave
-
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(i / 10))) for i in range(int(seconds * rate))))
-    return buf.getvalue()
 
 
 def data_uri(blob: bytes, mime: str = "image/png") -> str:

@@ -54,18 +54,23 @@ def fast_thread_switches():
     sys.setswitchinterval(before)
 
 
+def served_runs(engine, model_dir, prompts, params, rids, **pool_kwargs) -> list:
+    """Three generate calls of one pool over HTTP to ``engine`` (started here, stopped by the caller)."""
+    with InProcessServer(create_app(engine.start(), str(model_dir))) as srv:
+        remote = RemoteEngines([srv.url], **pool_kwargs)
+        try:
+            return [remote.generate(prompts, params, rids) for _ in range(3)]
+        finally:
+            remote.close()
+
+
 def test_an_http_engine_answers_a_batch_bit_for_bit_like_the_in_process_engine(model_dir, fast_thread_switches):
     prompts, params, rids = _prompts()
     engine, _ = build_native_engine(str(model_dir), max_batch_size=16, seed=SEED)  # its own scheduler thread
     local = LocalEngines(engine.model, engine.tokenizer, max_batch_size=16, max_seq_len=64, seed=SEED)
     try:
         here = local.generate(prompts, params, rids)
-        with InProcessServer(create_app(engine.start(), str(model_dir))) as srv:
-            remote = RemoteEngines([srv.url])
-            try:
-                runs = [remote.generate(prompts, params, rids) for _ in range(3)]
-            finally:
-                remote.close()
+        runs = served_runs(engine, model_dir, prompts, params, rids)
     finally:
         engine.stop()
         local.close()
@@ -128,12 +133,7 @@ def test_a_share_too_large_for_one_body_goes_in_turns_and_still_repeats(model_di
     prompts, params, rids = _prompts()
     engine, _ = build_native_engine(str(model_dir), max_batch_size=16, seed=SEED)
     try:
-        with InProcessServer(create_app(engine.start(), str(model_dir))) as srv:
-            remote = RemoteEngines([srv.url], max_request_bytes=5 * _request_bytes(prompts[-1]))
-            try:
-                runs = [remote.generate(prompts, params, rids) for _ in range(3)]
-            finally:
-                remote.close()
+        runs = served_runs(engine, model_dir, prompts, params, rids, max_request_bytes=5 * _request_bytes(prompts[-1]))
     finally:
         engine.stop()
     first = [(c[0].output_ids, c[0].logprobs) for c in runs[0]]
