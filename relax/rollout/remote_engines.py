@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from relax.engines.client import EngineClient
+from relax.engines.guards import MAX_BODY_BYTES
 from relax.engines.router import Router
 from relax.engines.types import Completion, SamplingParams
 from relax.rollout.engine_supervisor import EngineLauncher, EngineSupervisor, LaunchedEngine
@@ -26,8 +27,8 @@ from relax.transfer.weights import WeightStore
 
 log = logging.getLogger(__name__)
 
-# below an engine server's default body limit (8 MiB, relax.engines.guards), with room for the JSON around
-MAX_REQUEST_BYTES = 6 << 20
+# under an engine server's default body limit, with room for the JSON around the prompts
+MAX_REQUEST_BYTES = MAX_BODY_BYTES * 3 // 4
 
 
 class RemoteEngines:
