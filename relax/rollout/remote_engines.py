@@ -4,7 +4,8 @@ Any number of SGLang-compatible URLs (native servers, real SGLang) behind
 :class:`relax.engines.router.Router`: least-loaded routing, fail-over when an engine dies or
 answers garbage, weight versions loaded into every engine, engines added and removed at
 runtime by the elastic REST API. Engine processes it owns are replaced when they die by its
-:class:`~relax.rollout.engine_supervisor.EngineSupervisor`.
+:class:`~relax.rollout.engine_supervisor.EngineSupervisor`, and while none serves, the pool
+waits for a replacement instead of failing.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import base64
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from relax.engines.client import EngineClient
 from relax.engines.guards import MAX_BODY_BYTES
-from relax.engines.router import Router
+from relax.engines.router import NoEngineAvailable, Router
 from relax.engines.types import Completion, SamplingParams
 from relax.rollout.engine_supervisor import EngineLauncher, EngineSupervisor, LaunchedEngine
 from relax.rollout.prompts import EncodedPrompt
@@ -42,6 +44,13 @@ class RemoteEngines:
     given ``launcher``): :meth:`supervise` runs one pass, and with ``supervise_interval_s > 0``
     a background thread runs one that often. :meth:`generate` sends one batched request per
     engine (split in turns of at most ``max_request_bytes``), so that runs repeat.
+
+    ``timeout_s`` bounds each request to an engine and, in a pool with a launcher, the waits
+    through an outage: when no engine is routable (its only engine died, or every engine failed
+    to load a weight version), :meth:`generate` and :meth:`load_weights` run supervision passes
+    until a replacement serves, for up to ``outage_timeout_s`` per call (checked between
+    passes), then carry on (``engine_outages`` in :meth:`fault_counts`). A pool without a
+    launcher cannot get a replacement and fails at once.
     """
 
     def __init__(self, urls: list[str], timeout_s: float = 120.0, *, owned: list[LaunchedEngine] | None = None,
@@ -56,6 +65,8 @@ class RemoteEngines:
         urls = list(dict.fromkeys([*(u.rstrip("/") for u in urls), *self.owned]))
         self.router: Router = self.run(self._make_router(urls, timeout_s=timeout_s, max_failures=max_failures,
                                                          vocab_size=vocab_size))
+        self.outage_timeout_s = timeout_s
+        self.outages = 0  # times no engine was routable and the pool waited for a replacement
         self.store = store
         self.weight_version = -1
         self.target_version = -1  # the version being loaded: engines added meanwhile load it too
@@ -91,17 +102,37 @@ class RemoteEngines:
         an engine admits a share together, as the in-process engine admits a step's requests, so
         which requests share a batch (and with it the padded shapes, and the last bits of every
         logprob) follows from the call, not from when each request happened to arrive. Sent one
-        by one, that timing made runs with engine processes differ from each other."""
+        by one, that timing made runs with engine processes differ from each other.
+
+        With no engine routable, a pool with a launcher waits for a replacement (see the class)
+        and sends the whole call again with the same rids: the engine seeds each request from its
+        rid, so the retry samples what the lost call would have."""
         if len(prompts) != len(params) or len(prompts) != len(rids):
             raise ValueError(f"{len(prompts)} prompts, {len(params)} sampling params and {len(rids)} rids; "
                              f"pass one of each per prompt")
 
         async def all_of() -> list[list[Completion]]:
-            live = sum(e["healthy"] and e["ready"] and not e["draining"] for e in self.router.engines())
-            shares = _shares(len(prompts), max(1, live))
-            out = await asyncio.gather(*(self._share(prompts[a:b], params[a:b], rids[a:b]) for a, b in shares))
+            shares = _shares(len(prompts), max(1, _routable(self.router.engines())))
+            # every share finishes before an error is raised: a retry must not meet this call's
+            # requests still running under the same rids
+            out = await asyncio.gather(*(self._share(prompts[a:b], params[a:b], rids[a:b]) for a, b in shares),
+                                       return_exceptions=True)
+            for share in out:
+                if isinstance(share, BaseException):
+                    raise share
             return [per_prompt for share in out for per_prompt in share]
-        return self.run(all_of())
+
+        # one budget for the whole call, so an engine that dies on every request ends it
+        deadline = None
+        while True:
+            try:
+                return self.run(all_of())
+            except NoEngineAvailable as e:
+                if self.launcher is None:
+                    raise
+                deadline = deadline or time.monotonic() + self.outage_timeout_s
+                # waited here, off the pool's loop: supervision passes run on that loop
+                self._await_engine(deadline, "requests", {"generate": e})
 
     async def _share(self, prompts: list[EncodedPrompt], params: list[SamplingParams],
                      rids: list[str]) -> list[list[Completion]]:
@@ -136,14 +167,26 @@ class RemoteEngines:
 
     # -- weights -----------------------------------------------------------------------------------
     def load_weights(self, store: WeightStore, version: int) -> None:
+        """Load ``version`` into every engine; one that cannot is taken out of rotation (an owned
+        one is replaced). If none could and the launcher owes replacements, wait for one to serve
+        it (see the class); else raise."""
         self.store = store
-        self.run(self._load_all(store, version))
+        failed = self.run(self._load_all(store, version))
+        if failed is not None:
+            # a replacement loads the target version as it is admitted: the version is retried there
+            self._await_engine(time.monotonic() + self.outage_timeout_s, f"weight version {version}", failed)
+        self.weight_version = version
 
-    async def _load_all(self, store: WeightStore, version: int) -> None:
+    async def _load_all(self, store: WeightStore, version: int) -> dict[str, Any] | None:
+        """The broadcast; returns the errors when no engine loaded ``version`` but replacements are
+        owed (the caller waits for them, off this loop), else None."""
         self.target_version = version  # set before the broadcast snapshots the engines (see admit)
         results = await self.router.broadcast("update_weights_from_disk", store.version_url(version), str(version))
         failed = {u: r for u, r in results.items() if isinstance(r, Exception) or not r.get("success")}
-        if len(failed) == len(results) and (results or not self.supervisor.vacancies):
+        none_loaded = len(failed) == len(results)
+        owed = self.supervisor.vacancies + sum(url in self.owned for url in failed)
+        wait = none_loaded and self.launcher is not None and owed > 0
+        if none_loaded and not wait and (results or not self.supervisor.vacancies):
             raise RuntimeError(f"no engine could load weight version {version}: {failed or 'the pool has no engines'}")
         for url, why in failed.items():
             # an engine that cannot take the new weights would serve stale ones: take it out of rotation
@@ -156,7 +199,29 @@ class RemoteEngines:
                 except KeyError:
                     continue  # a supervision pass on the other thread took it out meanwhile
                 self.removed.append(url)
-        self.weight_version = version
+        return failed if wait else None
+
+    def _await_engine(self, deadline: float, what: str, errors: dict[str, Any]) -> None:
+        """Supervision passes until an engine is routable (each admitted one serves the target
+        version); NoEngineAvailable once ``deadline`` passed without one."""
+        self.outages += 1
+        start = time.monotonic()
+        log.warning("no engine serving %s; waiting up to %.0f s for a replacement (%s)", what,
+                    max(0.0, deadline - start), errors)
+        while not _routable(self.engines()):
+            if time.monotonic() >= deadline:
+                raise NoEngineAvailable(
+                    f"no engine serves {what}: none came up within {time.monotonic() - start:.0f} s of waiting "
+                    f"(rollout.engine_timeout_s={self.outage_timeout_s:g}); errors: {errors}. Raise "
+                    f"rollout.engine_timeout_s if engines take longer to start, or read the engine logs "
+                    f"(runs/<run id>/logs/engines/ on a local root) for why they died or could not load weights")
+            try:
+                self.supervise()
+            except Exception as e:  # reported if the wait fails; the next pass retries
+                errors["supervision"] = e
+                log.warning("engine supervision pass failed (%s); retrying", e)
+            if not _routable(self.engines()):
+                time.sleep(0.5)
 
     # -- membership ----------------------------------------------------------------------------------
     def add_engine(self, url: str, store: WeightStore | None = None, process: LaunchedEngine | None = None) -> None:
@@ -222,7 +287,8 @@ class RemoteEngines:
         """Counters for the rollout's metrics (cumulative over the pool's life)."""
         table = self.engines()
         return {"engine_retries": self.router.retries, "engine_unhealthy_marks": self.router.unhealthy_marks,
-                "engines_replaced": self.replaced, "engines_healthy": sum(e["healthy"] and e["ready"] and not e["draining"] for e in table)}
+                "engines_replaced": self.replaced, "engines_healthy": _routable(table),
+                "engine_outages": self.outages}
 
     # -- supervision and shutdown ---------------------------------------------------------------------
     def supervise(self) -> dict[str, list[str]]:
@@ -245,6 +311,11 @@ class RemoteEngines:
             self.run(self.router.close(), timeout=10)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _routable(table: list[dict[str, Any]]) -> int:
+    """Engines of a router table that get requests."""
+    return sum(e["healthy"] and e["ready"] and not e["draining"] for e in table)
 
 
 def _shares(n: int, k: int) -> list[tuple[int, int]]:
