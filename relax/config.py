@@ -141,8 +141,8 @@ class RolloutConfig:
         "environment variable.", range=(0, 65535))
     api_host: str = opt("127.0.0.1", "Address the rollout REST API binds (0.0.0.0 to reach it from other hosts).")
     engine_timeout_s: float = opt(
-        120.0, "A request to an HTTP engine that takes longer fails on that engine (a fault, counted like a "
-        "malformed answer) and is re-sent to another engine.", range=(0.1, 86400.0))
+        120.0, "A request to an HTTP engine that takes longer fails on that engine and is re-sent to another; "
+        "also how long the rollout waits for a replacement engine while none serves.", range=(0.1, 86400.0))
     engine_max_failures: int = opt(
         3, "Consecutive faulty answers (malformed, timed out, HTTP 5xx) after which an HTTP engine is taken out "
         "of rotation; a good answer resets the count. An unreachable engine is taken out at once.",
@@ -325,6 +325,24 @@ class ResourcesConfig:
 
 
 @dataclass
+class SupervisorConfig:
+    """How the controller heals a run (docs/runtime.md, "Self-healing"): a role that dies is restarted
+    with backoff and resumes from the queue and its checkpoint; a fault that repeats stops the run."""
+
+    max_restarts: int = opt(
+        3, "Restarts of one role within restart_window_s after which the run stops with that role's error; "
+        "0 = never restart (any role failure stops the run).", range=(0, 10_000))
+    restart_window_s: float = opt(600.0, "Seconds over which a role's restarts are counted against max_restarts.",
+                                  range=(1.0, 10_000_000.0))
+    backoff_s: float = opt(1.0, "Delay before a role's first restart in the window; each further restart "
+                           "doubles it, up to backoff_max_s.", range=(0.0, 3600.0))
+    backoff_max_s: float = opt(30.0, "Longest delay before a restart.", range=(0.0, 86400.0))
+    log_max_mb: float = opt(64.0, "A role's log file (runs/<id>/logs/<role>/<attempt>.log) rotates past this "
+                            "size.", range=(0.01, 1_000_000.0))
+    log_backups: int = opt(2, "Rotated files kept per attempt (<attempt>.log.1 is the newest).", range=(0, 100))
+
+
+@dataclass
 class RelaxConfig:
     """The whole run. ``relax config show`` prints it; docs/configuration.md lists every field."""
 
@@ -341,6 +359,7 @@ class RelaxConfig:
     trainer: TrainerConfig = section(TrainerConfig, "Optimisation and checkpoints.")
     queue: QueueConfig = section(QueueConfig, "TransferQueue.")
     resources: ResourcesConfig = section(ResourcesConfig, "Cluster resources.")
+    supervisor: SupervisorConfig = section(SupervisorConfig, "Role restarts and role logs.")
 
     @classmethod
     def from_json(cls, text: str) -> RelaxConfig:

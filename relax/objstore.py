@@ -42,6 +42,12 @@ def absolute_url(url: str) -> str:
     return fs.unstrip_protocol(path)
 
 
+def local_path(url: str) -> str | None:
+    """The local path of a ``file://`` (or plain path) URL; None for a remote one."""
+    fs, path = open_fs(url)
+    return os.path.abspath(path) if _is_local(fs) else None
+
+
 def join(url: str, *parts: str) -> str:
     return posixpath.join(url.rstrip("/"), *parts)
 

@@ -5,14 +5,16 @@ warm-start when ``trainer.sft_steps`` > 0); running the same command again resum
 id, same config). ``--fork`` accepts a changed
 config for an existing run id. ``relax role NAME CONFIG`` is one role's loop (what the
 disaggregated topology starts per process). ``relax status ROOT [RUN]`` shows roles,
-versions, queue depth and staleness from the store alone.
+versions, queue depth, staleness and restarts per role from the store alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+import traceback
 
 from relax import objstore
 from relax.cli.args import config_from_args
@@ -20,6 +22,7 @@ from relax.config_loader import config_from_dict, saved_config
 from relax.services.context import RunContext
 from relax.services.report.metrics import ROLES, read_metrics
 from relax.services.schema import ACTOR_GROUP, ADVANTAGE_GROUP
+from relax.services.supervision import read_restarts
 from relax.transfer.consumer import load_group_state
 
 
@@ -61,9 +64,16 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _role(args: argparse.Namespace) -> int:
+    from relax.faults import ATTEMPT_ENV, set_role_process
+    from relax.services.report.role_logs import write_role_error
     from relax.services.topologies.runner import run_role
 
-    run_role(args.name, config_from_args(args.args))
+    set_role_process()  # an injected fault (RELAX_FAULT) kills this process, as a real crash would
+    try:
+        run_role(args.name, config_from_args(args.args), attempt=int(os.environ.get(ATTEMPT_ENV) or 0))
+    except BaseException:  # the controller quotes this traceback, not the log's last lines
+        write_role_error(traceback.format_exc())
+        raise
     return 0
 
 
@@ -86,11 +96,13 @@ def run_status(root: str, run_id: str) -> dict:
         out[f"{group}_pending"] = len(queue.state.samples) - len(st.consumed.keys() | st.dropped.keys())
         out[f"{group}_dropped"] = len(st.dropped)
     now = time.time()
+    out["restarts"] = restarts = read_restarts(run_url)  # roles the supervisor healed (relax.services.supervision)
     for role in ROLES:
         ms = read_metrics(run_url, role)
         if ms:
             last = ms[-1]
-            out["roles"][role] = {"records": len(ms), "last_seen_s": round(now - last["time"], 1),
+            out["roles"][role] = {"records": len(ms), "restarts": restarts.get(role, 0),
+                                  "last_seen_s": round(now - last["time"], 1),
                                   **{k: last[k] for k in ("step", "batch", "version", "weight_version", "reward",
                                                           "loss", "staleness_max", "samples_per_s") if k in last}}
     return out

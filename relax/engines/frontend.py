@@ -26,6 +26,7 @@ from relax.engines.types import (
     refuse_unless_neutral,
 )
 from relax.engines.weight_source import check_source, complete_tied, load_weights
+from relax.faults import fault_point
 
 
 def decode_media(item: Any, kind: str, index: int) -> bytes:
@@ -244,6 +245,7 @@ class Frontend:
             return 403, {"success": False, "message": str(e), "num_paused_requests": 0}
         try:
             state, version = await asyncio.to_thread(load_weights, path, store_root, run_id)
+            fault_point("engine", "load", int(version) if version.isdigit() else None)
             label = body.get("weight_version")
             # the version the samples will carry is the store's, never a label the caller chose
             if label is not None and str(label) != version:

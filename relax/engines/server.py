@@ -26,6 +26,7 @@ from relax.engines.guards import MAX_BODY_BYTES, Guard, check_bind, token_from_e
 from relax.engines.info_routes import add_info_routes
 from relax.engines.openai_routes import add_openai_routes
 from relax.engines.types import EngineError, GenerateRequest, SamplingParams
+from relax.faults import set_role_process
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get a 413")
     args = ap.parse_args(argv)
     check_bind(args.host, token_from_env())  # before loading anything: no token, no network address
+    set_role_process()  # an injected engine fault (RELAX_FAULT=engine:...) kills this process
     if args.owner_pid:  # first: an owner that dies while the model loads leaves no engine behind
         from relax.engines.owner import watch_owner
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
 from relax import objstore
-from relax.config import RelaxConfig
+from relax.config import RelaxConfig, SupervisorConfig
 from relax.config_loader import ConfigError, config_to_dict, saved_config
 from relax.data.snapshot import Snapshot
 from relax.data.sources import snapshot_from_config
@@ -29,7 +29,9 @@ IMAGE_FAMILIES = ("qwen2_5_vl", "qwen2_5_omni")
 AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
 # fields that may differ between the starts of one run
 # settings a restarted run may change: how long it runs and how it is reached, not what it computes
-RESUMABLE_FIELDS = {"trainer.total_steps", "rollout.api_port", "rollout.api_host", "rollout.max_engine_processes"}
+# how a run is operated, not what it computes: a rerun may change them
+RESUMABLE_FIELDS = {"trainer.total_steps", "rollout.api_port", "rollout.api_host", "rollout.max_engine_processes",
+                    *(f"supervisor.{f.name}" for f in fields(SupervisorConfig))}
 
 
 class RunConfigMismatch(ValueError):

@@ -11,12 +11,14 @@ not its job: ``relax.pipeline`` runs it first and hands its checkpoint in as ``m
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from relax import objstore
 from relax.config import RelaxConfig
 from relax.config_loader import ConfigError
+from relax.faults import FAULT_ENV, parse_faults
 from relax.services.context import RunContext
 from relax.services.report.metrics import export_report, read_all_metrics
 from relax.services.roles.actor import checkpoint_name, list_checkpoints
@@ -52,10 +54,19 @@ def check_warm_started(cfg: RelaxConfig) -> None:
                           f"or set trainer.sft_steps=0 (or model.init_checkpoint to a warm-start)")
 
 
+def check_fault_spec() -> None:
+    """A fault to inject (``RELAX_FAULT``, tests) that does not parse fails here, not in every role."""
+    try:
+        parse_faults(os.environ.get(FAULT_ENV, ""))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine_urls: list[str] | None = None,
           max_steps: int | None = None) -> TrainSummary:
     """Run (or resume) ``cfg``'s run to ``trainer.total_steps``; ``max_steps`` stops early (tests)."""
     check_warm_started(cfg)
+    check_fault_spec()
     ctx = RunContext(cfg)
     ctx.check_trainable(engine_urls)
     ctx.ensure_run(fork)

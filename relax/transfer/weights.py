@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from relax import objstore
+from relax.faults import fault_point
 from relax.transfer.errors import QueueTimeout, StoreError, TransferError
 from relax.transfer.polling import Backoff
 from relax.transfer.writers import WriterLease
@@ -70,6 +71,7 @@ class WeightStore:
             objstore.write_bytes(objstore.join(self.version_url(version), fname), blob, fsync=self.fsync)
             files.append({"name": fname, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob),
                           "tensors": sorted(tensors)})
+        fault_point("actor", "publish", version)  # files written, manifest not: the version does not exist yet
         manifest = {"version": version, "time": time.time(), "files": files, "meta": dict(meta or {})}
         objstore.write_bytes(objstore.join(self.version_url(version), "manifest.json"),
                              json.dumps(manifest, indent=1).encode(), fsync=self.fsync)

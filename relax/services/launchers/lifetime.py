@@ -35,6 +35,8 @@ import json
 import logging
 import os
 import queue
+import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -125,10 +127,16 @@ def record(pid: int, token: str, owner_pid: int, **info: Any) -> Path | None:
              "owner_start": start_time(owner_pid), **info}
     path = folder / f"{pid}-{token}.json"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entry))
-        os.replace(tmp, path)
+        for tries_left in (2, 1, 0):  # forget() of another owner may remove the folder as it empties
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(entry))
+                os.replace(tmp, path)
+                break
+            except FileNotFoundError:
+                if not tries_left:
+                    raise
     except OSError as e:  # the parent-death signal and the watchdog still apply
         log.warning("could not record engine %s in %s (%s); a restart cannot reap it if it outlives its owner",
                     pid, folder, e)
@@ -138,6 +146,39 @@ def record(pid: int, token: str, owner_pid: int, **info: Any) -> Path | None:
 
 def forget(pid: int, token: str) -> None:
     (registry_dir() / f"{pid}-{token}.json").unlink(missing_ok=True)
+    try:  # the last engine gone: no folder left behind in the temp dir
+        registry_dir().rmdir()
+    except OSError:  # not empty (other engines), or gone
+        pass
+
+
+# -- temporary folders that outlive a killed owner -------------------------------------------------
+_OWNED_TMP = re.compile(r"^(relax-[a-z-]+-)(\d+)\.(\d*)-")
+SWEPT_PREFIXES = ("relax-roles-", "relax-engine-model-")
+
+
+def owned_temp_dir(prefix: str) -> str:
+    """``tempfile.mkdtemp`` named for this process (``<prefix><pid>.<start>-XXXX``): its owner
+    removes it on a clean exit, and :func:`sweep_temp_dirs` once the owner is gone (SIGKILLed)."""
+    if prefix not in SWEPT_PREFIXES:
+        raise ValueError(f"temp dir prefix {prefix!r} is not swept; use one of {SWEPT_PREFIXES}")
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.{start_time(os.getpid()) or ''}-")
+
+
+def sweep_temp_dirs() -> list[str]:
+    """Remove the :func:`owned_temp_dir` folders whose owner no longer runs; returns them."""
+    base = tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    for name in names:
+        m = _OWNED_TMP.match(name)
+        if m and m.group(1) in SWEPT_PREFIXES and not is_running(int(m.group(2)), m.group(3)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 def _matches(entry: dict[str, Any]) -> bool:

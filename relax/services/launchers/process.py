@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from relax.engines.guards import TOKEN_ENV
+from relax.faults import ATTEMPT_ENV
 from relax.services.launchers import lifetime
 
 
@@ -68,7 +69,7 @@ class NativeEngineProcess:
     def __init__(self, model_dir: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
                  max_batch_size: int = 16, weight_store_root: str | None = None, run_id: str | None = None,
                  log_dir: str | Path | None = None, seed: int = 0, die_with_parent: bool = True,
-                 num_threads: int | None = None, api_token: str | None = None):
+                 num_threads: int | None = None, api_token: str | None = None, attempt: int = 0):
         self.host = host
         self.port = port or _free_port(host)
         self.num_threads = num_threads or default_num_threads()
@@ -88,6 +89,7 @@ class NativeEngineProcess:
         self.log_path = Path(log.name)
         # torch reads OMP_NUM_THREADS as it loads; the server also sets the count explicitly
         env = {**os.environ, "OMP_NUM_THREADS": str(self.num_threads)}
+        env[ATTEMPT_ENV] = str(attempt)  # replacements count up: an injected engine fault can spare them
         if api_token:  # the engine's bearer token (relax.engines.guards); else whatever this process has
             env[TOKEN_ENV] = api_token
         with log:
@@ -180,6 +182,7 @@ class LocalProcessLauncher:
         self.startup_timeout_s = startup_timeout_s
         self.engine_kwargs = engine_kwargs
         self._engines: list[NativeEngineProcess] = []
+        self._launches = 0  # launch() calls so far: the attempt of the engines the next one starts
         self._lock = threading.Lock()
 
     def running(self) -> list[NativeEngineProcess]:
@@ -197,7 +200,9 @@ class LocalProcessLauncher:
                 raise CapacityError(f"cannot launch {n} native engine(s): {len(self._engines)} of max_engines="
                                     f"{self.max_engines} are running, so {free} more fit; ask for at most {free} "
                                     f"or scale in first")
-            started = [NativeEngineProcess(self.model_dir, **self.engine_kwargs) for _ in range(n)]
+            started = [NativeEngineProcess(self.model_dir, attempt=self._launches, **self.engine_kwargs)
+                       for _ in range(n)]
+            self._launches += 1
             self._engines += started
         try:
             for e in started:

@@ -19,9 +19,11 @@ from typing import Any
 
 from relax import objstore
 from relax.config_loader import config_hash
+from relax.faults import fault_point
 from relax.services.context import RunContext
 from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.schema import ACTOR_GROUP
+from relax.services.supervision import read_restarts
 from relax.trainers.torch.actor import Actor, Reference, kl_loss_term, reference_fields
 from relax.trainers.torch.checkpoint import load_checkpoint, load_newest_good, read_meta
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
@@ -148,6 +150,7 @@ class ActorRole:
         t0 = time.perf_counter()
         s = self.step_index
         batch = self.consumer.take(s, current_version=self.version, timeout=timeout)
+        fault_point("actor", "recorded", s)
         t_data = time.perf_counter()
         rollout_batch = to_rollout_batch(batch, self.media)
         if self.reference is not None and self.cfg.algorithm.kl_topk:
@@ -188,6 +191,7 @@ class ActorRole:
             cfg.run_id, checkpoint_name(step), step, parent, self.ctx.snapshot_info.id, config_hash(cfg),
             code_version(), {"rollouts": manifest}, counts, time.time(),
             {"weight_version": self.version, "checkpoint_url": url,
+             "restarts": read_restarts(self.ctx.run_url),  # roles healed so far (relax.services.supervision)
              **({"init_checkpoint": cfg.model.init_checkpoint} if cfg.model.init_checkpoint else {})}), redo=True)
         self.parent_step = step
         kept = list_checkpoints(self.ctx)[-cfg.queue.keep_checkpoints:]

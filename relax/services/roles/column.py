@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from relax.faults import fault_point
 from relax.services.context import RunContext
 from relax.transfer.consumer import Batch, ConsumerGroup
 from relax.transfer.schema import Field
@@ -27,7 +28,7 @@ class ColumnStage:
         self.consumer = ConsumerGroup(self.queue, group, list(needs), batch_groups=ctx.cfg.rollout.prompts_per_step,
                                       max_staleness=10**9)
         self.producer = self.queue.producer(writer_id, tuple(fields), tokens_field=None)
-        self.marker, self.total = marker, ctx.cfg.trainer.total_steps
+        self.marker, self.total, self.group = marker, ctx.cfg.trainer.total_steps, group
 
     def repair(self, commit: Callable[[Batch], Any]) -> int:
         """Commit again the recorded steps whose column never got committed; returns how many."""
@@ -41,7 +42,9 @@ class ColumnStage:
         return self.consumer.next_step >= self.total
 
     def next_batch(self, timeout: float | None) -> Batch:
-        return self.consumer.take(self.consumer.next_step, current_version=0, timeout=timeout)
+        batch = self.consumer.take(self.consumer.next_step, current_version=0, timeout=timeout)
+        fault_point(self.group, "recorded", batch.step)  # the crash repair() exists for
+        return batch
 
     def close(self) -> None:
         self.consumer.close()

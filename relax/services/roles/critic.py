@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from relax import objstore
+from relax.faults import fault_point
 from relax.models.value_head import ValueHeadModel
 from relax.services.context import RunContext
 from relax.services.roles.advantage import AdvantageRole
@@ -100,6 +101,7 @@ class CriticRole:
         t0 = time.perf_counter()
         s = self.valued
         batch = self.values_group.take(s, current_version=0, timeout=timeout)
+        fault_point("critic", "recorded", s)
         committed = batch.replayed and all("values" in self.queue.state.samples[sid].locs for sid in batch.ids)
         value_mean = float("nan")
         if not committed:  # a replayed step whose values were committed before the restart keeps them

@@ -16,13 +16,14 @@ batch index) is stored in the meta of each commit, so a restarted rollout resume
 
 from __future__ import annotations
 
+import os
 import shutil
-import tempfile
 import time
 from typing import Any
 
 import numpy as np
 
+from relax import objstore
 from relax.config_loader import ConfigError
 from relax.data.suite import load_env_fn
 from relax.engines.guards import ensure_token
@@ -36,7 +37,9 @@ from relax.rollout.rewards import RewardDispatcher, reward_metrics
 from relax.services.api.elastic import ElasticRollout
 from relax.services.api.server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import RunContext
+from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.launchers.process import LocalProcessLauncher
+from relax.services.report.role_logs import logs_url
 from relax.services.roles.media import pack_media
 from relax.services.schema import ACTOR_GROUP, rollout_fields
 from relax.transfer.consumer import GroupView, wait_for_capacity
@@ -133,13 +136,13 @@ class RolloutRole:
     def _owned_engines(self, n: int, slots: int, faults: dict[str, Any]) -> RemoteEngines:
         """Start ``n`` native engine servers on the initial model; the pool owns and supervises them."""
         model, _ = self.ctx.build_model()
-        self._model_dir = tempfile.mkdtemp(prefix="relax-engine-model-")
+        self._model_dir = owned_temp_dir("relax-engine-model-")  # swept by the next run if this process is killed
         model.save_pretrained(self._model_dir)
         self.ctx.tokenizer.save_pretrained(self._model_dir)
         text_cfg = getattr(model.config, "text_config", None) or model.config
         launcher = self._launcher(max(n, self.cfg.rollout.max_engine_processes), slots)
         try:
-            started = launcher.launch(n)  # a startup error quotes the engine log (in the system temp folder)
+            started = launcher.launch(n)  # a startup error quotes the engine log
         except BaseException:
             shutil.rmtree(self._model_dir, ignore_errors=True)
             raise
@@ -162,10 +165,13 @@ class RolloutRole:
             return RayEngineLauncher(self._model_dir, max_engines, num_cpus=r.engine_cpus, num_gpus=r.engine_gpus,
                                      max_batch_size=slots, seed=self.cfg.seed, weight_store_root=self.cfg.root,
                                      run_id=self.cfg.run_id, api_token=ensure_token())
+        # engine logs beside the roles' (runs/<id>/logs/engines/) on a local root; else with the model copy
+        log_dir = objstore.local_path(logs_url(self.ctx.run_url, "engines")) or self._model_dir
+        os.makedirs(log_dir, exist_ok=True)
         # the engines inherit this process's token (and its clients send it): only they may change an engine
         return LocalProcessLauncher(self._model_dir, max_engines=max_engines, max_batch_size=slots,
                                     seed=self.cfg.seed, weight_store_root=self.cfg.root, run_id=self.cfg.run_id,
-                                    api_token=ensure_token())
+                                    api_token=ensure_token(), log_dir=log_dir)
 
     # -- weights ------------------------------------------------------------------------------
     def _newer_weights(self) -> bool:

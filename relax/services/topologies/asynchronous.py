@@ -1,7 +1,9 @@
 """The ``async`` topology: each role is a Ray Serve deployment running its own loop.
 
 A replica starts its role loop in a thread when it is constructed and answers ``status()``
-(steps done, finished, error). Roles talk only through the run root (TransferQueue and
+(steps done, finished, restarts, error). A loop that fails is restarted in its replica after a
+backoff (relax.services.supervision); ``error`` is set only once the supervisor gives up. A
+replica whose process dies is replaced by Ray Serve, and its loop resumes the role. Roles talk only through the run root (TransferQueue and
 WeightStore), so the rollout keeps generating while the actor trains, at most
 ``queue.max_staleness`` versions ahead. The driver (``run_async``) polls the statuses, mirrors the
 actor's metrics into the progress bar, and deletes the application when the actor is done.
@@ -19,11 +21,13 @@ import traceback
 from typing import Any
 
 from relax.config_loader import ConfigError, config_from_dict, config_to_dict
+from relax.faults import FAULT_ENV
 from relax.services.api.elastic import TOKEN_ENV
 from relax.services.api.server import lazy_rollout_app
 from relax.services.context import RunContext
 from relax.services.report.metrics import MetricsReader
 from relax.services.roles.factory import role_names
+from relax.services.supervision import NOT_HEALED, RoleFailure, RunStopped, Supervisor
 from relax.services.topologies.progress import Progress
 from relax.services.topologies.runner import run_role
 
@@ -37,19 +41,32 @@ class RoleRunner:
 
     def __init__(self, role: str, cfg: dict[str, Any], engine_urls: list[str] | None = None):
         self.role, self.cfg = role, config_from_dict(cfg)
-        self.steps, self.done, self.error = 0, False, None
+        self.steps, self.done, self.error, self.restarts = 0, False, None, 0
         self.role_object: Any = None
         self.started = time.time()
         self._thread = threading.Thread(target=self._run, args=(engine_urls,), name=f"relax-{role}", daemon=True)
         self._thread.start()
 
     def _run(self, engine_urls: list[str] | None) -> None:
-        try:
-            run_role(self.role, self.cfg, engine_urls=engine_urls, on_step=self._count, on_start=self._started,
-                     api_mode=self.api_mode)
-            self.done = True
-        except Exception:
-            self.error = traceback.format_exc()
+        """The role's loop, restarted in this replica when it fails (relax.services.supervision): it
+        resumes from the queue and its checkpoint; ``error`` is set once the supervisor gives up."""
+        supervisor = Supervisor(RunContext(self.cfg).run_url, self.cfg.supervisor)
+        while True:
+            try:
+                run_role(self.role, self.cfg, engine_urls=engine_urls, on_step=self._count,
+                         on_start=self._started, api_mode=self.api_mode, attempt=self.restarts)
+                self.done = True
+                return
+            except Exception as e:
+                failure = RoleFailure(self.role, self.restarts, "exception", traceback.format_exc(),
+                                      "(the Ray Serve replica's log)", healable=not isinstance(e, NOT_HEALED))
+                try:
+                    delay = supervisor.failed(failure)
+                except RunStopped as stop:
+                    self.error = str(stop)
+                    return
+            self.restarts += 1
+            time.sleep(delay)
 
     def _started(self, role_object: Any) -> None:
         self.role_object = role_object
@@ -58,7 +75,7 @@ class RoleRunner:
         self.steps += 1
 
     def status(self) -> dict[str, Any]:
-        return {"role": self.role, "steps": self.steps, "done": self.done, "error": self.error,
+        return {"role": self.role, "steps": self.steps, "done": self.done, "error": self.error, "restarts": self.restarts,
                 "uptime_s": time.time() - self.started}
 
 
@@ -72,6 +89,24 @@ class RolloutIngress(RoleRunner):
         return lazy_rollout_app(lambda: getattr(self.role_object, "elastic", None))
 
 
+REPLICA_GRACE_S = 180.0  # how long a role's replica may be gone while Ray Serve starts another
+
+
+def _status(role: str, handle: Any, lost: dict[str, float]) -> dict[str, Any]:
+    """The replica's status; while its process is gone (Serve replaces a dead replica, whose role loop
+    then resumes from the queue) an unfinished status, until REPLICA_GRACE_S have passed."""
+    try:
+        state = handle.status.remote().result(timeout_s=60)
+    except Exception as e:
+        since = lost.setdefault(role, time.monotonic())
+        if time.monotonic() - since > REPLICA_GRACE_S:
+            raise RuntimeError(f"role {role}'s Ray Serve replica has not answered for {REPLICA_GRACE_S:.0f} s "
+                               f"({type(e).__name__}: {e}); see the replica's log in the Ray session logs") from e
+        return {"role": role, "done": False, "error": None}
+    lost.pop(role, None)
+    return state
+
+
 def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | None = None,
               poll_s: float = 0.5) -> None:
     import ray
@@ -81,7 +116,10 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
     if not ray.is_initialized():
         ray.init(num_cpus=cfg.resources.num_cpus, include_dashboard=False, log_to_driver=False,
                  ignore_reinit_error=True)
-    options = {"ray_actor_options": {"num_cpus": 0.01}, "max_ongoing_requests": 8}
+    # replicas are other processes: a fault to inject (RELAX_FAULT, tests) travels in their runtime environment
+    fault = {FAULT_ENV: os.environ[FAULT_ENV]} if os.environ.get(FAULT_ENV) else {}
+    options = {"ray_actor_options": {"num_cpus": 0.01, **({"runtime_env": {"env_vars": fault}} if fault else {})},
+               "max_ongoing_requests": 8}
     deployment = serve.deployment(RoleRunner, **options)
     api = cfg.rollout.api_port > 0
     if api:  # the proxy's address is cluster-wide: a Serve already running keeps its own
@@ -93,7 +131,7 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
         # the replica is another process: the token goes to it in its runtime environment
         ingress = serve.deployment(serve.ingress()(RolloutIngress), **{
             **options, "ray_actor_options": {**options["ray_actor_options"],
-                                             "runtime_env": {"env_vars": {TOKEN_ENV: token}}}})
+                                             "runtime_env": {"env_vars": {TOKEN_ENV: token, **fault}}}})
     body = config_to_dict(cfg)
     handles = {}
     names = {role: f"{APP_PREFIX}-{cfg.run_id}-{role}" for role in role_names(cfg)}
@@ -105,8 +143,9 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
             handles[role] = serve.run(app, name=names[role], route_prefix=f"/{cfg.run_id}" if serves_api else None)
         bar = Progress(cfg.trainer.total_steps, 0, progress)
         actor = MetricsReader(ctx.run_url, "actor")
+        lost: dict[str, float] = {}  # role -> since when its replica does not answer
         while True:
-            states = {role: h.status.remote().result() for role, h in handles.items()}
+            states = {role: _status(role, h, lost) for role, h in handles.items()}
             failed = {r: s for r, s in states.items() if s["error"]}
             if failed:
                 role, s = next(iter(failed.items()))

@@ -8,25 +8,64 @@ role as one stage.
 
 from __future__ import annotations
 
+import time
+import traceback
 from typing import Any
 
+from relax.faults import set_attempt
 from relax.services.context import RunContext
 from relax.services.report.metrics import RoleLogs
 from relax.services.roles.factory import advantage_stage, make_role
+from relax.services.supervision import NOT_HEALED, RoleFailure, Supervisor
 from relax.services.topologies.progress import Progress
 from relax.transfer.errors import QueueTimeout
 
 
+class RoleStepFailed(Exception):
+    """A role's step raised (not at construction: a role that cannot be built is a config problem)."""
+
+    def __init__(self, role: str, traceback_text: str):
+        super().__init__(role)
+        self.role, self.traceback_text = role, traceback_text
+
+
 def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str] | None = None,
                   max_steps: int | None = None) -> None:
+    """Run the roles until the run's last step; a role whose step fails is healed by building every
+    role again (they resume from the queue and the checkpoint, as a rerun does) after a backoff."""
+    supervisor = Supervisor(ctx.run_url, ctx.cfg.supervisor)
+    attempt = 0
+    while True:
+        set_attempt(attempt)
+        try:
+            _run_roles(ctx, progress, engine_urls, max_steps)
+            return
+        except RoleStepFailed as e:
+            failure = RoleFailure(e.role, attempt, "exception", e.traceback_text, "(this process's output)")
+            time.sleep(supervisor.failed(failure))  # raises RunStopped past supervisor.max_restarts
+            attempt += 1
+
+
+def _step(name: str, role: Any, timeout: float) -> dict[str, Any]:
+    try:
+        return role.step(timeout=timeout)
+    except (QueueTimeout, *NOT_HEALED):
+        raise
+    except Exception as e:
+        raise RoleStepFailed(name, traceback.format_exc()) from e
+
+
+def _run_roles(ctx: RunContext, progress: bool, engine_urls: list[str] | None, max_steps: int | None) -> None:
     cfg = ctx.cfg
     actor = make_role("actor", ctx)
     # roles of their own (reference, reward), stepped after the advantage stage
-    extra: list[Any] = [make_role(role, ctx) for role, on in (("reference", cfg.algorithm.reference_role),
-                                                             ("reward", cfg.data.reward_role)) if on]
+    own = [role for role, on in (("reference", cfg.algorithm.reference_role), ("reward", cfg.data.reward_role)) if on]
+    extra: list[Any] = [make_role(role, ctx) for role in own]
     adv = advantage_stage(ctx)
     rollout = make_role("rollout", ctx, engine_urls=engine_urls)
     critic = adv.critic if cfg.algorithm.advantage == "gae" else None
+    names = {id(actor): "actor", id(adv): "advantage", id(rollout): "rollout",
+             **{id(r): n for r, n in zip(extra, own, strict=True)}}  # what a failure report calls each
     logs = RoleLogs(ctx.run_url)
     bar = Progress(cfg.trainer.total_steps, actor.step_index, progress)
     stop_at = cfg.trainer.total_steps if max_steps is None else min(cfg.trainer.total_steps, max_steps)
@@ -40,7 +79,7 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
                 if role is actor and actor.step_index >= stop_at:
                     continue
                 try:
-                    m = role.step(timeout=0)
+                    m = _step(names[id(role)], role, timeout=0)
                 except QueueTimeout:
                     continue
                 logs.append(m)
@@ -49,9 +88,9 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
                 break
             else:
                 if actor.step_index >= stop_at:  # only the critic's last update is left: its data is here
-                    logs.append(adv.step(timeout=60))
+                    logs.append(_step("advantage", adv, timeout=60))
                     continue
-                m = rollout.step(timeout=60)
+                m = _step("rollout", rollout, timeout=60)
                 logs.append(m)
                 bar.rollout(m)
     finally:

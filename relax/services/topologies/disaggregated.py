@@ -1,63 +1,67 @@
 """The ``disaggregated`` topology: each role is its own OS process (``relax role NAME CONFIG``).
 
 The processes share nothing but the run root (a folder or a bucket); on a cluster each is a
-Flyte Ray task. This driver starts them, follows the actor's metrics into the progress bar,
-and fails the run with the log tail of the first role that exits non-zero.
+Flyte Ray task. This controller starts them, follows the actor's metrics into the progress bar,
+and heals the run: a role that dies is started again after a backoff and resumes from the
+queue and its checkpoint, while the others carry on (relax.services.supervision). Only a
+fault that repeats past ``supervisor.max_restarts`` stops the run, with the role's last
+exception and the path of its full log (``runs/<id>/logs/<role>/<n>.log``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import tempfile
+import shutil
 import time
 
 from relax.config_loader import config_to_dict
 from relax.services.context import RunContext
-from relax.services.launchers.process import kill_on_parent_death
+from relax.services.launchers.lifetime import owned_temp_dir, sweep_temp_dirs
+from relax.services.launchers.role_process import RoleProcess
 from relax.services.report.metrics import MetricsReader
 from relax.services.roles.factory import role_names
+from relax.services.supervision import Supervisor
 from relax.services.topologies.progress import Progress
 
 
-def role_command(role: str, cfg_path: str) -> list[str]:
-    return [sys.executable, "-m", "relax.cli.main", "role", role, cfg_path]
-
-
-def run_disaggregated(ctx: RunContext, progress: bool = True) -> None:
-    """Start every role of the run as a separate process and wait for all of them."""
-    with tempfile.TemporaryDirectory(prefix="relax-roles-") as tmp:
+def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.5) -> None:
+    """Run every role of the run as a separate process, restarting those that die, until all are done."""
+    sweep_temp_dirs()  # whatever an earlier controller that was SIGKILLed left in the temp folder
+    tmp = owned_temp_dir("relax-roles-")
+    procs: dict[str, RoleProcess] = {}
+    bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
+    try:
         cfg_path = os.path.join(tmp, "config.json")
         with open(cfg_path, "w") as f:
             json.dump(config_to_dict(ctx.cfg), f)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        # stderr to files, not pipes: a long run's warnings would fill a pipe nobody reads and block the role
-        logs = {role: os.path.join(tmp, f"{role}.log") for role in role_names(ctx.cfg)}
-        # this thread waits for the roles, so they die with it: a killed driver (Ctrl-C'd or SIGKILLed
-        # `make run`, a Ray task whose owner died) leaves no role writing to the run it will resume
-        procs = {role: subprocess.Popen(role_command(role, cfg_path), env=env, stdout=subprocess.DEVNULL,
-                                        stderr=open(logs[role], "wb"), preexec_fn=kill_on_parent_death)
-                 for role in logs}
-        bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
+        env = dict(os.environ)
+        supervisor = Supervisor(ctx.run_url, ctx.cfg.supervisor, notify=bar.note)
+
+        def start(role: str, attempt: int) -> RoleProcess:
+            return RoleProcess(role, cfg_path, ctx.run_url, attempt, tmp, ctx.cfg.supervisor, env)
+
+        procs = {role: start(role, 0) for role in role_names(ctx.cfg)}
+        due: dict[str, float] = {}  # role -> when its restart is due (monotonic)
         actor = MetricsReader(ctx.run_url, "actor")
-        try:
-            while True:
-                running = [p for p in procs.values() if p.poll() is None]
-                failed = [r for r, p in procs.items() if p.returncode not in (None, 0)]
-                if failed:
-                    with open(logs[failed[0]], errors="replace") as f:
-                        tail = f.read()[-2000:]
-                    raise RuntimeError(f"role {failed[0]} exited with {procs[failed[0]].returncode}: {tail}")
-                for m in actor.new():
-                    bar.actor(m)
-                if not running:
-                    break
-                time.sleep(0.5)
-        finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            bar.close()
+        while True:
+            for role, p in procs.items():
+                if role not in due and p.returncode not in (None, 0):
+                    failure = p.finish()
+                    due[role] = time.monotonic() + supervisor.failed(failure)  # raises past the limit
+            for role, at in list(due.items()):
+                if time.monotonic() >= at:
+                    procs[role] = start(role, procs[role].attempt + 1)
+                    del due[role]
+            for m in actor.new():
+                bar.actor(m)
+            if not due and all(p.returncode == 0 for p in procs.values()):
+                break
+            time.sleep(poll_s)
+        for p in procs.values():
+            p.finish()  # uploads the logs of an object-store root
+    finally:
+        for p in procs.values():
+            p.kill()
+        bar.close()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -25,6 +26,10 @@ class Progress:
         self.bar.set_postfix(reward=f"{self.reward:.3f}", stale=m.get("staleness_max", 0),
                              sps=f"{self.samples / max(time.perf_counter() - self.t0, 1e-9):.0f}", refresh=False)
         self.bar.update(1)
+
+    def note(self, text: str) -> None:
+        """A line for the user above the bar (on stderr even when the bar is off: a restart is news)."""
+        tqdm.write(text, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()

@@ -40,3 +40,10 @@ def slow_task_reward(response: str, sample) -> float:
 def length_reward(response: str, sample) -> float:
     """A reward that varies within every prompt group: (len(response) mod 3) / 2, in {0, 0.5, 1}."""
     return (len(response) % 3) / 2
+
+
+def refusing_env(sample):
+    """An env factory (rollout.env_fn) that refuses every sample as a user's error would."""
+    from relax.config_loader import ConfigError
+
+    raise ConfigError(f"this env cannot run task {sample.task!r}; set rollout.env_fn to one that can")

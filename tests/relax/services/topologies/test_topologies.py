@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from relax.services.context import RunContext
+from relax.services.launchers.role_process import role_command
 from relax.services.report.metrics import read_metrics
-from relax.services.topologies.disaggregated import role_command
 from relax.services.train import train
 from relax.transfer.weights import WeightStore
 from tests.relax.services.manifest_checks import check_run

@@ -1,0 +1,77 @@
+"""One attempt of one role as an OS process (``relax role NAME CONFIG``), its output in its log.
+
+The disaggregated controller starts one per role and a new one for each restart. The child's
+stdout and stderr go through a pipe into the attempt's :class:`RoleLogFile` (a thread per
+process reads it, so a chatty role never blocks on a full pipe, and the file rotates), and the
+child writes its fatal exception to a file of its own as it fails, which :meth:`RoleProcess.finish`
+turns into a :class:`RoleFailure`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from relax.config import SupervisorConfig
+from relax.faults import ATTEMPT_ENV
+from relax.services.launchers.process import kill_on_parent_death
+from relax.services.report.role_logs import ERROR_FILE_ENV, RoleLogFile, next_attempt, role_error
+from relax.services.supervision import RoleFailure
+
+USAGE_EXIT = 2  # relax's exit status for a user's error (relax.cli.main): never healed by a restart
+
+
+def role_command(role: str, cfg_path: str) -> list[str]:
+    return [sys.executable, "-m", "relax.cli.main", "role", role, cfg_path]
+
+
+def describe_exit(returncode: int) -> str:
+    """``-9`` -> ``signal 9 (SIGKILL)``; ``1`` -> ``exit code 1``."""
+    if returncode < 0:
+        try:
+            return f"signal {-returncode} ({signal.Signals(-returncode).name})"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class RoleProcess:
+    """Role ``role``'s ``attempt``-th start (0 = first) under this controller, logging to the run."""
+
+    def __init__(self, role: str, cfg_path: str, run_url: str, attempt: int, staging_dir: str,
+                 cfg: SupervisorConfig, env: dict[str, str]):
+        self.role, self.attempt = role, attempt
+        self.log = RoleLogFile(run_url, role, next_attempt(run_url, role), staging_dir,
+                               max_bytes=int(cfg.log_max_mb * 2**20), backups=cfg.log_backups)
+        self.error_file = os.path.join(staging_dir, f"{role}-{attempt}.error")
+        env = {**env, "PYTHONUNBUFFERED": "1", ATTEMPT_ENV: str(attempt), ERROR_FILE_ENV: self.error_file}
+        # this thread waits for the roles, so they die with it: a killed controller (Ctrl-C'd or SIGKILLed
+        # `make run`, a Ray task whose owner died) leaves no role writing to the run it will resume
+        self.proc = subprocess.Popen(role_command(role, cfg_path), env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     preexec_fn=kill_on_parent_death)
+        self._pump = self.log.pump(self.proc.stdout)
+        self._closed = False
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def finish(self) -> RoleFailure | None:
+        """After the process exited: close (and upload) its log; its failure, if it failed."""
+        rc = self.proc.wait()
+        if not self._closed:
+            self._pump.join(timeout=10)  # the pipe closes with the process (and any child holding it)
+            self.log.close()
+            self._closed = True
+        if rc == 0:
+            return None
+        return RoleFailure(self.role, self.attempt, describe_exit(rc), role_error(self.error_file, self.log),
+                           self.log.where, healable=rc != USAGE_EXIT)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.finish()

@@ -1,0 +1,184 @@
+"""Runs that heal themselves: roles killed at named points (RELAX_FAULT) are restarted by the
+controller, the run finishes with nothing lost or doubled, and a fault that repeats stops it
+with an error naming the role, the fault and the log file.
+
+Every check reads the run back from the store: the queue's manifests (check_run), the weight
+store, the restart records (``relax status``) and the lineage records.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from relax.cli.train_cmd import run_status
+from relax.config_loader import ConfigError
+from relax.services.context import RunContext
+from relax.services.report.metrics import read_metrics
+from relax.services.schema import ACTOR_GROUP, ADVANTAGE_GROUP, REFERENCE_GROUP
+from relax.services.supervision import RunStopped
+from relax.services.train import train
+from relax.transfer.consumer import load_group_state
+from relax.transfer.lineage import chain
+from relax.transfer.weights import WeightStore
+from tests.relax.services.manifest_checks import check_run
+from tests.relax.services.runtime_helpers import tiny_config
+
+pytestmark = pytest.mark.slow
+
+# exact staleness: a run is a function of its config, however its roles were timed or killed
+EXACT = ("queue.max_staleness=1", "queue.exact_staleness=true", "algorithm.entropy_coef=0.01",
+         "supervisor.backoff_s=0.1")
+
+
+def _final_weights(cfg, steps):
+    return WeightStore(cfg.root, cfg.run_id).load(steps)[0]
+
+
+def _check_columns(ctx: RunContext, groups: tuple[str, ...], fields: tuple[str, ...]) -> None:
+    """Every column stage took each sample once, and every trained sample carries its columns."""
+    queue = ctx.queue()
+    queue.refresh()
+    trained = {sid for rec in load_group_state(queue, ACTOR_GROUP).steps.values() for sid in rec["ids"]}
+    for group in groups:
+        taken = [sid for rec in load_group_state(queue, group).steps.values() for sid in rec["ids"]]
+        assert len(taken) == len(set(taken)), f"{group} took a sample twice"
+        assert trained <= set(taken)
+    for sid in trained:
+        missing = [f for f in fields if f not in queue.state.samples[sid].locs]
+        assert not missing, f"trained sample {sid} lacks {missing}"
+
+
+def test_each_role_killed_once_heals_to_the_weights_of_the_run_never_killed(tmp_path, monkeypatch):
+    calm = tiny_config(f"file://{tmp_path}/calm", "heal", "topology=disaggregated", "trainer.total_steps=6",
+                       "trainer.checkpoint_every=3", *EXACT)
+    train(calm, progress=False)
+    cfg = tiny_config(f"file://{tmp_path}/killed", "heal", "topology=disaggregated", "trainer.total_steps=6",
+                      "trainer.checkpoint_every=3", *EXACT)
+    # actor mid-step (recorded, not trained), advantage between recording and committing, rollout after a batch
+    monkeypatch.setenv("RELAX_FAULT", "actor:recorded:4:1,advantage:recorded:2:1,rollout:step:1:1")
+    result = train(cfg, progress=False)  # one call: the controller restarts them itself
+    assert result.steps == 6
+    check_run(RunContext(cfg), 6)
+    _check_columns(RunContext(cfg), (ADVANTAGE_GROUP,), ("advantages",))
+    killed, uninterrupted = _final_weights(cfg, 6), _final_weights(calm, 6)
+    assert all(torch.equal(killed[k], uninterrupted[k]) for k in killed), "the healed run diverged"
+    status = run_status(cfg.root, "heal")
+    assert status["restarts"] == {"actor": 1, "advantage": 1, "rollout": 1}
+    assert {role: info["restarts"] for role, info in status["roles"].items()} == {
+        "actor": 1, "advantage": 1, "rollout": 1}
+    assert chain(cfg.root, "heal")[0].extra["restarts"] == {"actor": 1, "advantage": 1, "rollout": 1}
+    assert max(m["attempt"] for m in read_metrics(result.run_url, "actor")) == 1  # the restart reported
+    logs = tmp_path / "killed/runs/heal/logs"
+    for role in ("actor", "advantage", "rollout"):  # each attempt's full log, the fault named in the first
+        assert sorted(os.listdir(logs / role)) == ["0.log", "1.log"]
+        assert f"injected fault {role}:" in (logs / role / "0.log").read_text()
+
+
+@pytest.mark.parametrize("fault", ["reference:recorded:1:1", "actor:publish:2:1", "rollout:start::1",
+                                   "reference:start::1"])
+def test_every_injection_point_heals_with_nothing_lost_or_doubled(tmp_path, monkeypatch, fault):
+    cfg = tiny_config(f"file://{tmp_path}", "points", "topology=disaggregated", "algorithm.kl_coef=0.01",
+                      "algorithm.reference_role=true", *EXACT)
+    monkeypatch.setenv("RELAX_FAULT", fault)
+    assert train(cfg, progress=False).steps == 4
+    ctx = RunContext(cfg)
+    check_run(ctx, 4)
+    _check_columns(ctx, (ADVANTAGE_GROUP, REFERENCE_GROUP), ("advantages", "ref_logprobs"))
+    assert run_status(cfg.root, "points")["restarts"] == {fault.split(":")[0]: 1}
+
+
+def test_a_fault_that_repeats_stops_the_run_naming_role_fault_and_log(tmp_path, monkeypatch):
+    cfg = tiny_config(f"file://{tmp_path}", "again", "topology=disaggregated", "supervisor.max_restarts=1",
+                      "supervisor.backoff_s=0.1")
+    monkeypatch.setenv("RELAX_FAULT", "advantage:start")  # every attempt
+    with pytest.raises(RunStopped) as stopped:
+        train(cfg, progress=False)
+    message = str(stopped.value)
+    assert "role advantage failed 2 times" in message and "signal 9 (SIGKILL)" in message
+    assert "injected fault advantage:start (attempt 1" in message  # the fault, from the log's last line
+    log = str(tmp_path / "runs/again/logs/advantage/1.log")
+    assert f"full log: {log}" in message and os.path.exists(log)
+    assert run_status(cfg.root, "again")["restarts"] == {"advantage": 1}
+
+
+def test_a_role_that_fails_on_bad_input_is_not_restarted(tmp_path):
+    # a user's error that only the role meets (the controller's checks passed): restarts would repeat it
+    cfg = tiny_config(f"file://{tmp_path}", "bad", "topology=disaggregated", "supervisor.backoff_s=0.1",
+                      "rollout.env_fn=tests.relax.services.runtime_helpers:refusing_env")
+    with pytest.raises(RunStopped, match=r"(?s)role rollout failed with an error a restart would repeat "
+                                         r"\(exit code 2\).*ConfigError: this env cannot run task"):
+        train(cfg, progress=False)
+    assert run_status(cfg.root, "bad")["restarts"] == {}
+
+
+def test_a_malformed_fault_spec_is_refused_before_the_run_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("RELAX_FAULT", "actor:nowhere")
+    cfg = tiny_config(f"file://{tmp_path}", "spec", "topology=disaggregated")
+    with pytest.raises(ConfigError, match=r"RELAX_FAULT spec 'actor:nowhere' is malformed"):
+        train(cfg, progress=False)
+    assert not os.path.exists(tmp_path / "runs/spec/run.json")
+
+
+def test_colocated_run_heals_a_failed_step_in_process(tmp_path, monkeypatch):
+    calm = tiny_config(f"file://{tmp_path}/calm", "co", "trainer.total_steps=4", *EXACT)
+    train(calm, progress=False)
+    cfg = tiny_config(f"file://{tmp_path}/killed", "co", "trainer.total_steps=4", *EXACT)
+    monkeypatch.setenv("RELAX_FAULT", "actor:recorded:2:1")
+    assert train(cfg, progress=False).steps == 4
+    check_run(RunContext(cfg), 4)
+    killed, uninterrupted = _final_weights(cfg, 4), _final_weights(calm, 4)
+    assert all(torch.equal(killed[k], uninterrupted[k]) for k in killed)
+    assert run_status(cfg.root, "co")["restarts"] == {"actor": 1}
+
+
+def test_the_only_engine_process_dying_while_it_loads_weights_is_survived(tmp_path, monkeypatch):
+    cfg = tiny_config(f"file://{tmp_path}", "engine", "rollout.engine_processes=1", "rollout.engine_timeout_s=120",
+                      "trainer.total_steps=4", *EXACT)
+    monkeypatch.setenv("RELAX_FAULT", "engine:load:2:1")  # the first engine dies loading version 2
+    result = train(cfg, progress=False)
+    assert result.steps == 4
+    check_run(RunContext(cfg), 4)
+    rollout = result.metrics("rollout")
+    assert max(m["engines_replaced"] for m in rollout) == 1
+    assert [m["weight_version"] for m in rollout] == [0, 0, 1, 2]  # version 2 reached the replacement
+    engine_logs = os.listdir(tmp_path / "runs/engine/logs/engines")
+    assert run_status(cfg.root, "engine")["restarts"] == {}  # the rollout itself never failed
+    assert len(engine_logs) == 2, [(n, (tmp_path / "runs/engine/logs/engines" / n).read_text()[-1500:])
+                                   for n in engine_logs]  # the engine that died and its replacement
+    assert any("injected fault engine:load:2" in (tmp_path / "runs/engine/logs/engines" / n).read_text()
+               for n in engine_logs)
+
+
+def _relax_entries(folder) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.startswith("relax-"))
+
+
+def test_a_killed_controller_and_its_rerun_leave_no_temp_folders(tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    args = [sys.executable, "-m", "relax.cli.main", "train", "tiny-cpu", f"root=file://{tmp_path}/root",
+            "run_id=orphan", "topology=disaggregated", "data.tasks=[arithmetic]", "data.train_per_task=64",
+            "data.eval_per_task=8", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4",
+            "rollout.max_new_tokens=8", "trainer.total_steps=6", "trainer.checkpoint_every=2",
+            "rollout.engine_processes=1", "--no-progress"]
+    env = {**os.environ, "TMPDIR": str(temp), "RELAX_ENGINE_REGISTRY": str(temp / "relax-engines-test")}
+    env.pop("RELAX_FAULT", None)
+    driver = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    # killed while its roles' folder and the rollout's engine model copy both exist
+    while not all(any(n.startswith(p) for n in _relax_entries(temp)) for p in ("relax-roles-", "relax-engine-model-")):
+        assert driver.poll() is None, driver.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    rerun = subprocess.run(args, env=env, capture_output=True, text=True, timeout=400)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert _relax_entries(temp) == []
