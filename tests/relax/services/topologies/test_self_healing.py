@@ -150,10 +150,11 @@ def test_the_only_engine_process_dying_while_it_loads_weights_is_survived(tmp_pa
     assert [m["weight_version"] for m in rollout] == [0, 0, 1, 2]  # version 2 reached the replacement
     engine_logs = os.listdir(tmp_path / "runs/engine/logs/engines")
     assert run_status(cfg.root, "engine")["restarts"] == {}  # the rollout itself never failed
-    assert len(engine_logs) == 2, [(n, (tmp_path / "runs/engine/logs/engines" / n).read_text()[-1500:])
-                                   for n in engine_logs]  # the engine that died and its replacement
-    assert any("injected fault engine:load:2" in (tmp_path / "runs/engine/logs/engines" / n).read_text()
-               for n in engine_logs)
+    # the engine that died and its replacement (on a loaded machine a replacement that does not come
+    # up in time is stopped and started again: more logs, still one death)
+    assert len(engine_logs) >= 2
+    assert sum("injected fault engine:load:2" in (tmp_path / "runs/engine/logs/engines" / n).read_text()
+               for n in engine_logs) == 1
 
 
 def _relax_entries(folder) -> list[str]:
@@ -182,3 +183,14 @@ def test_a_killed_controller_and_its_rerun_leave_no_temp_folders(tmp_path):
     rerun = subprocess.run(args, env=env, capture_output=True, text=True, timeout=400)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert _relax_entries(temp) == []
+
+
+@pytest.mark.ray
+def test_async_run_restarts_a_failed_role_loop_in_its_replica(tmp_path, monkeypatch, ray_session):
+    cfg = tiny_config(f"file://{tmp_path}", "asyncheal", "topology=async", *EXACT)
+    monkeypatch.setenv("RELAX_FAULT", "advantage:recorded:1:1")  # reaches the replica in its runtime env
+    assert train(cfg, progress=False).steps == 4
+    ctx = RunContext(cfg)
+    check_run(ctx, 4)
+    _check_columns(ctx, (ADVANTAGE_GROUP,), ("advantages",))
+    assert run_status(cfg.root, "asyncheal")["restarts"] == {"advantage": 1}
