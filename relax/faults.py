@@ -10,7 +10,9 @@ path is tested on purpose rather than reached by chance (docs/runtime.md, "Fault
   at which it fires; ``*`` or nothing = every step;
 * ATTEMPTS: it fires only in the role's first ATTEMPTS attempts (0 = the first run, 1 = its
   first restart, ...), so ``actor:recorded:3:1`` kills the actor once and its restart goes on;
-  nothing = every attempt (the fault repeats, which is how the restart limit is tested).
+  nothing = every attempt (the fault repeats, which is how the restart limit is tested). An
+  engine's attempt is its rollout's attempt plus the launches before its own (replacements
+  count up), so ``engine:start::1`` kills only the first engines of the first rollout.
 
 A role in a process of its own (``relax role``, an engine server) dies as if SIGKILLed: no
 ``finally`` runs, nothing is flushed, exactly what an OOM kill or a lost node does. A role that
@@ -82,6 +84,11 @@ def set_role_process(attempt: int | None = None) -> None:
     _State.own_process = True
     if attempt is not None:
         _State.attempt = attempt
+
+
+def current_attempt() -> int:
+    """The attempt of the role running in this process (what child processes it starts inherit)."""
+    return _State.attempt
 
 
 def set_attempt(attempt: int) -> None:

@@ -26,7 +26,7 @@ from relax.engines.guards import MAX_BODY_BYTES, Guard, check_bind, token_from_e
 from relax.engines.info_routes import add_info_routes
 from relax.engines.openai_routes import add_openai_routes
 from relax.engines.types import EngineError, GenerateRequest, SamplingParams
-from relax.faults import set_role_process
+from relax.faults import fault_point, set_role_process
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     # OpenMP pool belongs to the first thread that used it, and compute on a second thread beside
     # it measured 2x slower per op here. HTTP handling (no heavy torch) gets its own thread.
     engine, processor = build_native_engine(args.model_path, args.max_batch_size, background=False, seed=args.seed)
+    fault_point("engine", "start")  # loaded, not yet serving
     app = create_app(engine, args.model_path, args.weight_store_root, args.run_id, processor=processor,
                      max_body_bytes=args.max_body_bytes)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))

@@ -157,6 +157,16 @@ def test_the_only_engine_process_dying_while_it_loads_weights_is_survived(tmp_pa
                for n in engine_logs) == 1
 
 
+def test_an_engine_that_dies_as_it_starts_fails_its_rollout_which_is_restarted(tmp_path, monkeypatch):
+    cfg = tiny_config(f"file://{tmp_path}", "estart", "topology=disaggregated", "rollout.engine_processes=1", *EXACT)
+    monkeypatch.setenv("RELAX_FAULT", "engine:start::1")  # the first rollout's engine; its restart's lives
+    assert train(cfg, progress=False).steps == 4
+    check_run(RunContext(cfg), 4)
+    assert run_status(cfg.root, "estart")["restarts"] == {"rollout": 1}
+    first = (tmp_path / "runs/estart/logs/rollout/0.log").read_text()
+    assert "exited with -9 before becoming healthy" in first and "injected fault engine:start" in first
+
+
 def _relax_entries(folder) -> list[str]:
     return sorted(n for n in os.listdir(folder) if n.startswith("relax-"))
 

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from relax import objstore
 from relax.services.context import RunContext
 from relax.services.launchers.role_process import role_command
 from relax.services.report.metrics import read_metrics
@@ -45,6 +46,8 @@ def test_disaggregated_processes_share_only_s3(s3_url):
     assert result.steps == 4
     stats = check_run(RunContext(cfg), 4)
     assert stats["max_staleness_seen"] <= 2
+    for role in ("actor", "advantage", "rollout"):  # each role's log, staged locally, uploaded to the bucket
+        assert objstore.list_dir(f"{result.run_url}/logs/{role}") == ["0.log"]
 
 
 def test_exact_staleness_repeats_a_disaggregated_run_whatever_the_timing(tmp_path):
