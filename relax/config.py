@@ -57,6 +57,8 @@ class ModelConfig:
     max_seq_len: int = opt(256, "Longest prompt + response in tokens.", range=(16, 1_048_576))
     dtype: str = opt("float32", "Parameter dtype for training.", choices=("float32", "bfloat16", "float16"))
     value_head: bool = opt(False, "Build a critic value head beside the policy (needed by PPO with GAE).")
+    trust_remote_code: bool = opt(False, "Let SGLang servers run the model folder's own Python code "
+                                  "(--trust-remote-code); only for folders you trust.")
     init_checkpoint: str = opt(
         "", "A Relax checkpoint folder (any fsspec URL) the run's policy starts from: a format warm-start "
         "(relax.pipeline.warm_start) or another run's checkpoint, which then becomes the lineage parent. "
@@ -132,6 +134,12 @@ class RolloutConfig:
         "running Ray cluster and the model folder at the same path on every node.", choices=("process", "ray"))
     engine_cpus: float = opt(1.0, "CPUs each Ray engine actor holds (engine_launcher=ray).", range=(0.0, 1024.0))
     engine_gpus: float = opt(0.0, "GPUs each Ray engine actor holds (engine_launcher=ray).", range=(0.0, 64.0))
+    engine_resources: str = opt(
+        "", "Custom Ray resources each engine actor holds (engine_launcher=ray) as name=amount pairs joined by "
+        "commas, e.g. 'rollout_node=1': engines then run only on nodes started with those resources.")
+    sglang_module: str = opt(
+        "sglang.launch_server", "Python module the rollout runs as each SGLang server it owns (rollout.engine=sglang, "
+        "python -m MODULE with SGLang's flags); tests name a stand-in that serves the native engine.")
     max_engine_processes: int = opt(
         0, "Most engine processes the rollout may own at once, replacements and REST API scale-outs included "
         "(a scale-out past it is refused as a whole); 0 = engine_processes.", range=(0, 4096))

@@ -55,6 +55,8 @@ class SupervisedPool(Protocol):
 
     async def admit(self, url: str, store: WeightStore | None) -> None: ...
 
+    def weights_at(self, store: WeightStore, version: int) -> str: ...
+
 
 class EngineSupervisor:
     """Supervision passes over ``pool``: retire owned engines that died or turned unhealthy,
@@ -169,7 +171,7 @@ class EngineSupervisor:
                 if str(info.get("weight_version")) != str(version):
                     if pool.store is None:
                         return False
-                    r = await client.update_weights_from_disk(pool.store.version_url(version), str(version))
+                    r = await client.update_weights_from_disk(pool.weights_at(pool.store, version), str(version))
                     if not r.get("success"):
                         return False
             except Exception as e:  # still broken: stays out of rotation, the next pass retries

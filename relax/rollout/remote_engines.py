@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from relax import objstore
 from relax.engines.client import EngineClient
 from relax.engines.guards import MAX_BODY_BYTES
 from relax.engines.router import NoEngineAvailable, Router
@@ -56,7 +57,7 @@ class RemoteEngines:
     def __init__(self, urls: list[str], timeout_s: float = 120.0, *, owned: list[LaunchedEngine] | None = None,
                  launcher: EngineLauncher | None = None, store: WeightStore | None = None, max_failures: int = 3,
                  vocab_size: int | None = None, supervise_interval_s: float = 0.0,
-                 max_request_bytes: int = MAX_REQUEST_BYTES):
+                 max_request_bytes: int = MAX_REQUEST_BYTES, local_weights: bool = False):
         self.max_request_bytes = max_request_bytes
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="relax-rollout-http", daemon=True)
@@ -66,6 +67,7 @@ class RemoteEngines:
         self.router: Router = self.run(self._make_router(urls, timeout_s=timeout_s, max_failures=max_failures,
                                                          vocab_size=vocab_size))
         self.outage_timeout_s = timeout_s
+        self.local_weights = local_weights  # SGLang reads a folder: weight versions go as local paths
         self.outages = 0  # times no engine was routable and the pool waited for a replacement
         self.store = store
         self.weight_version = -1
@@ -181,7 +183,7 @@ class RemoteEngines:
         """The broadcast; returns the errors when no engine loaded ``version`` but replacements are
         owed (the caller waits for them, off this loop), else None."""
         self.target_version = version  # set before the broadcast snapshots the engines (see admit)
-        results = await self.router.broadcast("update_weights_from_disk", store.version_url(version), str(version))
+        results = await self.router.broadcast("update_weights_from_disk", self.weights_at(store, version), str(version))
         failed = {u: r for u, r in results.items() if isinstance(r, Exception) or not r.get("success")}
         none_loaded = len(failed) == len(results)
         owed = self.supervisor.vacancies + sum(url in self.owned for url in failed)
@@ -223,6 +225,17 @@ class RemoteEngines:
             if not _routable(self.engines()):
                 time.sleep(0.5)
 
+    def weights_at(self, store: WeightStore, version: int) -> str:
+        """What an engine is told to load: the version's URL, or (``local_weights``) its local folder."""
+        url = store.version_url(version)
+        if not self.local_weights:
+            return url
+        path = objstore.local_path(url)
+        if path is None:
+            raise RuntimeError(f"weight version {version} is at {url}, which these engines cannot read (SGLang loads "
+                               f"a local folder): use a local or shared-filesystem root")
+        return path
+
     # -- membership ----------------------------------------------------------------------------------
     def add_engine(self, url: str, store: WeightStore | None = None, process: LaunchedEngine | None = None) -> None:
         """Load the current weights into ``url`` first, then route to it (never serve stale weights).
@@ -239,7 +252,7 @@ class RemoteEngines:
         async def load(version: int) -> None:
             client = EngineClient(url, retries=1)
             try:
-                r = await client.update_weights_from_disk(store.version_url(version), str(version))
+                r = await client.update_weights_from_disk(self.weights_at(store, version), str(version))
             finally:
                 await client.close()
             if not r.get("success"):

@@ -158,16 +158,37 @@ class RunContext:
             raise ConfigError("trainer.backend=megatron needs megatron-core: pip install --no-deps "
                               "megatron-core==0.16.1, or use trainer.backend=torch")
         if self.cfg.rollout.engine == "sglang" and not engine_urls:
-            import torch
+            why = self._sglang_missing()
+            if why:
+                raise ConfigError(f"rollout.engine=sglang: {why}; or start SGLang servers yourself and pass their "
+                                  f"URLs with --engine-url, or use rollout.engine=native")
 
-            if importlib.util.find_spec("sglang") is None:
-                why = "the sglang package is not installed (pip install sglang on a GPU machine)"
-            elif not torch.cuda.is_available():
-                why = "no GPU is visible"
-            else:
-                why = "the rollout does not launch SGLang servers itself yet (docs/megatron.md)"
-            raise ConfigError(f"rollout.engine=sglang: {why}; start SGLang servers and pass their URLs with "
-                              f"--engine-url, or use rollout.engine=native")
+    def _sglang_missing(self) -> str | None:
+        """What stops the rollout from launching its SGLang servers here, if anything."""
+        import importlib.util
+
+        r = self.cfg.rollout
+        if r.engine_launcher == "ray":
+            return "the rollout launches SGLang servers as its own child processes: set rollout.engine_launcher=process"
+        if objstore.local_path(self.cfg.root) is None:
+            return (f"SGLang loads each weight version from a local folder and root={self.cfg.root!r} is not one: "
+                    f"use a local or shared-filesystem root")
+        if r.sglang_module != "sglang.launch_server":  # a stand-in (tests): it only has to import
+            try:
+                found = importlib.util.find_spec(r.sglang_module) is not None
+            except ModuleNotFoundError:
+                found = False
+            return None if found else f"rollout.sglang_module={r.sglang_module!r} is not an importable module"
+        if importlib.util.find_spec("sglang") is None:
+            return "the sglang package is not installed (pip install sglang on a GPU machine)"
+        from relax.engines.sglang.launch import tp_size
+        from relax.services.launchers.sglang_process import visible_gpus
+
+        need, have = r.num_engines * tp_size(self.cfg), len(visible_gpus())
+        if have < need:
+            return (f"rollout.num_engines={r.num_engines} server(s) of {tp_size(self.cfg)} GPU(s) each need {need} "
+                    f"GPUs and {have} are visible")
+        return None
 
     # -- transfer ---------------------------------------------------------------------------
     def queue(self, **kwargs: Any) -> TransferQueue:

@@ -30,16 +30,19 @@ def tp_size(cfg: RelaxConfig) -> int:
 
 def server_args(cfg: RelaxConfig, model_path: str, port: int, host: str = "127.0.0.1",
                 gpu_ids: list[int] | None = None, *, mem_fraction_static: float = 0.8,
-                extra: list[str] | None = None) -> list[str]:
-    """argv for ``python -m sglang.launch_server`` (flag names of SGLang 0.5 ``ServerArgs``).
+                extra: list[str] | None = None, module: str = "sglang.launch_server", api_key: str | None = None,
+                trust_remote_code: bool = False) -> list[str]:
+    """argv for ``python -m sglang.launch_server`` (flag names of SGLang 0.5 ``ServerArgs``,
+    pinned by tests/relax/engines/sglang/test_launch_args.py).
 
     ``gpu_ids`` only fixes the TP size when given (the GPUs themselves are chosen through
-    ``CUDA_VISIBLE_DEVICES`` by :func:`launch`). Seeds differ per port so replicas sample
-    independently yet reproducibly.
+    ``CUDA_VISIBLE_DEVICES``). Seeds differ per port so replicas sample independently yet
+    reproducibly. ``module``: what runs as the server (a stand-in in CPU tests); ``api_key``:
+    the bearer token the server then requires; ``--trust-remote-code`` only when asked for.
     """
     tp = len(gpu_ids) if gpu_ids else tp_size(cfg)
     args = [
-        sys.executable, "-m", "sglang.launch_server",
+        sys.executable, "-m", module,
         "--model-path", str(model_path),
         "--host", host,
         "--port", str(port),
@@ -49,8 +52,11 @@ def server_args(cfg: RelaxConfig, model_path: str, port: int, host: str = "127.0
         "--mem-fraction-static", str(mem_fraction_static),
         "--random-seed", str(cfg.seed + port),
         "--skip-server-warmup",
-        "--trust-remote-code",
     ]
+    if api_key:
+        args += ["--api-key", api_key]
+    if trust_remote_code:
+        args.append("--trust-remote-code")
     return args + list(extra or [])
 
 

@@ -27,10 +27,11 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from relax.engines.guards import TOKEN_ENV
-from relax.faults import ATTEMPT_ENV
+from relax.faults import ATTEMPT_ENV, current_attempt
 from relax.services.launchers import lifetime
 
 
@@ -38,7 +39,7 @@ class CapacityError(RuntimeError):
     """The launcher cannot start the requested engines; nothing was started."""
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -52,58 +53,34 @@ def kill_on_parent_death() -> None:
     lifetime.set_parent_death_signal(signal.SIGTERM)  # not Linux: the owner's stop() is the only way out
 
 
-class NativeEngineProcess:
-    """``python -m relax.engines.server`` on a free loopback port, serving a local HF model folder.
+class EngineProcess:
+    """An engine server process on a free loopback port: its log, health wait and stop.
 
-    The constructor only spawns the process, so several can boot in parallel; call
-    :meth:`wait_healthy` (or use :meth:`start`) before routing to it.
-
-    ``die_with_parent`` (the default): this process owns the engine. It dies with it (a
-    parent-death signal, and a watchdog in the server on this pid), leads its own process group,
-    and is recorded so that a later launcher can end it if it outlives this process anyway; any
-    engine left by an owner that is gone is ended first (``lifetime.reap_orphans``).
-    ``num_threads``: torch threads in the engine (default ``OMP_NUM_THREADS``, else 1): one
-    value for every engine of a run, since a different thread count can change the floats.
+    The constructor of a concrete engine (:class:`NativeEngineProcess`, an SGLang server) builds
+    its command line and calls :meth:`_spawn`, which only spawns it, so several can boot in
+    parallel; call :meth:`wait_healthy` before routing to it. ``owned`` (``die_with_parent``):
+    it dies with this process (a parent-death signal) and leads its own process group, which
+    :meth:`stop` ends whole (an engine's own children with it).
     """
 
-    def __init__(self, model_dir: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
-                 max_batch_size: int = 16, weight_store_root: str | None = None, run_id: str | None = None,
-                 log_dir: str | Path | None = None, seed: int = 0, die_with_parent: bool = True,
-                 num_threads: int | None = None, api_token: str | None = None, attempt: int = 0):
-        self.host = host
-        self.port = port or _free_port(host)
-        self.num_threads = num_threads or default_num_threads()
-        self.token = uuid.uuid4().hex
-        self.owned = die_with_parent
+    name = "engine server"
+    host: str
+    port: int
+
+    def _spawn(self, args: list[str], env: dict[str, str], log_dir: str | Path | None, owned: bool,
+               token: str | None = None) -> None:
+        """Start ``args``; ``token`` (on its command line) records it for the reaper (``lifetime.py``)."""
+        self.owned, self.token = owned, token
         owner = os.getpid()
-        args = [sys.executable, "-m", "relax.engines.server", "--model-path", str(model_dir), "--host", host,
-                "--port", str(self.port), "--max-batch-size", str(max_batch_size), "--seed", str(seed),
-                "--num-threads", str(self.num_threads), lifetime.TOKEN_FLAG, self.token]
-        if weight_store_root and run_id:
-            args += ["--weight-store-root", weight_store_root, "--run-id", run_id]
-        if die_with_parent:
-            args += ["--owner-pid", str(owner), "--owner-start", lifetime.start_time(owner) or ""]
-            lifetime.reap_orphans()
         log = tempfile.NamedTemporaryFile(prefix=f"relax-engine-{self.port}-", suffix=".log",
                                           dir=log_dir, delete=False)
         self.log_path = Path(log.name)
-        # torch reads OMP_NUM_THREADS as it loads; the server also sets the count explicitly
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.num_threads)}
-        env[ATTEMPT_ENV] = str(attempt)  # replacements count up: an injected engine fault can spare them
-        if api_token:  # the engine's bearer token (relax.engines.guards); else whatever this process has
-            env[TOKEN_ENV] = api_token
         with log:
             # its own process group (session): stop() and a reaper end it with anything it started
             self.proc = lifetime.spawn(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                       preexec_fn=lifetime.child_setup(owner) if die_with_parent else None)
-        if die_with_parent:
-            lifetime.record(self.proc.pid, self.token, owner, url=self.url, log=str(self.log_path))
-
-    @classmethod
-    def start(cls, model_dir: str | Path, timeout_s: float = 180.0, **kwargs) -> NativeEngineProcess:
-        engine = cls(model_dir, **kwargs)
-        engine.wait_healthy(timeout_s)
-        return engine
+                                       preexec_fn=lifetime.child_setup(owner) if owned else None)
+        if owned and token:
+            lifetime.record(self.proc.pid, token, owner, url=self.url, log=str(self.log_path))
 
     @property
     def url(self) -> str:
@@ -124,7 +101,7 @@ class NativeEngineProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             if not self.alive:
-                raise RuntimeError(f"engine server on port {self.port} exited with {self.proc.returncode} before "
+                raise RuntimeError(f"{self.name} on port {self.port} exited with {self.proc.returncode} before "
                                    f"becoming healthy; last lines of {self.log_path}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
@@ -134,7 +111,7 @@ class NativeEngineProcess:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"engine server {self.url} not healthy within {timeout_s:.0f} s (slow model "
+                raise TimeoutError(f"{self.name} {self.url} not healthy within {timeout_s:.0f} s (slow model "
                                    f"load? raise the timeout); last lines of {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.2)
 
@@ -149,7 +126,7 @@ class NativeEngineProcess:
             except subprocess.TimeoutExpired:
                 self._signal(signal.SIGKILL)
                 self.proc.wait(timeout=timeout_s)
-        if self.owned:
+        if self.owned and self.token:
             lifetime.forget(self.proc.pid, self.token)
 
     def _signal(self, sig: int) -> None:
@@ -159,6 +136,49 @@ class NativeEngineProcess:
             pass
         except PermissionError:  # a group we cannot signal as a whole (not expected): the process itself
             self.proc.send_signal(sig)
+
+
+class NativeEngineProcess(EngineProcess):
+    """``python -m relax.engines.server`` serving a local HF model folder (:class:`EngineProcess`).
+
+    ``die_with_parent`` (the default): this process owns the engine. It dies with it (a
+    parent-death signal, and a watchdog in the server on this pid), leads its own process group,
+    and is recorded so that a later launcher can end it if it outlives this process anyway; any
+    engine left by an owner that is gone is ended first (``lifetime.reap_orphans``).
+    ``num_threads``: torch threads in the engine (default ``OMP_NUM_THREADS``, else 1): one
+    value for every engine of a run, since a different thread count can change the floats.
+    ``attempt``: what an injected engine fault counts (relax.faults).
+    """
+
+    def __init__(self, model_dir: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
+                 max_batch_size: int = 16, weight_store_root: str | None = None, run_id: str | None = None,
+                 log_dir: str | Path | None = None, seed: int = 0, die_with_parent: bool = True,
+                 num_threads: int | None = None, api_token: str | None = None, attempt: int = 0):
+        self.host = host
+        self.port = port or free_port(host)
+        self.num_threads = num_threads or default_num_threads()
+        token = uuid.uuid4().hex
+        owner = os.getpid()
+        args = [sys.executable, "-m", "relax.engines.server", "--model-path", str(model_dir), "--host", host,
+                "--port", str(self.port), "--max-batch-size", str(max_batch_size), "--seed", str(seed),
+                "--num-threads", str(self.num_threads), lifetime.TOKEN_FLAG, token]
+        if weight_store_root and run_id:
+            args += ["--weight-store-root", weight_store_root, "--run-id", run_id]
+        if die_with_parent:
+            args += ["--owner-pid", str(owner), "--owner-start", lifetime.start_time(owner) or ""]
+            lifetime.reap_orphans()
+        # torch reads OMP_NUM_THREADS as it loads; the server also sets the count explicitly
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.num_threads)}
+        env[ATTEMPT_ENV] = str(attempt)  # replacements count up: an injected engine fault can spare them
+        if api_token:  # the engine's bearer token (relax.engines.guards); else whatever this process has
+            env[TOKEN_ENV] = api_token
+        self._spawn(args, env, log_dir, die_with_parent, token)
+
+    @classmethod
+    def start(cls, model_dir: str | Path, timeout_s: float = 180.0, **kwargs) -> NativeEngineProcess:
+        engine = cls(model_dir, **kwargs)
+        engine.wait_healthy(timeout_s)
+        return engine
 
 
 def default_num_threads() -> int:
@@ -171,40 +191,45 @@ def default_num_threads() -> int:
 
 
 class LocalProcessLauncher:
-    """Native engines as subprocesses of this host, at most ``max_engines`` alive at once."""
+    """Engine processes on this host, at most ``max_engines`` alive at once. ``factory(model_dir,
+    attempt=..., **engine_kwargs)`` builds one (default :class:`NativeEngineProcess`; SGLang servers:
+    relax.services.launchers.sglang_process); it may raise :class:`CapacityError` (no free GPU)."""
 
     def __init__(self, model_dir: str | Path, max_engines: int, *, startup_timeout_s: float = 180.0,
-                 **engine_kwargs):
+                 factory: Callable[..., EngineProcess] = NativeEngineProcess, **engine_kwargs):
         if max_engines < 1:
             raise ValueError(f"max_engines must be >= 1, got {max_engines}")
         self.model_dir = str(model_dir)
         self.max_engines = max_engines
         self.startup_timeout_s = startup_timeout_s
+        self.factory = factory
         self.engine_kwargs = engine_kwargs
-        self._engines: list[NativeEngineProcess] = []
+        self._engines: list[EngineProcess] = []
         self._launches = 0  # launch() calls so far: the attempt of the engines the next one starts
         self._lock = threading.Lock()
 
-    def running(self) -> list[NativeEngineProcess]:
+    def running(self) -> list[EngineProcess]:
         with self._lock:
             self._engines = [e for e in self._engines if e.alive]
             return list(self._engines)
 
-    def launch(self, n: int) -> list[NativeEngineProcess]:
+    def launch(self, n: int) -> list[EngineProcess]:
         if n < 1:
             raise ValueError(f"launch needs n >= 1, got {n}")
-        with self._lock:  # reserve the slots before the slow start, so two launches cannot overshoot
-            self._engines = [e for e in self._engines if e.alive]
-            free = self.max_engines - len(self._engines)
-            if n > free:
-                raise CapacityError(f"cannot launch {n} native engine(s): {len(self._engines)} of max_engines="
-                                    f"{self.max_engines} are running, so {free} more fit; ask for at most {free} "
-                                    f"or scale in first")
-            started = [NativeEngineProcess(self.model_dir, attempt=self._launches, **self.engine_kwargs)
-                       for _ in range(n)]
-            self._launches += 1
-            self._engines += started
+        started: list[EngineProcess] = []
         try:
+            with self._lock:  # reserve the slots before the slow start, so two launches cannot overshoot
+                self._engines = [e for e in self._engines if e.alive]
+                free = self.max_engines - len(self._engines)
+                if n > free:
+                    raise CapacityError(f"cannot launch {n} engine(s): {len(self._engines)} of max_engines="
+                                        f"{self.max_engines} are running, so {free} more fit; ask for at most {free} "
+                                        f"or scale in first")
+                attempt = current_attempt() + self._launches
+                self._launches += 1
+                for _ in range(n):  # one that cannot start (no free GPU) takes the others down with it
+                    started.append(self.factory(self.model_dir, attempt=attempt, **self.engine_kwargs))
+                self._engines += started
             for e in started:
                 e.wait_healthy(self.startup_timeout_s)
         except BaseException:

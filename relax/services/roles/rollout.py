@@ -39,6 +39,7 @@ from relax.services.api.server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import RunContext
 from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.launchers.process import LocalProcessLauncher
+from relax.services.launchers.sglang_process import SGLangEngines
 from relax.services.report.role_logs import logs_url
 from relax.services.roles.media import pack_media
 from relax.services.schema import ACTOR_GROUP, rollout_fields
@@ -102,13 +103,14 @@ class RolloutRole:
         tok = ctx.tokenizer
         slots = max(r.n_samples_per_prompt * r.prompts_per_step, 8)
         self._model_dir: str | None = None
-        processor = ctx.processor if (engine_urls or r.engine_processes > 0) else None
+        sglang = r.engine == "sglang"  # SGLang servers it owns (with --engine-url: those URLs)
+        processor = ctx.processor if (engine_urls or r.engine_processes > 0 or sglang) else None
         faults = {"timeout_s": r.engine_timeout_s, "max_failures": r.engine_max_failures,
                   "supervise_interval_s": r.supervise_interval_s}
         if engine_urls:  # external engines: routed around when they fail, never replaced
             self.pool: EnginePool = RemoteEngines(engine_urls, **faults)
-        elif r.engine_processes > 0:
-            self.pool = self._owned_engines(r.engine_processes, slots, faults)
+        elif sglang or r.engine_processes > 0:
+            self.pool = self._owned_engines(r.num_engines if sglang else r.engine_processes, slots, faults)
         else:
             model, processor = ctx.build_model()
             self.pool = LocalEngines(model, tok, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
@@ -134,7 +136,8 @@ class RolloutRole:
                 raise
 
     def _owned_engines(self, n: int, slots: int, faults: dict[str, Any]) -> RemoteEngines:
-        """Start ``n`` native engine servers on the initial model; the pool owns and supervises them."""
+        """Start ``n`` engine servers (native, or SGLang with rollout.engine=sglang) on the initial model;
+        the pool owns and supervises them."""
         model, _ = self.ctx.build_model()
         self._model_dir = owned_temp_dir("relax-engine-model-")  # swept by the next run if this process is killed
         model.save_pretrained(self._model_dir)
@@ -147,7 +150,8 @@ class RolloutRole:
             shutil.rmtree(self._model_dir, ignore_errors=True)
             raise
         return RemoteEngines([], owned=started, launcher=launcher, store=self.store,
-                             vocab_size=getattr(text_cfg, "vocab_size", None), **faults)
+                             vocab_size=getattr(text_cfg, "vocab_size", None),
+                             local_weights=self.cfg.rollout.engine == "sglang", **faults)
 
     def _launcher(self, max_engines: int, slots: int) -> EngineLauncher:
         r = self.cfg.rollout
@@ -163,11 +167,15 @@ class RolloutRole:
                     raise ConfigError(f"rollout.engine_launcher=ray needs a running Ray cluster ({e}); start one "
                                       f"with `ray start --head`, or use engine_launcher=process") from None
             return RayEngineLauncher(self._model_dir, max_engines, num_cpus=r.engine_cpus, num_gpus=r.engine_gpus,
+                                     resources=r.engine_resources,
                                      max_batch_size=slots, seed=self.cfg.seed, weight_store_root=self.cfg.root,
                                      run_id=self.cfg.run_id, api_token=ensure_token())
         # engine logs beside the roles' (runs/<id>/logs/engines/) on a local root; else with the model copy
         log_dir = objstore.local_path(logs_url(self.ctx.run_url, "engines")) or self._model_dir
         os.makedirs(log_dir, exist_ok=True)
+        if r.engine == "sglang":  # the token reaches SGLang as --api-key; model loads take minutes on a GPU
+            return LocalProcessLauncher(self._model_dir, max_engines=max_engines, factory=SGLangEngines(self.cfg),
+                                        startup_timeout_s=900.0, api_token=ensure_token(), log_dir=log_dir)
         # the engines inherit this process's token (and its clients send it): only they may change an engine
         return LocalProcessLauncher(self._model_dir, max_engines=max_engines, max_batch_size=slots,
                                     seed=self.cfg.seed, weight_store_root=self.cfg.root, run_id=self.cfg.run_id,
@@ -259,4 +267,15 @@ class RolloutRole:
             self.pool.close()  # stops the engine processes the pool owns
         finally:
             if self._model_dir is not None:
+                self._keep_engine_logs()
                 shutil.rmtree(self._model_dir, ignore_errors=True)
+
+    def _keep_engine_logs(self) -> None:
+        """On an object-store root the engines logged into the model copy: their logs go to the run."""
+        logs = logs_url(self.ctx.run_url, "engines")
+        if objstore.local_path(logs) is not None or self._model_dir is None:
+            return
+        for name in os.listdir(self._model_dir):
+            if name.startswith("relax-engine-") and name.endswith(".log"):
+                with open(os.path.join(self._model_dir, name), "rb") as f:
+                    objstore.write_bytes(objstore.join(logs, name), f.read())

@@ -65,16 +65,26 @@ def test_a_stored_top_k_column_is_padded_back_to_its_row():
         pad_topk_rows(np.zeros((3, 2)), 2)
 
 
-def test_sglang_engine_is_refused_before_the_run_record_unless_servers_are_given(tmp_path):
-    # rollout.engine=sglang used to train with native engines and exit 0; now the pre-flight says why it
-    # cannot run here (no sglang package / no GPU / no launcher yet) and writes nothing
+def test_sglang_engine_is_refused_before_the_run_record_where_its_servers_cannot_start(tmp_path):
+    # rollout.engine=sglang used to train with native engines and exit 0; now the rollout launches SGLang
+    # servers, and the pre-flight says why they cannot start here (no sglang package / no GPU) and writes nothing
     import importlib.util
 
     from relax.config_checks import ConfigError
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang"))
-    why = "sglang package is not installed" if importlib.util.find_spec("sglang") is None else "rollout.engine=sglang"
+    why = "sglang package is not installed" if importlib.util.find_spec("sglang") is None else "GPUs and 0 are visible"
     with pytest.raises(ConfigError, match=why):
         ctx.check_trainable()
     assert not objstore.exists(objstore.join(ctx.run_url, "run.json"))
     ctx.check_trainable(engine_urls=["http://127.0.0.1:30000"])  # servers the user started: theirs to run
+    for override, why in (("rollout.sglang_module=no_such.server", "'no_such.server' is not an importable module"),
+                          ("rollout.engine_launcher=ray", "set rollout.engine_launcher=process")):
+        extra = ("rollout.engine_processes=1",) if "ray" in override else ()
+        with pytest.raises(ConfigError, match=why):
+            RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang", override,
+                                   *extra)).check_trainable()
+    remote = RunContext(tiny_config("memory://bucket", "sg", "rollout.engine=sglang",
+                                    "rollout.sglang_module=tests.relax.engines.sglang.stand_in_server"))
+    with pytest.raises(ConfigError, match="SGLang loads each weight version from a local folder"):
+        remote._check_backends(None)

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +44,39 @@ def test_gpu_ids_fix_tp_and_defaults() -> None:
     assert _flags(server_args(cfg, "m", 1))["--tp-size"] == "1"
     f = _flags(server_args(cfg, "m", 1, gpu_ids=[2, 3], extra=["--disable-radix-cache"]))
     assert f["--tp-size"] == "2" and "--disable-radix-cache" in f and f["--dtype"] == "float32"
+
+
+PARSER_DIR = Path(__file__).resolve().parents[4] / ".venv" / "sglang-parser"
+
+
+def test_every_flag_is_accepted_by_sglangs_own_parser() -> None:
+    # SGLang 0.5.23's ServerArgs parser (infra/setup.sh installs it beside the venv): an unknown
+    # flag or value fails there with SGLang's own message, exactly as the real server would at start
+    assert (PARSER_DIR / "sglang").is_dir(), f"{PARSER_DIR} is missing: run make setup (infra/setup.sh)"
+    cfg = RelaxConfig()
+    cfg.model.dtype, cfg.model.max_seq_len = "bfloat16", 4096
+    argv = server_args(cfg, "/models/qwen", 31000, host="0.0.0.0", gpu_ids=[0, 1], api_key="secret",
+                       trust_remote_code=True, extra=["--disable-radix-cache"])
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("sglang_parser.py")), *argv[3:]],
+                         env={**os.environ, "PYTHONPATH": str(PARSER_DIR)}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    parsed = json.loads(out.stdout.splitlines()[-1])
+    assert (parsed["model_path"], parsed["host"], parsed["port"], parsed["tp_size"]) == ("/models/qwen", "0.0.0.0",
+                                                                                        31000, 2)
+    assert (parsed["dtype"], parsed["context_length"], parsed["mem_fraction_static"]) == ("bfloat16", 4096, 0.8)
+    assert parsed["api_key"] == "secret" and parsed["trust_remote_code"] is True
+    assert parsed["skip_server_warmup"] is True and parsed["disable_radix_cache"] is True
+    # and the parser is real: a flag SGLang does not have is refused
+    bad = subprocess.run([sys.executable, str(Path(__file__).with_name("sglang_parser.py")), "--model-path", "m",
+                          "--no-such-flag"], env={**os.environ, "PYTHONPATH": str(PARSER_DIR)},
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--no-such-flag" in bad.stderr
+
+
+def test_remote_code_only_when_the_config_asks() -> None:
+    assert "--trust-remote-code" not in server_args(RelaxConfig(), "m", 1)
+    assert "--api-key" not in server_args(RelaxConfig(), "m", 1)
 
 
 @pytest.mark.gpu

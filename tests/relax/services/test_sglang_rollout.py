@@ -1,0 +1,54 @@
+"""``rollout.engine=sglang``: the rollout launches its SGLang servers through the process
+launcher, routes to them, reloads their weights from the WeightStore by local folder, and
+replaces them when they die, shown end to end on CPU with a stand-in server
+(tests/relax/engines/sglang/stand_in_server.py) in place of ``sglang.launch_server``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from relax.engines.guards import TOKEN_ENV
+from relax.services.context import RunContext
+from relax.services.train import train
+from tests.relax.services.manifest_checks import check_run
+from tests.relax.services.runtime_helpers import tiny_config
+
+pytestmark = pytest.mark.slow
+
+STAND_IN = "tests.relax.engines.sglang.stand_in_server"
+
+
+def _flags(argv: list[str]) -> dict[str, str | None]:
+    return {a: (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None)
+            for i, a in enumerate(argv) if a.startswith("--")}
+
+
+def test_the_rollout_launches_routes_reloads_and_replaces_its_sglang_servers(tmp_path, monkeypatch):
+    argv_dir = tmp_path / "argv"
+    argv_dir.mkdir()
+    cfg = tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang", "rollout.num_engines=2",
+                      f"rollout.sglang_module={STAND_IN}", "queue.max_staleness=1", "queue.exact_staleness=true")
+    monkeypatch.setenv("RELAX_STANDIN_ARGV_DIR", str(argv_dir))
+    monkeypatch.setenv("RELAX_STANDIN_STORE", f"file://{tmp_path}|sg")
+    monkeypatch.setenv("RELAX_FAULT", "engine:load:2:1")  # both first servers die loading version 2
+    result = train(cfg, progress=False)
+    assert result.steps == 4
+    check_run(RunContext(cfg), 4)
+    rollout = result.metrics("rollout")
+    # batch k on version max(0, k - 1): versions 1 and 2 were loaded by /update_weights_from_disk, 2 by the
+    # replacements after the first two died (the rollout waited for them instead of failing)
+    assert [m["weight_version"] for m in rollout] == [0, 0, 1, 2]
+    assert rollout[-1]["engines_replaced"] == 2 and rollout[-1]["engine_outages"] == 1
+    launched = [json.loads(p.read_text()) for p in sorted(argv_dir.iterdir())]
+    assert len(launched) == 4  # two at start, two replacements
+    for record in launched:
+        flags = _flags(record["argv"])
+        assert flags["--api-key"] == os.environ[TOKEN_ENV]  # only the rollout may reload them
+        assert "--trust-remote-code" not in flags  # the config did not ask for it
+        assert flags["--tp-size"] == "1" and flags["--dtype"] == "float32" and flags["--context-length"] == "256"
+        assert os.path.basename(flags["--model-path"]).startswith("relax-engine-model-")
+        assert record["cuda_visible_devices"] is None  # no GPU here, none handed out
+    assert not os.path.exists(flags["--model-path"])  # the model copy went with the rollout
