@@ -164,12 +164,97 @@ def engine_checks(ro: Any) -> None:
     if ro.engine == "native" and ro.num_engines != 1:
         raise ConfigError(f"rollout.num_engines={ro.num_engines} sizes SGLang servers; native engines are "
                           f"rollout.engine_processes (0 = one inside the rollout): set that instead")
+    if ro.engine == "sglang" and ro.engine_processes:
+        raise ConfigError(f"rollout.engine_processes={ro.engine_processes} counts native engine processes; the SGLang "
+                          f"servers the rollout launches are rollout.num_engines: set that, and engine_processes=0")
+    if ro.engine == "sglang" and ro.engine_launcher == "ray":
+        raise ConfigError("rollout.engine=sglang: the rollout launches SGLang servers as its own child processes; "
+                          "set rollout.engine_launcher=process (or start them yourself and pass --engine-url)")
+    if ro.engine == "native" and ro.sglang_module != "sglang.launch_server":
+        raise ConfigError(f"rollout.sglang_module={ro.sglang_module!r} is what runs as an SGLang server, and "
+                          f"rollout.engine=native launches none: set rollout.engine=sglang, or drop sglang_module")
     if ro.engine_launcher == "ray" and ro.engine_processes == 0:
         raise ConfigError("rollout.engine_launcher=ray places engine processes, and rollout.engine_processes=0 runs "
                           "the engine inside the rollout: set engine_processes >= 1 or engine_launcher=process")
+    parse_resources(ro.engine_resources)
+    if ro.engine_resources and ro.engine_launcher != "ray":
+        raise ConfigError("rollout.engine_resources are Ray resources each engine actor holds: they need "
+                          "rollout.engine_launcher=ray")
     if ro.engine_launcher == "process" and (ro.engine_cpus != 1.0 or ro.engine_gpus != 0.0):
         raise ConfigError("rollout.engine_cpus and engine_gpus are what each Ray engine actor holds: they need "
                           "rollout.engine_launcher=ray (child processes take what the host has)")
+
+
+# Ray's built-in resources: an actor asks for them through their own options (num_cpus, num_gpus,
+# memory), and Ray refuses CPU and GPU inside ``resources=``; caught as the config loads, case-insensitively, so
+# the error names the setting to use rather than surfacing from Ray at the first launch
+_BUILTIN = {"cpu": "set it with rollout.engine_cpus", "gpu": "set it with rollout.engine_gpus",
+            "memory": "Ray accounts memory itself", "object_store_memory": "Ray accounts memory itself"}
+
+
+def parse_resources(text: str) -> dict[str, float]:
+    """``'name=amount,...'`` (``rollout.engine_resources``) as ``{name: amount}``; ``''`` is ``{}``.
+
+    Raises ConfigError naming the bad pair and the expected form: a pair not ``name=amount``, a
+    name given twice or naming a built-in resource (CPU, GPU, memory have their own settings), or
+    an amount that is not a positive number (at least 0.0001, the finest unit Ray counts).
+    """
+    form = "expected name=amount pairs joined by commas, e.g. 'rollout_node=1', each amount a positive number"
+    out: dict[str, float] = {}
+    if not text.strip():
+        return out
+    for pair in text.split(","):
+        name, eq, amount = (part.strip() for part in pair.partition("="))
+        bad = f"bad resource {pair.strip()!r} in rollout.engine_resources={text!r}"
+        if not eq or not name or any(c.isspace() for c in name) or "=" in amount:
+            raise ConfigError(f"{bad}: {form}")
+        if name.lower() in _BUILTIN:
+            raise ConfigError(f"{bad}: {name} is a built-in Ray resource, not a custom one "
+                             f"({_BUILTIN[name.lower()]}); {form}")
+        if name in out:
+            raise ConfigError(f"{bad}: {name} is given twice; {form}")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 1e-4):
+            raise ConfigError(f"{bad}: the amount must be a number >= 0.0001; {form}")
+        out[name] = value
+    return out
+
+
+# the families each built-in tiny model (relax.models.builders) can be built as
+BUILTIN_FAMILIES = {"tiny-qwen2": ("qwen2", "qwen3", "llama"), "tiny-qwen2-vl": ("qwen2_5_vl",),
+                    "tiny-qwen2-audio": ("qwen2_audio",), "tiny-omni": ("qwen2_5_omni",)}
+TEXT_FAMILIES = BUILTIN_FAMILIES["tiny-qwen2"]
+
+
+def choice_checks(cfg: Any) -> None:
+    """A ``choices`` value that the rest of the config would ignore, or that would fail mid-run,
+    is refused here, naming the field, the value and what to use instead."""
+    m = cfg.model
+    allowed = BUILTIN_FAMILIES.get(m.name_or_path)
+    # a text family on a media built-in still loads (the built-in decides the classes there)
+    if allowed and m.family not in allowed and m.family not in TEXT_FAMILIES:
+        builtin = next(name for name, fams in BUILTIN_FAMILIES.items() if m.family in fams)
+        raise ConfigError(f"model.family={m.family!r} cannot be built from model.name_or_path={m.name_or_path!r} "
+                          f"(families {list(allowed)}): use model.name_or_path={builtin} for {m.family}, or "
+                          f"model.family in {list(allowed)}")
+    d = cfg.data
+    if d.format != "relax" and not d.train_url:
+        raise ConfigError(f"data.format={d.format!r} is the row format of data.train_url/eval_url, and data.train_url "
+                          f"is empty (the built-in task suite, which ignores it): set data.train_url to your "
+                          f"{d.format} file, or data.format=relax")
+    ro = cfg.rollout
+    if ro.partial_rollout == "abort":
+        why = ("topology=colocated generates and trains in turn" if cfg.topology == "colocated" else
+               "queue.max_staleness=0 makes each batch wait for its own weights" if cfg.queue.max_staleness == 0 else
+               f"rollout.engine={ro.engine} with engine_processes={ro.engine_processes} serves over HTTP, and only "
+               f"the in-process native engine aborts" if ro.engine != "native" or ro.engine_processes else "")
+        if why:
+            raise ConfigError(f"rollout.partial_rollout=abort would change nothing here ({why}, so no generation is "
+                              f"cut by new weights): use rollout.partial_rollout=wait, or abort with topology async "
+                              f"or disaggregated, queue.max_staleness >= 1 and rollout.engine_processes=0")
 
 
 def cross_checks(cfg: Any) -> None:
@@ -240,4 +325,4 @@ def cross_checks(cfg: Any) -> None:
     if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
         raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "
                           f"({ro.engine_processes}); raise it, or 0 to cap at engine_processes")
-
+    choice_checks(cfg)

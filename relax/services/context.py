@@ -157,6 +157,9 @@ class RunContext:
         if self.cfg.trainer.backend == "megatron" and importlib.util.find_spec("megatron") is None:
             raise ConfigError("trainer.backend=megatron needs megatron-core: pip install --no-deps "
                               "megatron-core==0.16.1, or use trainer.backend=torch")
+        if engine_urls and self.cfg.rollout.partial_rollout == "abort":  # only the in-process engine aborts
+            raise ConfigError("rollout.partial_rollout=abort would change nothing with --engine-url (engines over "
+                              "HTTP finish what they started): use rollout.partial_rollout=wait")
         if self.cfg.rollout.engine == "sglang" and not engine_urls:
             why = self._sglang_missing()
             if why:
@@ -168,8 +171,6 @@ class RunContext:
         import importlib.util
 
         r = self.cfg.rollout
-        if r.engine_launcher == "ray":
-            return "the rollout launches SGLang servers as its own child processes: set rollout.engine_launcher=process"
         if objstore.local_path(self.cfg.root) is None:
             return (f"SGLang loads each weight version from a local folder and root={self.cfg.root!r} is not one: "
                     f"use a local or shared-filesystem root")

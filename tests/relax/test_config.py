@@ -300,3 +300,13 @@ def test_engine_settings_the_layout_would_ignore_are_refused(overrides, words):
         load_config(None, overrides)
     ok = load_config(None, ["rollout.engine_processes=1", "rollout.engine_launcher=ray", "rollout.engine_gpus=1"])
     assert ok.rollout.engine_gpus == 1.0
+
+
+def test_engine_resources_are_checked_as_the_config_loads():
+    # a custom Ray resource only means something to Ray engine actors; a malformed one fails here, not at launch
+    with pytest.raises(ConfigError, match="engine_resources are Ray resources .* need rollout.engine_launcher=ray"):
+        load_config("tiny-cpu", ["rollout.engine_resources=rollout_node=1"])
+    ray = ["rollout.engine_launcher=ray", "rollout.engine_processes=1"]
+    with pytest.raises(ConfigError, match=r"bad resource 'GPU=1' .*set it with rollout.engine_gpus"):
+        load_config("tiny-cpu", [*ray, "rollout.engine_resources=GPU=1"])
+    assert load_config("tiny-cpu", [*ray, "rollout.engine_resources=rollout_node=1"]).rollout.engine_resources

@@ -89,7 +89,9 @@ class FusedDecoder:
         """``rope_tables`` covering positions below ``length`` (grown by doubling on demand)."""
         if length > self._cos.shape[0]:
             self._cos, self._sin = rope_tables(self.inv_freq, self.rope_scale, 2 * length)
-        return self._cos, self._sin
+        # in the model's dtype, as HF's rotary embedding hands them over (computed in float32): a
+        # bfloat16 K must stay bfloat16 to go into a bfloat16 cache; a no-op for float32
+        return self._cos.to(self.embed.dtype), self._sin.to(self.embed.dtype)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, pos: list[int], cache: SlotCache, slots: list[int],

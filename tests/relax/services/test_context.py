@@ -78,12 +78,17 @@ def test_sglang_engine_is_refused_before_the_run_record_where_its_servers_cannot
         ctx.check_trainable()
     assert not objstore.exists(objstore.join(ctx.run_url, "run.json"))
     ctx.check_trainable(engine_urls=["http://127.0.0.1:30000"])  # servers the user started: theirs to run
-    for override, why in (("rollout.sglang_module=no_such.server", "'no_such.server' is not an importable module"),
-                          ("rollout.engine_launcher=ray", "set rollout.engine_launcher=process")):
-        extra = ("rollout.engine_processes=1",) if "ray" in override else ()
+    with pytest.raises(ConfigError, match="'no_such.server' is not an importable module"):
+        RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang",
+                               "rollout.sglang_module=no_such.server")).check_trainable()
+    # settings that would be ignored are refused as the config loads
+    for overrides, why in ((("rollout.engine_launcher=ray",), "set rollout.engine_launcher=process"),
+                           (("rollout.engine_processes=2",), "SGLang servers the rollout launches are "
+                                                             "rollout.num_engines")):
         with pytest.raises(ConfigError, match=why):
-            RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang", override,
-                                   *extra)).check_trainable()
+            tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang", *overrides)
+    with pytest.raises(ConfigError, match="rollout.engine=native launches none"):
+        tiny_config(f"file://{tmp_path}", "sg", "rollout.sglang_module=x.y")
     remote = RunContext(tiny_config("memory://bucket", "sg", "rollout.engine=sglang",
                                     "rollout.sglang_module=tests.relax.engines.sglang.stand_in_server"))
     with pytest.raises(ConfigError, match="SGLang loads each weight version from a local folder"):
