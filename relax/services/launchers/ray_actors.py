@@ -1,9 +1,11 @@
 """Engines as Ray actors (``rollout.engine_launcher=ray``): Ray places them and accounts for them.
 
 Each engine is an actor holding ``rollout.engine_cpus`` CPUs and ``rollout.engine_gpus`` GPUs
-of the cluster; the actor runs a native engine server (``python -m relax.engines.server``) on
-its node's address, as a child that dies with the actor. The rollout's pool routes to it by
-URL like any engine, so supervision, draining and weight loading are the pool's as before.
+of the cluster, and the custom resources of ``rollout.engine_resources`` (``relax.config_checks.parse_resources``):
+``rollout_node=1`` keeps engines on nodes started with ``--resources '{"rollout_node": N}'``.
+The actor runs a native engine server (``python -m relax.engines.server``) on its node's
+address, as a child that dies with the actor. The rollout's pool routes to it by URL like any
+engine, so supervision, draining and weight loading are the pool's as before.
 
 A launch is all or nothing. It is refused up front (:class:`CapacityError`) when the cluster's
 free resources cannot hold every engine asked for, and if any actor fails to start or to be
@@ -18,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from relax.config_checks import parse_resources
 from relax.services.launchers.process import CapacityError, NativeEngineProcess
 
 
@@ -71,10 +74,14 @@ class RayEngine:
 
 
 class RayEngineLauncher:
-    """Native engines as Ray actors, at most ``max_engines`` alive at once."""
+    """Native engines as Ray actors, at most ``max_engines`` alive at once.
+
+    Each actor holds ``num_cpus``, ``num_gpus`` and ``resources`` (``'name=amount,...'``, see
+    ``relax.config_checks.parse_resources``, which also checks it as the config loads).
+    """
 
     def __init__(self, model_dir: str | Path, max_engines: int, *, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 startup_timeout_s: float = 180.0, **engine_kwargs: Any):
+                 resources: str = "", startup_timeout_s: float = 180.0, **engine_kwargs: Any):
         import ray
 
         if not ray.is_initialized():
@@ -84,6 +91,7 @@ class RayEngineLauncher:
             raise ValueError(f"max_engines must be >= 1, got {max_engines}")
         self.model_dir, self.max_engines = str(model_dir), max_engines
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.resources = parse_resources(resources)
         self.startup_timeout_s = startup_timeout_s
         self.engine_kwargs = engine_kwargs
         self._actor_class = ray.remote(EngineActor)
@@ -102,8 +110,10 @@ class RayEngineLauncher:
         if n > free:
             raise CapacityError(f"cannot launch {n} engine actor(s): {len(self._engines)} of max_engines="
                                 f"{self.max_engines} are running, so {free} more fit; ask for at most {free}")
+        # cluster-wide totals: a launch short of any one resource is refused whole; one that fits
+        # the totals but not any single node's share is caught by the startup timeout instead
         available = ray.available_resources()
-        for name, each in (("CPU", self.num_cpus), ("GPU", self.num_gpus)):
+        for name, each in (("CPU", self.num_cpus), ("GPU", self.num_gpus), *self.resources.items()):
             have = float(available.get(name, 0.0))
             if each > 0 and n * each > have + 1e-9:
                 raise CapacityError(f"cannot launch {n} engine actor(s): they need {n * each:g} {name} "
@@ -118,7 +128,8 @@ class RayEngineLauncher:
         with self._lock:  # checked and created together, so two launches cannot overshoot
             self._engines = [e for e in self._engines if e.alive]
             self._check_capacity(n)
-            actors = [self._actor_class.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus)
+            actors = [self._actor_class.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
+                                                resources=dict(self.resources))
                       .remote(self.model_dir, self.engine_kwargs) for _ in range(n)]
         try:
             # placement and boot share the timeout: an actor Ray cannot place never answers
