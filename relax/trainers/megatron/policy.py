@@ -21,6 +21,7 @@ the config before any work starts (``relax.config_checks``).
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,6 +33,7 @@ from relax.trainers.megatron.convert import LayoutConfig, layout_from_hf_config
 from relax.trainers.megatron.model import (
     build_gpt_model,
     causal_attention_mask,
+    cuda_device_as_cpu,
     export_hf_weights,
     init_cpu_single_process,
     load_hf_weights,
@@ -75,12 +77,43 @@ class MegatronPolicy(torch.nn.Module):
             batch[k, :length] = input_ids[row, start:start + length]
         positions = torch.arange(longest, device=input_ids.device).expand(len(spans), -1)
         # right padding after a causal sample never reaches it: the plain causal mask is exact
-        logits = self.gpt(batch, positions, causal_attention_mask(longest, input_ids.device),
-                          runtime_gather_output=True)
+        # megatron's tensor-parallel gathers allocate on torch.cuda.current_device(): "cpu" on CPU
+        with contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu():
+            logits = self.gpt(batch, positions, causal_attention_mask(longest, input_ids.device),
+                              runtime_gather_output=True)
         out = logits.new_zeros(rows, width, logits.shape[-1])
         for k, (row, start, length) in enumerate(spans):
             out[row, start:start + length] = logits[k, :length]
         return SimpleNamespace(logits=out)
+
+    def data_parallel_group(self) -> dist.ProcessGroup:
+        """The ranks that hold other data (not other shards of this model): what the trainer
+        normalises the loss over and sums the batch's figures over."""
+        from megatron.core import parallel_state
+
+        return parallel_state.get_data_parallel_group()
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip the gradients to a global L2 norm of at most ``max_norm`` and return the norm
+        before clipping, as ``torch.nn.utils.clip_grad_norm_`` on the unsharded model would:
+        sum_p ||g_p||^2 over this rank's tensor-parallel shards plus, on tensor-parallel rank 0
+        only, the parameters every rank holds whole (layer norms), summed over the model-parallel
+        group. Megatron's own ``get_grad_norm_fp32`` allocates on CUDA, so it is not used."""
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        params = [p for p in self.parameters() if p.grad is not None]
+        group = parallel_state.get_model_parallel_group()
+        if dist.get_world_size(group) == 1:  # exactly the PyTorch backend's arithmetic
+            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        squares = sum((p.grad.double().pow(2).sum() for p in params if param_is_not_tensor_parallel_duplicate(p)),
+                      torch.zeros((), dtype=torch.float64))
+        dist.all_reduce(squares, group=group)
+        norm = float(squares.sqrt())
+        scale = min(1.0, max_norm / (norm + 1e-6))
+        for p in params:
+            p.grad.mul_(scale)
+        return norm
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
         """The weights in the Hugging Face layout (detached copies)."""
@@ -121,9 +154,12 @@ def init_megatron(seed: int) -> None:
 def megatron_policy(hf_model: torch.nn.Module, seed: int = 0) -> MegatronPolicy:
     """The megatron twin of ``hf_model`` (a Qwen2/Qwen3/Llama causal LM): same config, same
     weights (converted exactly), on the same device and dtype."""
+    from megatron.core import parallel_state
+
     param = next(hf_model.parameters())
-    init_megatron(seed)
-    gpt = build_gpt_model(hf_model.config, params_dtype=param.dtype)
+    init_megatron(seed)  # or a process group the caller set up (tensor parallel over several ranks)
+    gpt = build_gpt_model(hf_model.config, tp=parallel_state.get_tensor_model_parallel_world_size(),
+                          pp=parallel_state.get_pipeline_model_parallel_world_size(), params_dtype=param.dtype)
     policy = MegatronPolicy(gpt, hf_model.config).to(param.device)
     policy.load_state_dict(hf_model.state_dict())
     return policy

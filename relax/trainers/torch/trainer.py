@@ -148,9 +148,17 @@ class TorchTrainer:
             enable_packed_attention(model)
 
     @property
+    def data_group(self) -> dist.ProcessGroup | None:
+        """The data-parallel ranks when the model is sharded over others (Megatron's tensor
+        parallelism: those ranks hold the same data); None = every rank of the process group."""
+        group = getattr(self.model, "data_parallel_group", None)
+        return group() if group is not None else None
+
+    @property
     def world(self) -> tuple[int, int]:
         if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
+            group = self.data_group
+            return dist.get_rank(group), dist.get_world_size(group)
         return 0, 1
 
     def micro_batches(self, batch: RolloutBatch) -> list[MicroBatch] | list[PrefixMicroBatch]:
@@ -166,7 +174,7 @@ class TorchTrainer:
         position's distribution; ``token_loss`` then gets it as ``reads=``."""
         self.model.train()
         _, world = self.world
-        weights = token_weights(batch.loss_mask, self.aggregation, self.agg_norm)
+        weights = token_weights(batch.loss_mask, self.aggregation, self.agg_norm, group=self.data_group)
         mbs = self.micro_batches(batch)
         total = torch.zeros((), dtype=torch.float64)
         parts: list[dict[str, float]] = []
@@ -188,13 +196,17 @@ class TorchTrainer:
             parts.append(m)
         metrics = combine_metrics(parts)
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(total)
+            dist.all_reduce(total, group=self.data_group)
         finite = math.isfinite(total.item())
         grad_norm = float("nan")
         if finite:
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else
-                                                             float("inf")))
+            limit = self.grad_clip if self.grad_clip > 0 else float("inf")
+            clip = getattr(self.model, "clip_grad_norm_", None)  # a sharded model knows its global norm
+            if clip is not None:
+                grad_norm = clip(limit)
+            else:
+                params = [p for p in self.model.parameters() if p.grad is not None]
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
             finite = math.isfinite(grad_norm)
         if not finite:
             msg = f"non-finite loss/gradient at step {self.steps_done}; samples {batch.ids[:8]}"

@@ -1,0 +1,103 @@
+"""One actor step of the Megatron backend at tensor parallel 2 (two gloo ranks on CPU) equals the
+PyTorch backend's: the same loss, gradient norm (summed over the shards: a norm over one rank's
+shards would be smaller) and updated weights (gathered back into the Hugging Face layout).
+
+Each rank is a child process (this file as a script; megatron keeps process-wide state) that
+first takes the PyTorch step on a copy of the same tiny Qwen2, then joins the process group and
+takes the Megatron step at tp=2, and writes what it measured as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
+                    exc_type=ImportError)
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parents[4]
+TINY = REPO / "tests" / "relax" / "trainers" / "torch"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("mcore-tp2")
+    with socket.socket() as s:  # a free port, without importing megatron into this process
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TINY}", "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen([sys.executable, str(HERE), str(r), port, str(out / f"{r}.json")], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    results = []
+    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        if p.returncode != 0 or not (out / f"{r}.json").exists():
+            pytest.fail(f"rank {r} failed (rc={p.returncode}):\n{log[-4000:]}")
+        results.append(json.loads((out / f"{r}.json").read_text()))
+    return results
+
+
+def test_a_tp2_actor_step_equals_the_pytorch_backend(ranks: list[dict[str, Any]]) -> None:
+    for res in ranks:
+        assert res["tp"] == 2 and res["dp"] == 1
+        assert res["loss_megatron"] == pytest.approx(res["loss_torch"], abs=1e-5)
+        assert res["grad_norm_megatron"] == pytest.approx(res["grad_norm_torch"], rel=1e-5)
+        assert res["grad_norm_torch"] > 1.0  # above trainer.grad_clip=1: the clipped update is what is compared
+        assert res["max_weight_diff"] < 1e-5 and res["max_weight_change"] > 1e-4
+    # each rank held half of the sharded weights, and the norm of one half alone is smaller
+    assert all(res["local_shard_norm"] < res["grad_norm_torch"] for res in ranks)
+
+
+def _main(rank: int, port: str, out: str) -> None:
+    import copy
+
+    from tiny import tiny_batch, tiny_qwen2
+
+    from relax.config_loader import load_config
+    from relax.trainers.torch.actor import Actor
+
+    cfg = load_config(None, ["trainer.warmup_steps=0", "trainer.lr=1e-3", "rollout.max_new_tokens=16",
+                             "algorithm.off_policy=none", "trainer.micro_batch_layout=pack",
+                             "trainer.micro_batch_tokens=40", "trainer.grad_clip=1.0"])
+    hf = tiny_qwen2()
+    batch = tiny_batch()
+    torch_actor = Actor(copy.deepcopy(hf), cfg)  # before any process group: the plain PyTorch step
+    batch.old_logprobs = [lp - 0.05 * m for lp, m in zip(torch_actor.logprobs(batch), batch.loss_mask, strict=True)]
+    a = torch_actor.train_step(batch)
+
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    from relax.trainers.megatron.model import init_cpu_distributed
+    from relax.trainers.megatron.policy import megatron_policy
+
+    init_cpu_distributed(rank, 2, int(port), tp=2)
+    mcore_actor = Actor(megatron_policy(copy.deepcopy(hf)), cfg)
+    b = mcore_actor.train_step(batch)
+    # the pre-clip norm of this rank's shards alone, from the gradients the clip scaled by min(1, 1/norm)
+    scale = min(1.0, 1.0 / (b.grad_norm + 1e-6))
+    local = sum(float(p.grad.double().pow(2).sum()) for p in mcore_actor.model.parameters()
+                if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)) ** 0.5 / scale
+    after_t, after_m = torch_actor.model.state_dict(), mcore_actor.model.state_dict()  # the export gathers shards
+    result = {"tp": parallel_state.get_tensor_model_parallel_world_size(),
+              "dp": parallel_state.get_data_parallel_world_size(),
+              "loss_torch": a.loss, "loss_megatron": b.loss, "grad_norm_torch": a.grad_norm,
+              "grad_norm_megatron": b.grad_norm, "local_shard_norm": local,
+              "max_weight_diff": max(float((after_t[k] - after_m[k]).abs().max()) for k in after_m),
+              "max_weight_change": max(float((after_t[k] - hf.state_dict()[k]).abs().max()) for k in after_m)}
+    Path(out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
