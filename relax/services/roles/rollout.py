@@ -143,8 +143,8 @@ class RolloutRole:
         model.save_pretrained(self._model_dir)
         self.ctx.tokenizer.save_pretrained(self._model_dir)
         text_cfg = getattr(model.config, "text_config", None) or model.config
-        launcher = self._launcher(max(n, self.cfg.rollout.max_engine_processes), slots)
         try:
+            launcher = self._launcher(max(n, self.cfg.rollout.max_engine_processes), slots)
             started = launcher.launch(n)  # a startup error quotes the engine log
         except BaseException:
             shutil.rmtree(self._model_dir, ignore_errors=True)
