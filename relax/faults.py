@@ -76,7 +76,8 @@ def parse_faults(text: str) -> list[FaultSpec]:
 class _State:
     own_process = False  # this process runs one role alone: a fault kills it
     attempt = int(os.environ.get(ATTEMPT_ENV, "0") or 0)
-    specs: list[FaultSpec] | None = None
+    text = ""  # the RELAX_FAULT value ``specs`` was parsed from (it may change, in tests)
+    specs: list[FaultSpec] = []
 
 
 def set_role_process(attempt: int | None = None) -> None:
@@ -101,8 +102,8 @@ def fault_point(role: str, point: str, step: int | None = None) -> None:
     text = os.environ.get(FAULT_ENV)
     if not text:
         return
-    if _State.specs is None:
-        _State.specs = parse_faults(text)
+    if text != _State.text:
+        _State.specs, _State.text = parse_faults(text), text
     if not any(s.matches(role, point, step, _State.attempt) for s in _State.specs):
         return
     where = f"{role}:{point}" + ("" if step is None else f":{step}")

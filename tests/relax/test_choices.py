@@ -320,7 +320,13 @@ def test_accepted_choice_runs_one_step_and_takes_effect(pair, root, monkeypatch)
     field, value = pair
     cfg = _config(root, pair)
     calls = _spy_effects(monkeypatch, cfg, pair)
-    result = train(cfg, progress=False, max_steps=1)
+    try:
+        result = train(cfg, progress=False, max_steps=1)
+    finally:
+        if pair == ("trainer.backend", "megatron") and MEGATRON:  # its process group would outlive the test
+            from relax.trainers.megatron.model import shutdown_distributed
+
+            shutdown_distributed()
     assert result.steps == 1
     saved = json.loads(_run_json(cfg).read_text())["config"]
     section, _, name = field.rpartition(".")

@@ -36,7 +36,6 @@ def test_attempts_limit_which_restarts_see_the_fault():
 
 def test_in_a_shared_process_the_fault_is_an_exception(monkeypatch):
     monkeypatch.setenv(faults.FAULT_ENV, "advantage:recorded:2:1")
-    monkeypatch.setattr(faults._State, "specs", None)
     monkeypatch.setattr(faults._State, "own_process", False)
     faults.set_attempt(0)
     fault_point("advantage", "recorded", 1)  # not this step
@@ -44,6 +43,11 @@ def test_in_a_shared_process_the_fault_is_an_exception(monkeypatch):
         fault_point("advantage", "recorded", 2)
     faults.set_attempt(1)
     fault_point("advantage", "recorded", 2)  # the restart is spared
+    faults.set_attempt(0)
+    monkeypatch.setenv(faults.FAULT_ENV, "actor:step:5")  # a new value is read, not the first one kept
+    fault_point("advantage", "recorded", 2)
+    with pytest.raises(InjectedFault, match="actor:step:5"):
+        fault_point("actor", "step", 5)
 
 
 def test_in_a_role_process_the_fault_is_a_sigkill():
