@@ -11,6 +11,7 @@ import json
 import time
 from dataclasses import dataclass, field, fields
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from relax import objstore
@@ -129,6 +130,7 @@ class RunContext:
         extension point (``data.reward_fn``, ``rollout.env_fn``) that does not import."""
         _ = self.cfg.data.reward_fn and load_reward_fn(self.cfg.data.reward_fn)
         _ = self.cfg.rollout.env_fn and load_env_fn(self.cfg.rollout.env_fn)
+        self._check_model_folder()
         train = self.split("train")
         family = self.cfg.model.family
         for kind, has, families in (("images", lambda s: s.images, IMAGE_FAMILIES),
@@ -148,6 +150,19 @@ class RunContext:
         if media and self.cfg.trainer.backend != "torch":
             raise ConfigError(f"tasks {media} carry images/audio; trainer.backend={self.cfg.trainer.backend!r} "
                               f"trains text only, use trainer.backend=torch")
+
+    def _check_model_folder(self) -> None:
+        """A local model folder's ``config.json`` decides its classes: ``model.family`` must name them
+        (a family the folder is not would otherwise be ignored)."""
+        m = self.cfg.model
+        config = Path(m.name_or_path).expanduser() / "config.json"
+        if not config.is_file():  # a built-in, or a name the model builder refuses with its own error
+            return
+        model_type = json.loads(config.read_text()).get("model_type", "")
+        if model_type not in (m.family, f"{m.family}_thinker"):
+            raise ConfigError(f"model.family={m.family!r}, but {m.name_or_path} holds a {model_type!r} model "
+                              f"(its config.json), which decides the classes: set model.family="
+                              f"{model_type.removesuffix('_thinker')}")
 
     def _check_backends(self, engine_urls: list[str] | None) -> None:
         """The packages and devices the chosen backends need are here (or the run stops naming which)."""

@@ -93,3 +93,17 @@ def test_sglang_engine_is_refused_before_the_run_record_where_its_servers_cannot
                                     "rollout.sglang_module=tests.relax.engines.sglang.stand_in_server"))
     with pytest.raises(ConfigError, match="SGLang loads each weight version from a local folder"):
         remote._check_backends(None)
+
+
+def test_a_local_model_folder_of_another_family_is_refused_before_the_run(tmp_path):
+    # a local folder's config.json decides its classes; model.family naming another was silently ignored
+    from relax.config_checks import ConfigError
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    ctx = RunContext(tiny_config(f"file://{tmp_path}", "m", f"model.name_or_path={folder}", "model.family=qwen3"))
+    with pytest.raises(ConfigError, match=r"model.family='qwen3', but .* holds a 'qwen2' model .*set model.family=qwen2"):
+        ctx.check_trainable()
+    assert not objstore.exists(objstore.join(ctx.run_url, "run.json"))
+    RunContext(tiny_config(f"file://{tmp_path}", "m", f"model.name_or_path={folder}"))._check_model_folder()
