@@ -247,10 +247,12 @@ def choice_checks(cfg: Any) -> None:
                           f"{d.format} file, or data.format=relax")
     ro = cfg.rollout
     if ro.partial_rollout == "abort":
-        why = ("topology=colocated generates and trains in turn" if cfg.topology == "colocated" else
-               "queue.max_staleness=0 makes each batch wait for its own weights" if cfg.queue.max_staleness == 0 else
-               f"rollout.engine={ro.engine} with engine_processes={ro.engine_processes} serves over HTTP, and only "
-               f"the in-process native engine aborts" if ro.engine != "native" or ro.engine_processes else "")
+        why = next((reason for applies, reason in (
+            (cfg.topology == "colocated", "topology=colocated generates and trains in turn"),
+            (cfg.queue.max_staleness == 0, "queue.max_staleness=0 makes each batch wait for its own weights"),
+            (ro.engine != "native" or ro.engine_processes > 0,
+             f"rollout.engine={ro.engine} with engine_processes={ro.engine_processes} serves over HTTP, and only "
+             f"the in-process native engine aborts")) if applies), "")
         if why:
             raise ConfigError(f"rollout.partial_rollout=abort would change nothing here ({why}, so no generation is "
                               f"cut by new weights): use rollout.partial_rollout=wait, or abort with topology async "

@@ -159,9 +159,11 @@ SWEPT_PREFIXES = ("relax-roles-", "relax-engine-model-")
 
 def owned_temp_dir(prefix: str) -> str:
     """``tempfile.mkdtemp`` named for this process (``<prefix><pid>.<start>-XXXX``): its owner
-    removes it on a clean exit, and :func:`sweep_temp_dirs` once the owner is gone (SIGKILLed)."""
+    removes it on a clean exit, and the next process that makes one (:func:`sweep_temp_dirs`,
+    first) once the owner is gone (SIGKILLed), whatever topology either ran in."""
     if prefix not in SWEPT_PREFIXES:
         raise ValueError(f"temp dir prefix {prefix!r} is not swept; use one of {SWEPT_PREFIXES}")
+    sweep_temp_dirs()
     return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.{start_time(os.getpid()) or ''}-")
 
 

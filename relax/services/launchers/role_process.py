@@ -41,12 +41,12 @@ class RoleProcess:
     """Role ``role``'s ``attempt``-th start (0 = first) under this controller, logging to the run."""
 
     def __init__(self, role: str, cfg_path: str, run_url: str, attempt: int, staging_dir: str,
-                 cfg: SupervisorConfig, env: dict[str, str]):
+                 cfg: SupervisorConfig):
         self.role, self.attempt = role, attempt
         self.log = RoleLogFile(run_url, role, next_attempt(run_url, role), staging_dir,
                                max_bytes=int(cfg.log_max_mb * 2**20), backups=cfg.log_backups)
         self.error_file = os.path.join(staging_dir, f"{role}-{attempt}.error")
-        env = {**env, "PYTHONUNBUFFERED": "1", ATTEMPT_ENV: str(attempt), ERROR_FILE_ENV: self.error_file}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", ATTEMPT_ENV: str(attempt), ERROR_FILE_ENV: self.error_file}
         # this thread waits for the roles, so they die with it: a killed controller (Ctrl-C'd or SIGKILLed
         # `make run`, a Ray task whose owner died) leaves no role writing to the run it will resume
         self.proc = subprocess.Popen(role_command(role, cfg_path), env=env, stdin=subprocess.DEVNULL,

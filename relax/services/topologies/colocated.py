@@ -64,8 +64,6 @@ def _run_roles(ctx: RunContext, progress: bool, engine_urls: list[str] | None, m
     adv = advantage_stage(ctx)
     rollout = make_role("rollout", ctx, engine_urls=engine_urls)
     critic = adv.critic if cfg.algorithm.advantage == "gae" else None
-    names = {id(actor): "actor", id(adv): "advantage", id(rollout): "rollout",
-             **{id(r): n for r, n in zip(extra, own, strict=True)}}  # what a failure report calls each
     logs = RoleLogs(ctx.run_url)
     bar = Progress(cfg.trainer.total_steps, actor.step_index, progress)
     stop_at = cfg.trainer.total_steps if max_steps is None else min(cfg.trainer.total_steps, max_steps)
@@ -75,11 +73,11 @@ def _run_roles(ctx: RunContext, progress: bool, engine_urls: list[str] | None, m
 
     try:
         while not finished():
-            for role in (actor, adv, *extra):
+            for name, role in (("actor", actor), ("advantage", adv), *zip(own, extra, strict=True)):
                 if role is actor and actor.step_index >= stop_at:
                     continue
                 try:
-                    m = _step(names[id(role)], role, timeout=0)
+                    m = _step(name, role, timeout=0)
                 except QueueTimeout:
                     continue
                 logs.append(m)

@@ -17,7 +17,7 @@ import time
 
 from relax.config_loader import config_to_dict
 from relax.services.context import RunContext
-from relax.services.launchers.lifetime import owned_temp_dir, sweep_temp_dirs
+from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.launchers.role_process import RoleProcess
 from relax.services.report.metrics import MetricsReader
 from relax.services.roles.factory import role_names
@@ -27,19 +27,17 @@ from relax.services.topologies.progress import Progress
 
 def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.5) -> None:
     """Run every role of the run as a separate process, restarting those that die, until all are done."""
-    sweep_temp_dirs()  # whatever an earlier controller that was SIGKILLed left in the temp folder
-    tmp = owned_temp_dir("relax-roles-")
+    tmp = owned_temp_dir("relax-roles-")  # also clears what a SIGKILLed controller left
     procs: dict[str, RoleProcess] = {}
     bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
     try:
         cfg_path = os.path.join(tmp, "config.json")
         with open(cfg_path, "w") as f:
             json.dump(config_to_dict(ctx.cfg), f)
-        env = dict(os.environ)
         supervisor = Supervisor(ctx.run_url, ctx.cfg.supervisor, notify=bar.note)
 
         def start(role: str, attempt: int) -> RoleProcess:
-            return RoleProcess(role, cfg_path, ctx.run_url, attempt, tmp, ctx.cfg.supervisor, env)
+            return RoleProcess(role, cfg_path, ctx.run_url, attempt, tmp, ctx.cfg.supervisor)
 
         procs = {role: start(role, 0) for role in role_names(ctx.cfg)}
         due: dict[str, float] = {}  # role -> when its restart is due (monotonic)
