@@ -25,7 +25,7 @@ from typing import Any
 TOKEN_ENV = "RELAX_ENGINE_TOKEN"
 MAX_BODY_BYTES = 8 << 20
 MUTATING = frozenset({"/update_weights_from_disk", "/update_weights_from_distributed", "/init_weights_update_group",
-                      "/abort_request", "/flush_cache"})
+                      "/destroy_weights_update_group", "/abort_request", "/flush_cache"})
 PUBLIC = frozenset({"/health", "/health_generate"})
 
 

@@ -26,6 +26,7 @@ from relax.engines.guards import MAX_BODY_BYTES, Guard, check_bind, token_from_e
 from relax.engines.info_routes import add_info_routes
 from relax.engines.openai_routes import add_openai_routes
 from relax.engines.types import EngineError, GenerateRequest, SamplingParams
+from relax.engines.weight_receive import WeightReceiver
 from relax.faults import fault_point, set_role_process
 
 
@@ -77,6 +78,10 @@ def create_app(engine: Any, model_path: str, weight_store_root: str | None = Non
         info["tokenizer_path"] = info.get("tokenizer_path") or model_path
         info["has_image_understanding"] = bool(processor is not None and processor.image_processor is not None)
         info["has_audio_understanding"] = bool(processor is not None and processor.feature_extractor is not None)
+        params = getattr(getattr(engine, "model", None), "parameters", None)
+        first = next(iter(params()), None) if callable(params) else None
+        if first is not None:  # what a trainer casts broadcast weights to (relax.engines.weight_broadcast)
+            info.setdefault("dtype", str(first.dtype).removeprefix("torch."))
         return info
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
@@ -88,6 +93,23 @@ def create_app(engine: Any, model_path: str, weight_store_root: str | None = Non
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: dict[str, Any] = Body(...)) -> JSONResponse:
         status, out = await fe.update_weights_from_disk(body, weight_store_root, run_id)
+        return JSONResponse(out, status_code=status)
+
+    receiver = WeightReceiver(engine)  # SGLang's distributed weight update (weight_receive.py)
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(body: dict[str, Any] = Body(...)) -> JSONResponse:
+        status, out = await receiver.init_group(body)
+        return JSONResponse(out, status_code=status)
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(body: dict[str, Any] = Body(...)) -> JSONResponse:
+        status, out = await receiver.update(body)
+        return JSONResponse(out, status_code=status)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(body: dict[str, Any] = Body(default={})) -> JSONResponse:
+        status, out = await receiver.destroy_group(body)
         return JSONResponse(out, status_code=status)
 
     @app.post("/abort_request")
