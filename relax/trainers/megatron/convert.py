@@ -357,3 +357,44 @@ def gather_tp(shards: list[dict[str, Any]], cfg: LayoutConfig) -> StateDict:
     optional = ("output_layer.weight",) if cfg.tie_word_embeddings else ()
     check_state(out, full, f"gathered (tp={tp})", optional)
     return out
+
+
+# ---------------------------------------------------------------- pipeline stages
+
+
+def _renumber(name: str, shift: int) -> tuple[str, int | None]:
+    """``decoder.layers.N.rest`` -> (``decoder.layers.{N+shift}.rest``, N); other names: (name, None)."""
+    if not name.startswith("decoder.layers."):
+        return name, None
+    _, _, n, rest = name.split(".", 3)
+    return f"decoder.layers.{int(n) + shift}.{rest}", int(n)
+
+
+def stage_slice(mcore_state: dict[str, Any], cfg: LayoutConfig, first_layer: int, num_layers: int,
+                first: bool, last: bool) -> StateDict:
+    """A stage's part of a megatron state dict (global layer numbers, TP-sharded or not): its layers
+    renumbered from 0, the embedding on the first stage, final norm and output layer on the last (tied:
+    a last stage that is not also the first holds megatron's embedding copy as ``output_layer.weight``)."""
+    out: StateDict = {}
+    for name, t in clean_mcore_state(mcore_state).items():
+        local, n = _renumber(name, -first_layer)
+        if n is not None and first_layer <= n < first_layer + num_layers:
+            out[local] = t
+        elif name == "embedding.word_embeddings.weight":
+            out.update({name: t} if first else {"output_layer.weight": t} if last and cfg.tie_word_embeddings else {})
+        elif n is None and last:  # decoder.final_layernorm.weight, output_layer.weight
+            out[name] = t
+    return out
+
+
+def stage_merge(stages: list[tuple[int, dict[str, Any]]], cfg: LayoutConfig) -> StateDict:
+    """Inverse of ``stage_slice`` over ``(first_layer, state)`` per stage; drops the tied copy."""
+    out: StateDict = {}
+    for first_layer, state in stages:
+        for name, t in clean_mcore_state(state).items():
+            name, _ = _renumber(name, first_layer)
+            if name in out:
+                raise ConversionError(f"tensor {name!r} is held by two pipeline stages")
+            if not (name == "output_layer.weight" and cfg.tie_word_embeddings):
+                out[name] = t
+    return out

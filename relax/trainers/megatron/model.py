@@ -23,6 +23,13 @@ CPU support (``init_cpu_single_process``) needs three workarounds for megatron-c
 Also: with ``attention_mask=None`` the torch softmax path builds its causal mask with
 ``device="cuda"`` (``transformer/utils.py`` ``get_default_causal_mask``), so CPU callers pass
 an explicit mask (``causal_attention_mask``), which is what megatron training loops do anyway.
+
+Pipeline parallelism: each stage's GPTModel numbers its layers from 0 (global offset
+``decoder.layers[0].layer_number - 1``); load/export slice and merge stages with
+``convert.stage_slice`` / ``stage_merge``. With tied embeddings megatron gives the last stage a
+copy of the embedding as ``output_layer.weight`` and, while building, all-reduces it over the
+embedding group after ``weight.data.cuda()`` (``language_module.py``
+``setup_embeddings_and_output_layer``); on CPU that ``.cuda()`` is made a no-op (workaround 4).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel import random as mcore_random
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from megatron.core.utils import GlobalMemoryBuffer
 
 from relax.trainers.megatron.convert import (
@@ -54,6 +62,8 @@ from relax.trainers.megatron.convert import (
     layout_from_hf_config,
     megatron_to_hf,
     shard_for_tp,
+    stage_merge,
+    stage_slice,
 )
 
 _LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -132,6 +142,9 @@ def transformer_config_from_hf(
         fp16=params_dtype == torch.float16,
         use_cpu_initialization=use_cpu_initialization,
     )
+    if pp > 1:  # micro-batches differ in samples and length: stages exchange shapes before tensors
+        # (megatron refuses variable lengths with its default MoE dispatcher, unused by dense models)
+        kwargs.update(pipeline_dtype=params_dtype, variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
@@ -172,17 +185,21 @@ def build_gpt_model(
     )
     layout = layout_from_hf_config(hf_config)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=layout.qk_layernorm)
-    return GPTModel(
-        config,
-        spec,
-        vocab_size=layout.vocab_size,
-        max_sequence_length=getattr(hf_config, "max_position_embeddings", 4096),
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        parallel_output=parallel_output,
-        share_embeddings_and_output_weights=layout.tie_word_embeddings,
-        **rope_settings(hf_config),
-    )
+    # tied embeddings at pp > 1: megatron moves the last stage's embedding copy with .cuda() before
+    # syncing it over the embedding group; on CPU that move is a no-op (workaround 4)
+    cpu_tied = pp > 1 and layout.tie_word_embeddings and not torch.cuda.is_available()
+    with mock.patch.object(torch.Tensor, "cuda", lambda t, *a, **k: t) if cpu_tied else contextlib.nullcontext():
+        return GPTModel(
+            config,
+            spec,
+            vocab_size=layout.vocab_size,
+            max_sequence_length=getattr(hf_config, "max_position_embeddings", 4096),
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            parallel_output=parallel_output,
+            share_embeddings_and_output_weights=layout.tie_word_embeddings,
+            **rope_settings(hf_config),
+        )
 
 
 # ---------------------------------------------------------------- CPU process setup
@@ -272,6 +289,17 @@ def shutdown_distributed() -> None:
 # ---------------------------------------------------------------- forward and weights
 
 
+def segments(position_ids: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(row, start, length)`` of every sample in a (R, T) micro-batch: a new sample starts
+    wherever the position restarts at 0 (packed rows) and at every row's first token."""
+    out = []
+    for row, pos in enumerate(position_ids.tolist()):
+        starts = [0] + [t for t in range(1, len(pos)) if pos[t] == 0]
+        ends = starts[1:] + [len(pos)]
+        out += [(row, s, e - s) for s, e in zip(starts, ends, strict=True)]
+    return out
+
+
 def causal_attention_mask(seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """megatron's mask convention: [1, 1, s, s] bool, True where attention is *blocked*."""
     return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)[None, None]
@@ -295,34 +323,40 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _require_pp1() -> None:
-    if parallel_state.get_pipeline_model_parallel_world_size() != 1:
-        raise NotImplementedError(
-            "weight load/export with pipeline parallelism is not implemented "
-            "(layer numbers are per stage); use tp only"
-        )
+def pipeline_stage(model: torch.nn.Module) -> tuple[int, int, bool, bool]:
+    """(global index of this stage's first layer, its number of layers, holds the embedding,
+    holds the final norm and output layer) of a GPTModel; (0, L, True, True) at pp = 1."""
+    gpt = _unwrap(model)
+    layers = gpt.decoder.layers
+    first = layers[0].layer_number - 1 if len(layers) else get_transformer_layer_offset(gpt.config)
+    return first, len(layers), gpt.pre_process, gpt.post_process
 
 
-def load_hf_weights(model: torch.nn.Module, hf_state: dict[str, torch.Tensor], cfg: LayoutConfig) -> None:
-    """Copy a full HF state dict into this rank's (TP-sharded) megatron model."""
-    _require_pp1()
+def shard_hf(hf_state: dict[str, torch.Tensor], cfg: LayoutConfig,
+             stage: tuple[int, int, bool, bool]) -> dict[str, torch.Tensor]:
+    """A full HF-named dict (weights, or anything of their shapes: optimizer moments) -> this rank's
+    megatron-named part: its TP shard of its PP ``stage`` (``pipeline_stage``)."""
     mcore = hf_to_megatron(hf_state, cfg)
     tp = parallel_state.get_tensor_model_parallel_world_size()
     if tp > 1:
         mcore = shard_for_tp(mcore, cfg, tp, parallel_state.get_tensor_model_parallel_rank())
-    result = _unwrap(model).load_state_dict(mcore, strict=False)
-    missing = [k for k in result.missing_keys if not k.endswith("._extra_state")]
-    if missing or result.unexpected_keys:
-        raise RuntimeError(
-            f"megatron model rejected converted weights: missing {missing}, "
-            f"unexpected {result.unexpected_keys}"
-        )
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        mcore = stage_slice(mcore, cfg, *stage)
+    return mcore
 
 
-def export_hf_weights(model: torch.nn.Module, cfg: LayoutConfig) -> dict[str, torch.Tensor]:
-    """The full HF state dict of a (TP-sharded) megatron model, as detached copies on every rank."""
-    _require_pp1()
-    local = {k: v.detach().clone() for k, v in clean_mcore_state(_unwrap(model).state_dict()).items()}
+def gather_hf(local: dict[str, torch.Tensor], cfg: LayoutConfig, first_layer: int) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`shard_hf`, on every rank (collective): stages are merged over the pipeline
+    group first (each rank then holds its TP rank's shard of every layer), then TP shards are
+    gathered as at pp = 1. ``first_layer``: the global index of this stage's first layer."""
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    if pp > 1:
+        device = next(iter(local.values())).device
+        stages: list[Any] = [None] * pp
+        # CPU copies: a pickled CUDA tensor would unpickle onto the sender's device index
+        mine = (first_layer, {k: v.cpu() for k, v in local.items()})
+        dist.all_gather_object(stages, mine, group=parallel_state.get_pipeline_model_parallel_group())
+        local = {k: v.to(device) for k, v in stage_merge(stages, cfg).items()}
     tp = parallel_state.get_tensor_model_parallel_world_size()
     if tp > 1:
         group = parallel_state.get_tensor_model_parallel_group()
@@ -334,3 +368,21 @@ def export_hf_weights(model: torch.nn.Module, cfg: LayoutConfig) -> dict[str, to
                 shards[rank][name] = part
         local = gather_tp(shards, cfg)
     return megatron_to_hf(local, cfg)
+
+
+def load_hf_weights(model: torch.nn.Module, hf_state: dict[str, torch.Tensor], cfg: LayoutConfig) -> None:
+    """Copy a full HF state dict into this rank's part of the model: its TP shard of its PP stage."""
+    mcore = shard_hf(hf_state, cfg, pipeline_stage(model))
+    result = _unwrap(model).load_state_dict(mcore, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("._extra_state")]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"megatron model rejected converted weights: missing {missing}, "
+            f"unexpected {result.unexpected_keys}"
+        )
+
+
+def export_hf_weights(model: torch.nn.Module, cfg: LayoutConfig) -> dict[str, torch.Tensor]:
+    """The full HF state dict of a (TP-sharded, PP-staged) megatron model, as detached copies on every rank."""
+    local = {k: v.detach().clone() for k, v in clean_mcore_state(_unwrap(model).state_dict()).items()}
+    return gather_hf(local, cfg, pipeline_stage(model)[0])

@@ -86,7 +86,12 @@ def compute_logprobs(model: torch.nn.Module, batches: Sequence[MicroBatch | Pref
                      temperature: float = 1.0) -> list[torch.Tensor]:
     """Logprobs of every sample under ``model`` without gradients (reference, proximal policy)."""
     result: list[torch.Tensor | None] = [None] * n
-    for mb in batches:
-        for s, lp in zip(mb.spans, token_logprobs(model, mb, temperature).logprobs, strict=True):
-            result[s.index] = lp
+    pipeline = getattr(getattr(model, "module", model), "pipeline_schedule", None)
+    if pipeline is not None:  # stages of a megatron model: the last one scores (relax.trainers.megatron.pipeline)
+        outs = pipeline.forward_only(batches, lambda mb, logits: span_logprobs(logits, mb, temperature).logprobs)
+    else:
+        outs = [token_logprobs(model, mb, temperature).logprobs for mb in batches]
+    for mb, logprobs in zip(batches, outs, strict=True):
+        for s, lp in zip(mb.spans, logprobs, strict=True):
+            result[s.index] = lp.detach()
     return result  # type: ignore[return-value]

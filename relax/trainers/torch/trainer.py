@@ -21,7 +21,7 @@ import torch.distributed as dist
 from relax.trainers.torch.attention import enable_packed_attention
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
-from relax.trainers.torch.forward import PositionReader, token_logprobs
+from relax.trainers.torch.forward import PositionReader, TokenOutputs, span_logprobs, token_logprobs
 from relax.trainers.torch.optim import build_optimizer
 from relax.trainers.torch.packing import MicroBatch, micro_batches
 from relax.trainers.torch.prefix import PrefixMicroBatch, plan_prefix
@@ -171,7 +171,9 @@ class TorchTrainer:
 
         ``forward`` maps (model, micro-batch) to per-sample outputs (default: token logprobs);
         the critic passes its values. ``read`` (batch indices of ``batch``) reads more off each
-        position's distribution; ``token_loss`` then gets it as ``reads=``."""
+        position's distribution; ``token_loss`` then gets it as ``reads=``. A model split into
+        pipeline stages (a ``pipeline_schedule``, ``relax.trainers.megatron.pipeline``) runs its
+        schedule over the micro-batches instead, with the same per-micro-batch loss."""
         self.model.train()
         _, world = self.world
         weights = token_weights(batch.loss_mask, self.aggregation, self.agg_norm, group=self.data_group)
@@ -179,21 +181,37 @@ class TorchTrainer:
         total = torch.zeros((), dtype=torch.float64)
         parts: list[dict[str, float]] = []
         self.optimizer.zero_grad(set_to_none=True)
-        for k, mb in enumerate(mbs):
-            sync = k == len(mbs) - 1
-            ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else _null()
-            with ctx, self._precision():
-                if forward is None:
-                    logprobs, entropies, reads = token_logprobs(self.model, mb, self.temperature, with_entropy, read)
-                else:
-                    logprobs, entropies, reads = forward(self.model, mb), None, None
-                extra = {"reads": reads} if read is not None else {}
-                losses, m = token_loss(mb, logprobs, entropies, batch, **extra)
-                mb_loss = sum((loss.double() * weights[s.index]).sum() for s, loss in zip(mb.spans, losses, strict=True))
-                # DDP averages gradients over ranks; the weights already normalise globally
-                (mb_loss * world).float().backward()
-            total += mb_loss.detach()
-            parts.append(m)
+
+        def micro_loss(mb: MicroBatch, out: TokenOutputs) -> tuple[torch.Tensor, dict[str, float]]:
+            extra = {"reads": out.reads} if read is not None else {}
+            losses, m = token_loss(mb, out.logprobs, out.entropies, batch, **extra)
+            return sum((loss.double() * weights[s.index]).sum() for s, loss in zip(mb.spans, losses, strict=True)), m
+
+        pipeline = getattr(unwrap(self.model), "pipeline_schedule", None)
+        if pipeline is not None:
+            if forward is not None:
+                raise ValueError("a pipelined model trains on token log-probs only; the critic's custom forward "
+                                 "needs pipeline_parallel=1")
+            with self._precision():  # losses and metrics of the last stage, on every rank
+                done = pipeline.forward_backward(mbs, lambda mb, logits: micro_loss(
+                    mb, span_logprobs(logits, mb, self.temperature, with_entropy, read)), scale=world)
+            for mb_loss, m in done:
+                total += mb_loss
+                parts.append(m)
+        else:
+            for k, mb in enumerate(mbs):
+                sync = k == len(mbs) - 1
+                ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else _null()
+                with ctx, self._precision():
+                    if forward is None:
+                        out = token_logprobs(self.model, mb, self.temperature, with_entropy, read)
+                    else:
+                        out = TokenOutputs(forward(self.model, mb))
+                    mb_loss, m = micro_loss(mb, out)
+                    # DDP averages gradients over ranks; the weights already normalise globally
+                    (mb_loss * world).float().backward()
+                total += mb_loss.detach()
+                parts.append(m)
         metrics = combine_metrics(parts)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(total, group=self.data_group)

@@ -18,6 +18,8 @@ from relax.trainers.megatron.convert import (
     merge_qkv,
     shard_for_tp,
     split_qkv,
+    stage_merge,
+    stage_slice,
 )
 
 FAMILIES = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
@@ -183,6 +185,27 @@ def test_tied_embeddings():
     assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
     # tied shards round-trip too
     assert gather_tp([shard_for_tp(mcore, cfg, 2, r) for r in range(2)], cfg).keys() == mcore.keys()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_pipeline_stages_slice_and_merge_exactly(tied):
+    model = tiny_model("qwen2", num_hidden_layers=4, tie_word_embeddings=tied)
+    cfg = layout_from_hf_config(model.config)
+    mcore = hf_to_megatron(model.state_dict(), cfg)
+    first = stage_slice(mcore, cfg, 0, 2, first=True, last=False)
+    last = stage_slice(mcore, cfg, 2, 2, first=False, last=True)
+    layer = {k.split(".", 3)[3] for k in mcore if k.startswith("decoder.layers.0.")}
+    assert set(first) == {"embedding.word_embeddings.weight"} | {f"decoder.layers.{i}.{n}" for i in (0, 1) for n in layer}
+    assert set(last) == {"decoder.final_layernorm.weight", "output_layer.weight"} | {
+        f"decoder.layers.{i}.{n}" for i in (0, 1) for n in layer}
+    # the last stage's layer 0 is global layer 2; a tied model's output layer is the embedding (megatron's copy)
+    assert torch.equal(last["decoder.layers.0.mlp.linear_fc1.weight"], mcore["decoder.layers.2.mlp.linear_fc1.weight"])
+    out = "embedding.word_embeddings.weight" if tied else "output_layer.weight"
+    assert torch.equal(last["output_layer.weight"], mcore[out])
+    merged = stage_merge([(0, first), (2, last)], cfg)
+    assert merged.keys() == mcore.keys() and all(torch.equal(merged[k], mcore[k]) for k in mcore)
+    with pytest.raises(ConversionError, match="'decoder.layers.2.input_layernorm.weight' is held by two"):
+        stage_merge([(0, first), (2, last), (2, last)], cfg)
 
 
 def test_export_accepts_wrapper_prefixes_extra_state_and_te_names():

@@ -1,0 +1,182 @@
+"""Pipeline parallelism (pp > 1) for the Megatron actor: megatron-core's 1F1B schedule
+(``get_forward_backward_func``) over the PyTorch trainer's micro-batches.
+
+Every rank of a pipeline group plans the same micro-batches from the same batch. The first stage
+embeds each micro-batch, every stage runs its layers and sends the hidden states
+[s, b, H] on, and the last stage turns its logits back into the micro-batch's (R, T, V) layout and
+calls the trainer's loss callback, which returns the micro-batch's loss sum_i sum_t w_it * l_it
+exactly as ``TorchTrainer.step`` computes it per micro-batch; the schedule back-propagates it
+unscaled (``calculate_per_token_loss=True`` turns off megatron's division by the number of
+micro-batches and tokens). The per-micro-batch losses and metrics are then broadcast from the
+last stage, so every rank reports the same step.
+
+Shapes: megatron's GPTModel takes RoPE positions from the sequence length, so packed rows are cut
+into samples and right-padded (``model.segments``), as ``MegatronPolicy.forward`` does. The
+number of samples and their longest length differ between micro-batches, so the model is built
+with ``variable_seq_lengths=True`` (``model.transformer_config_from_hf`` at pp > 1): stages send
+each tensor's shape before the tensor. Padding every micro-batch to one shape would save that
+exchange but run pad tokens through every layer, and the budgeted micro-batches of a batch can
+differ in length by the whole response range.
+
+CPU (gloo, megatron-core 0.16.1): gloo runs ``batch_isend_irecv`` (torch 2.13 coalesces
+``isend``/``irecv`` for it), so megatron's batched p2p is kept. What needs CUDA is worked around
+for the duration of the schedule (``cpu_schedule``): ``p2p_communication.py``
+``_communicate_shapes`` / ``_communicate`` allocate on ``torch.cuda.current_device()`` and call
+``torch.cuda.synchronize()``; ``schedules.py`` ``forward_backward_pipelining_without_interleaving``
+creates ``total_num_tokens`` with ``device="cuda"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from torch.overrides import TorchFunctionMode
+
+from relax.trainers.megatron.model import causal_attention_mask, cuda_device_as_cpu, segments
+from relax.trainers.torch.packing import MicroBatch
+
+# (micro-batch, its (R, T, V) logits) -> (micro-batch loss, a 0-dim tensor; its metrics)
+MicroLoss = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+
+
+class _CudaFactoriesOnCpu(TorchFunctionMode):
+    """Factory calls with ``device="cuda"`` allocate on the CPU (megatron's ``total_num_tokens``)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if isinstance(device, str | torch.device) and torch.device(device).type == "cuda":
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cpu_schedule() -> Iterator[None]:
+    """megatron's schedule and p2p code on a CPU-only torch (module docstring); a no-op with CUDA."""
+    if torch.cuda.is_available():
+        yield
+        return
+    with cuda_device_as_cpu(), mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None), \
+            _CudaFactoriesOnCpu():
+        yield
+
+
+def sample_rows(mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+    """A micro-batch as megatron's GPTModel takes it: one right-padded row per sample, (n, S) ids
+    and positions 0..S-1, the [1, 1, S, S] causal mask, and the ``(row, start, length)`` spans."""
+    ids = mb.input_ids
+    spans = segments(mb.position_ids)
+    longest = max(length for _, _, length in spans)
+    batch = ids.new_zeros(len(spans), longest)
+    for k, (row, start, length) in enumerate(spans):
+        batch[k, :length] = ids[row, start:start + length]
+    positions = torch.arange(longest, device=ids.device).expand(len(spans), -1)
+    # right padding after a causal sample never reaches it: the plain causal mask is exact
+    return batch, positions, causal_attention_mask(longest, ids.device), spans
+
+
+def rows_of(logits: torch.Tensor, mb: MicroBatch, spans: Sequence[tuple[int, int, int]]) -> torch.Tensor:
+    """(n, S, V) per-sample logits -> the micro-batch's (R, T, V) layout (inverse of ``sample_rows``)."""
+    out = logits.new_zeros(*mb.input_ids.shape, logits.shape[-1])
+    for k, (row, start, length) in enumerate(spans):
+        out[row, start:start + length] = logits[k, :length]
+    return out
+
+
+class PipelineSchedule:
+    """Forward/backward of a ``MegatronPolicy`` at pp > 1 (module docstring). ``TorchTrainer.step``
+    runs it instead of its per-micro-batch loop when the model carries one as ``pipeline_schedule``."""
+
+    def __init__(self, policy: torch.nn.Module):
+        self.gpt = policy.gpt
+        config = self.gpt.config
+        if not config.variable_seq_lengths or config.pipeline_dtype is None:
+            raise ValueError("the GPTModel needs variable_seq_lengths=True and a pipeline_dtype for the "
+                             "trainer's micro-batches; build it with model.build_gpt_model(..., pp=pp)")
+        config.calculate_per_token_loss = True  # the callback's loss already carries the global weights
+
+    def forward_backward(self, mbs: Sequence[MicroBatch], loss: MicroLoss,
+                         scale: float = 1.0) -> list[tuple[float, dict[str, float]]]:
+        """Run every micro-batch through the pipeline and back-propagate ``scale`` x its loss (the
+        trainer's data-parallel factor); returns each micro-batch's (loss, metrics) on every rank."""
+        if any(not isinstance(mb, MicroBatch) or mb.media for mb in mbs):
+            raise ValueError("pipeline parallelism takes text micro-batches of the pack/bucket/pad layouts, "
+                             "not the prefix layout or media inputs")
+        results: list[tuple[float, dict[str, float]]] = []
+
+        def forward_step(data: Iterator[MicroBatch], model: torch.nn.Module):
+            mb = next(data)
+            batch, positions, mask, spans = sample_rows(mb)
+            output = model(batch, positions, mask, runtime_gather_output=True)
+
+            def on_last_stage(logits: torch.Tensor):  # (n, S, V), gathered over TP
+                value, metrics = loss(mb, rows_of(logits, mb, spans))
+                results.append((float(value.detach()), metrics))
+                # (loss to back-propagate, token count, reported): megatron sums the counts only
+                return (value * scale).float(), torch.ones((), dtype=torch.int), {}
+
+            return output, on_last_stage
+
+        longest = max(int(mb.input_ids.shape[1]) for mb in mbs)
+        with cpu_schedule():
+            get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.gpt],
+                num_microbatches=len(mbs), seq_length=longest, micro_batch_size=1, forward_only=False)
+        self._sync_tied_embedding_grads()
+        box: list[Any] = [results]
+        dist.broadcast_object_list(box, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                   group=parallel_state.get_pipeline_model_parallel_group())
+        return box[0]
+
+    def forward_only(self, mbs: Sequence[MicroBatch], read: Callable[[MicroBatch, torch.Tensor], Any]) -> list[Any]:
+        """``read(mb, logits (R, T, V))`` of every micro-batch without gradients (the reference's or
+        the proximal policy's log-probs), computed on the last stage and returned on every rank."""
+        results: list[Any] = []
+
+        def forward_step(data: Iterator[MicroBatch], model: torch.nn.Module):
+            mb = next(data)
+            batch, positions, mask, spans = sample_rows(mb)
+            output = model(batch, positions, mask, runtime_gather_output=True)
+
+            def on_last_stage(logits: torch.Tensor):
+                results.append(read(mb, rows_of(logits, mb, spans)))
+                return torch.zeros(()), torch.ones((), dtype=torch.int), {}
+
+            return output, on_last_stage
+
+        longest = max(int(mb.input_ids.shape[1]) for mb in mbs)
+        with cpu_schedule(), torch.no_grad():
+            get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.gpt],
+                num_microbatches=len(mbs), seq_length=longest, micro_batch_size=1, forward_only=True)
+        box: list[Any] = [results]
+        dist.broadcast_object_list(box, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                   group=parallel_state.get_pipeline_model_parallel_group())
+        return box[0]
+
+    def _sync_tied_embedding_grads(self) -> None:
+        """Tied embeddings: the first stage's embedding and the last stage's ``output_layer`` copy each
+        got half of the gradient; both need the sum (megatron's ``finalize_model_grads`` does this
+        through its DDP buffers, which this trainer does not use)."""
+        gpt = self.gpt
+        if not gpt.share_embeddings_and_output_weights or not parallel_state.is_rank_in_embedding_group():
+            return
+        weight = gpt.shared_embedding_or_output_weight()
+        grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+        dist.all_reduce(grad, group=parallel_state.get_embedding_group())
+        weight.grad = grad
+
+
+def attach_pipeline(policy: torch.nn.Module) -> PipelineSchedule | None:
+    """Give a ``MegatronPolicy`` its schedule when pipeline parallelism is on (None at pp = 1)."""
+    if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+        return None
+    policy.pipeline_schedule = PipelineSchedule(policy)
+    return policy.pipeline_schedule
