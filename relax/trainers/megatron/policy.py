@@ -14,9 +14,12 @@ What the trainer and the actor role see:
   engines, what checkpoints hold (so the PyTorch trainer's resume contract carries over bit for
   bit) and what an ``init_checkpoint`` from either backend loads.
 
-Scope (docs/megatron.md): one process at tensor/pipeline/context/expert parallel 1, gloo on CPU
-and NCCL on CUDA; the optimizer is the PyTorch trainer's AdamW. Larger layouts are refused by
-the config before any work starts (``relax.config_checks``).
+Scope (docs/megatron.md): tensor, pipeline and data parallel over the process group the caller
+set up (the actor role's ranks, relax.services.roles.actor_ranks; one process otherwise), gloo
+on CPU and NCCL on CUDA; at pipeline parallel > 1 the trainer runs megatron's schedule
+(relax.trainers.megatron.pipeline). The optimizer is the PyTorch trainer's AdamW; its state is
+checkpointed by Hugging Face name (relax.trainers.megatron.optim_state), so a checkpoint resumes
+at another layout. Context and expert parallelism are refused by the config (relax.config_checks).
 """
 
 from __future__ import annotations
@@ -35,20 +38,30 @@ from relax.trainers.megatron.model import (
     causal_attention_mask,
     cuda_device_as_cpu,
     export_hf_weights,
+    gather_hf,
     init_cpu_single_process,
     load_hf_weights,
+    pipeline_stage,
+    segments,
+    shard_hf,
 )
+from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
+from relax.trainers.megatron.pipeline import attach_pipeline
+from relax.trainers.torch.checkpoint import load_by_name
 
 
-def segments(position_ids: torch.Tensor) -> list[tuple[int, int, int]]:
-    """``(row, start, length)`` of every sample in a (R, T) micro-batch: a new sample starts
-    wherever the position restarts at 0 (packed rows) and at every row's first token."""
-    out = []
-    for row, pos in enumerate(position_ids.tolist()):
-        starts = [0] + [t for t in range(1, len(pos)) if pos[t] == 0]
-        ends = starts[1:] + [len(pos)]
-        out += [(row, s, e - s) for s, e in zip(starts, ends, strict=True)]
-    return out
+def _padding_row_without_gradient(pad: int) -> Any:
+    """A forward hook on megatron's word embedding that gives it ``nn.Embedding(padding_idx=pad)``'s
+    gradient: a lookup of the pad token adds nothing to that row's gradient. Hugging Face's
+    Qwen2/Qwen3/Llama embed with ``padding_idx=config.pad_token_id``, and a policy can sample the
+    pad token mid-response (a tiny model often does), so without this the two backends' gradients
+    differ in that row. The output layer's gradient to the row (tied embeddings) is untouched, as in HF."""
+
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        is_pad = (args[0] == pad).unsqueeze(-1)  # input ids (b, s) -> (b, s, 1) over output (b, s, H)
+        return torch.where(is_pad, output.detach(), output) if bool(is_pad.any()) else output
+
+    return hook
 
 
 class MegatronPolicy(torch.nn.Module):
@@ -60,6 +73,10 @@ class MegatronPolicy(torch.nn.Module):
         self.gpt = gpt
         self.hf_config = hf_config
         self.layout: LayoutConfig = layout_from_hf_config(hf_config)
+        pad = getattr(hf_config, "pad_token_id", None)
+        embedding = getattr(getattr(gpt, "embedding", None), "word_embeddings", None)  # first pipeline stage only
+        if pad is not None and embedding is not None:
+            embedding.register_forward_hook(_padding_row_without_gradient(int(pad)))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, use_cache: bool = False, **media: Any) -> SimpleNamespace:
@@ -67,6 +84,9 @@ class MegatronPolicy(torch.nn.Module):
         attention mask is implied by the samples (causal within each); media inputs are refused."""
         if media:
             raise ValueError(f"trainer.backend=megatron trains text models; got model inputs {sorted(media)}")
+        if getattr(self, "pipeline_schedule", None) is not None:
+            raise RuntimeError("a pipeline stage has no whole-model forward: run the model through its "
+                               "pipeline_schedule (TorchTrainer.step and compute_logprobs do)")
         rows, width = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(width, device=input_ids.device).expand(rows, -1)
@@ -101,12 +121,20 @@ class MegatronPolicy(torch.nn.Module):
         group. Megatron's own ``get_grad_norm_fp32`` allocates on CUDA, so it is not used."""
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+        from megatron.core.transformer.module import param_is_not_shared
 
         params = [p for p in self.parameters() if p.grad is not None]
+        data = parallel_state.get_data_parallel_group()
+        if dist.get_world_size(data) > 1:  # what megatron's DDP does in finish_grad_sync, unbucketed
+            for p in params:  # each rank's gradient is world x its share's (TorchTrainer.step): the mean is the sum
+                dist.all_reduce(p.grad, group=data)
+                p.grad.div_(dist.get_world_size(data))
         group = parallel_state.get_model_parallel_group()
         if dist.get_world_size(group) == 1:  # exactly the PyTorch backend's arithmetic
             return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        squares = sum((p.grad.double().pow(2).sum() for p in params if param_is_not_tensor_parallel_duplicate(p)),
+        # param_is_not_shared: the last pipeline stage's copy of tied embeddings counts once, on the first
+        squares = sum((p.grad.double().pow(2).sum() for p in params
+                       if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)),
                       torch.zeros((), dtype=torch.float64))
         dist.all_reduce(squares, group=group)
         norm = float(squares.sqrt())
@@ -114,6 +142,33 @@ class MegatronPolicy(torch.nn.Module):
         for p in params:
             p.grad.mul_(scale)
         return norm
+
+    def optimizer_state_by_name(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """``optimizer``'s state in the checkpoint's by-name form (relax.trainers.torch.checkpoint),
+        moments gathered over the shards into the Hugging Face layout (relax.trainers.megatron.optim_state),
+        so a checkpoint resumes at another parallel layout or backend. Collective: every rank calls it."""
+        sd = optimizer.state_dict()
+        names = self._names_of(optimizer)
+        return {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"}
+                                                for g in sd["param_groups"]],
+                "state": state_to_hf(self, {names[i]: st for i, st in sd["state"].items()})}
+
+    def load_optimizer_state_by_name(self, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+        """Inverse of :meth:`optimizer_state_by_name`: this rank's shards of the saved moments."""
+        load_by_name(optimizer, saved, state_from_hf(self, saved["state"]), self._names_of(optimizer))
+
+    def _names_of(self, optimizer: torch.optim.Optimizer) -> list[str]:
+        """The optimizer's parameters, in its groups' order, by megatron name."""
+        names = {id(p): n for n, p in self.gpt.named_parameters()}
+        return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+    def to_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's megatron-named tensors of the weights' shapes -> the full HF-named dict (collective)."""
+        return gather_hf(local, self.layout, pipeline_stage(self.gpt)[0])
+
+    def from_hf(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A full HF-named dict of the weights' shapes -> this rank's megatron-named part."""
+        return shard_hf(hf, self.layout, pipeline_stage(self.gpt))
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
         """The weights in the Hugging Face layout (detached copies)."""
@@ -162,4 +217,6 @@ def megatron_policy(hf_model: torch.nn.Module, seed: int = 0) -> MegatronPolicy:
                           pp=parallel_state.get_pipeline_model_parallel_world_size(), params_dtype=param.dtype)
     policy = MegatronPolicy(gpt, hf_model.config).to(param.device)
     policy.load_state_dict(hf_model.state_dict())
+
+    attach_pipeline(policy)  # pp > 1: the trainer runs megatron's schedule instead of forward()
     return policy

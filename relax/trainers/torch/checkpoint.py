@@ -87,14 +87,75 @@ def safe_load(blob: bytes, where: str) -> dict[str, Any]:
     return state
 
 
-def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler: Any = None, meta: dict[str, Any] | None = None) -> str:
-    state = {
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer``'s state keyed by parameter name, not by position: ``{"format": "by-name",
+    "groups": [hyper-parameters], "state": {name: {"step", "exp_avg", ...}}}``. A model that is
+    a view of another layout (the Megatron policy: Hugging Face names, tensor-parallel shards
+    gathered) gives its own, so a checkpoint resumes on either backend and any parallel layout."""
+    m = unwrap(model)
+    if hasattr(m, "optimizer_state_by_name"):
+        return m.optimizer_state_by_name(optimizer)
+    sd = optimizer.state_dict()
+    order = _param_names(m, optimizer)
+    return {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
+            "state": {order[i]: st for i, st in sd["state"].items()}}
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Inverse of :func:`optimizer_state`; a positional state dict (checkpoints before by-name) loads as it is."""
+    if saved.get("format") != "by-name":
+        optimizer.load_state_dict(saved)
+        return
+    m = unwrap(model)
+    if hasattr(m, "load_optimizer_state_by_name"):
+        m.load_optimizer_state_by_name(optimizer, saved)
+        return
+    load_by_name(optimizer, saved, saved["state"], _param_names(m, optimizer))
+
+
+def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def load_by_name(optimizer: torch.optim.Optimizer, saved: dict[str, Any], by_name: dict[str, dict[str, Any]],
+                 order: list[str]) -> None:
+    """Load per-name optimizer state into ``optimizer`` whose parameters are named ``order`` (its
+    groups' order), through ``Optimizer.load_state_dict`` (which casts to each parameter's dtype and
+    device). Names the checkpoint has and this model lacks (a tied head's alias) are skipped."""
+    if len(saved["groups"]) != len(optimizer.param_groups):
+        raise CheckpointError(f"checkpoint optimizer has {len(saved['groups'])} parameter groups, this one "
+                              f"{len(optimizer.param_groups)}: another optimizer layout")
+    groups, start = [], 0
+    for g, hyper in zip(optimizer.param_groups, saved["groups"], strict=True):
+        groups.append({**hyper, "params": list(range(start, start + len(g["params"])))})
+        start += len(g["params"])
+    # a parameter never stepped (a head without gradient) has no state, as in a fresh optimizer; each
+    # gets its own copy of a shared scalar (AdamW's step), which the optimizer increments in place
+    state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in by_name[n].items()}
+             for i, n in enumerate(order) if n in by_name}
+    optimizer.load_state_dict({"state": state,
+                               "param_groups": groups})
+
+
+def trainer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                  scheduler: Any = None) -> dict[str, Any]:
+    """What a checkpoint's ``trainer.pt`` holds (collective for a sharded model: every rank calls it)."""
+    return {
         "model": unwrap(model).state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "optimizer": optimizer_state(model, optimizer) if optimizer is not None else None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "rng": rng_state(),
     }
+
+
+def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    scheduler: Any = None, meta: dict[str, Any] | None = None) -> str:
+    return write_checkpoint(url, trainer_state(model, optimizer, scheduler), meta)
+
+
+def write_checkpoint(url: str, state: dict[str, Any], meta: dict[str, Any] | None = None) -> str:
+    """Write :func:`trainer_state`'s ``state``: ``trainer.pt``, then ``meta.json`` with its sha256."""
     buf = io.BytesIO()
     torch.save(state, buf)
     blob = buf.getvalue()
@@ -140,7 +201,7 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     check_compatible(state["model"], unwrap(model).state_dict(), url)
     unwrap(model).load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
-        optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(model, optimizer, state["optimizer"])
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
     if restore_rng:

@@ -47,6 +47,16 @@ def test_one_actor_step_equals_the_pytorch_backend(child: dict[str, Any], layout
     assert res["max_weight_diff"] < 1e-5 and res["max_weight_change"] > 1e-4
 
 
+def test_a_sampled_pad_token_gets_the_gradient_hugging_face_gives_it(child: dict[str, Any]) -> None:
+    # HF embeds with padding_idx=pad_token_id: a pad token the policy sampled mid-response adds no
+    # lookup gradient to its row; megatron's embedding would, and the steps would differ (by 2% of
+    # the gradient norm in a tiny run before the fix)
+    res = child["pad_token"]
+    assert res["pads_in_batch"] >= 3
+    assert res["grad_norm_megatron"] == pytest.approx(res["grad_norm_torch"], rel=1e-5)
+    assert res["max_weight_diff"] < 1e-5
+
+
 def test_packed_rows_give_the_unpacked_logprobs(child: dict[str, Any]) -> None:
     assert child["pack_vs_pad_logprob_diff"] < 1e-5
 
@@ -93,6 +103,16 @@ def _main(out: str) -> None:
             "max_weight_diff": max(float((after_t[k] - after_m[k]).abs().max()) for k in after_m),
             "max_weight_change": max(float((after_t[k] - hf.state_dict()[k]).abs().max()) for k in after_m),
         }
+    pad_hf = tiny_qwen2(pad_token_id=0)
+    torch_pad, mcore_pad = Actor(copy.deepcopy(pad_hf), cfg), Actor(megatron_policy(copy.deepcopy(pad_hf)), cfg)
+    pad_batch = tiny_batch()
+    for ids in pad_batch.input_ids[1::2]:  # the pad token sampled inside three responses
+        ids[5] = 0
+    a, b = torch_pad.train_step(pad_batch), mcore_pad.train_step(pad_batch)
+    after_t, after_m = torch_pad.model.state_dict(), mcore_pad.model.state_dict()
+    result["pad_token"] = {"pads_in_batch": sum(int((ids[4:] == 0).sum()) for ids in pad_batch.input_ids),
+                           "grad_norm_torch": a.grad_norm, "grad_norm_megatron": b.grad_norm,
+                           "max_weight_diff": max(float((after_t[k] - after_m[k]).abs().max()) for k in after_m)}
     # the same megatron model scores a batch alike whether its rows are packed or padded
     policy = mcore_actor.model
     pad_cfg = load_config(None, ["trainer.micro_batch_layout=pad", "rollout.max_new_tokens=16"])

@@ -10,11 +10,11 @@ from relax.trainers.torch.batch import RolloutBatch
 VOCAB = 64
 
 
-def tiny_qwen2(seed: int = 0, hidden: int = 32, layers: int = 2) -> Qwen2ForCausalLM:
+def tiny_qwen2(seed: int = 0, hidden: int = 32, layers: int = 2, pad_token_id: int | None = None) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      attention_dropout=0.0)
+                      attention_dropout=0.0, pad_token_id=pad_token_id)
     return Qwen2ForCausalLM(cfg)
 
 
