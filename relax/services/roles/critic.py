@@ -13,7 +13,8 @@ how the roles were scheduled, and a restart reproduces them: the critic reloads 
 checkpoint (``<run>/critic/checkpoints/step-N/``, trained through step N), re-takes steps
 N+1.. from the groups' records (the same samples), skips re-committing values that are
 already in the queue, and continues. A fresh critic starts from policy version 0 (the run's
-starting point, warm start included) with a zero value head.
+starting point, warm start included) with a zero value head. With ``trainer.backend=megatron``
+the value model is megatron-core's (``relax.trainers.megatron.value``), same state-dict layout.
 
 Disaggregated and async, the critic is its own process / Serve deployment (``relax role
 critic``) running :class:`CriticRole` alone. :class:`CriticAndAdvantage` is the colocated
@@ -23,6 +24,7 @@ topology's GAE stage: the critic and the advantage role stepping whichever can m
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ from relax import objstore
 from relax.faults import fault_point
 from relax.models.value_head import ValueHeadModel
 from relax.services.context import RunContext
+from relax.services.roles.actor_ranks import megatron_beside_actor
 from relax.services.roles.advantage import AdvantageRole
 from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.schema import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP, VALUE_FIELDS
@@ -58,7 +61,15 @@ class CriticRole:
         cfg = ctx.cfg
         self.ctx, self.cfg = ctx, cfg
         policy, processor = ctx.build_model()
-        self.critic = Critic.for_run(ValueHeadModel(policy), cfg, pad_id=ctx.tokenizer.pad_token_id or 0)
+        if megatron_beside_actor(cfg):  # same weights in megatron-core's layers (relax.trainers.megatron.value)
+            with warnings.catch_warnings():  # megatron announces every fused kernel it falls back from
+                warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+                from relax.trainers.megatron.value import megatron_value_model
+
+                model: torch.nn.Module = megatron_value_model(policy, seed=cfg.seed)
+        else:
+            model = ValueHeadModel(policy)
+        self.critic = Critic.for_run(model, cfg, pad_id=ctx.tokenizer.pad_token_id or 0)
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         self.queue = ctx.queue()
         groups = cfg.rollout.prompts_per_step
