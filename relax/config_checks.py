@@ -103,6 +103,7 @@ def validate(cfg: Any, prefix: str = "") -> None:
 
 MEGATRON_FAMILIES = ("qwen2", "qwen3", "llama")
 PARALLEL_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel")
+UNWIRED_PARALLEL = ("context_parallel", "expert_parallel")  # accepted by the config tree, not by the actor yet
 
 
 def backend_checks(t: Any, family: str) -> None:
@@ -116,11 +117,11 @@ def backend_checks(t: Any, family: str) -> None:
     if family not in MEGATRON_FAMILIES:
         raise ConfigError(f"trainer.backend=megatron builds {list(MEGATRON_FAMILIES)} text models, not "
                           f"model.family={family!r}: use trainer.backend=torch")
-    if bigger or t.data_parallel > 1:
-        name, value = next(iter({**bigger, **({"data_parallel": t.data_parallel} if t.data_parallel > 1 else {})}
-                                .items()))
-        raise ConfigError(f"trainer.{name}={value}: the Megatron actor runs as one process in the RL loop today "
-                          f"(docs/megatron.md); set it to 1, or trainer.backend=torch with data_parallel for DDP")
+    for name in UNWIRED_PARALLEL:
+        if getattr(t, name) > 1:
+            raise ConfigError(f"trainer.{name}={getattr(t, name)}: the Megatron actor does not split sequences or "
+                              f"experts yet (docs/megatron.md); set it to 1 and use tensor_parallel, "
+                              f"pipeline_parallel or data_parallel")
     if t.micro_batch_layout == "prefix":
         raise ConfigError("trainer.micro_batch_layout=prefix shares a prompt's positions between responses, which "
                           "megatron's GPTModel cannot take: use pack, bucket or pad with trainer.backend=megatron")
@@ -282,6 +283,16 @@ def cross_checks(cfg: Any) -> None:
     if t.thaw_encoders_at and t.freeze_encoders and t.data_parallel > 1:
         raise ConfigError("trainer.thaw_encoders_at needs trainer.data_parallel=1: DDP fixes the parameters it "
                           "synchronises when it wraps the model, so a thawed encoder would drift apart per rank")
+    ranks = t.data_parallel * t.tensor_parallel * t.pipeline_parallel
+    if ranks > 1 and cfg.topology == "colocated" and cfg.algorithm.advantage == "gae":
+        raise ConfigError(f"a {ranks}-rank actor (trainer.data/tensor/pipeline_parallel) in the colocated topology would "
+                          f"share its process group with the critic, which trains in the same process: use "
+                          f"topology=disaggregated (each role its own process) or a one-rank actor")
+    per_update = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt // max(1, t.mini_batches)
+    if per_update < t.data_parallel:
+        raise ConfigError(f"trainer.data_parallel={t.data_parallel} ranks but each optimizer step trains "
+                          f"{per_update} samples (rollout.prompts_per_step x n_samples_per_prompt / "
+                          f"trainer.mini_batches): every rank needs one; raise the batch or lower data_parallel")
     if cfg.data.judge_url and cfg.data.reward_fn:
         raise ConfigError("data.judge_url and data.reward_fn both replace the task verifiers; set one of them")
     if cfg.algorithm.near_miss_credit and (cfg.data.reward_fn or cfg.data.judge_url):

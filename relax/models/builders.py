@@ -194,6 +194,15 @@ def model_class_for(config: PretrainedConfig) -> type[PreTrainedModel]:
     return AutoModelForCausalLM._model_mapping[type(config)]
 
 
+def policy_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
+    """The policy's Hugging Face config without its weights (a built-in's, or a local folder's)."""
+    if cfg.name_or_path in BUILTIN_MODELS:
+        return tiny_config(cfg, tokenizer)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(Path(cfg.name_or_path).expanduser()), local_files_only=True)
+
+
 def build_policy(
     cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int
 ) -> tuple[PreTrainedModel, MediaProcessor | None]:

@@ -32,7 +32,9 @@ AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
 # settings a restarted run may change: how long it runs and how it is reached, not what it computes
 # how a run is operated, not what it computes: a rerun may change them
 RESUMABLE_FIELDS = {"trainer.total_steps", "rollout.api_port", "rollout.api_host", "rollout.max_engine_processes",
-                    *(f"supervisor.{f.name}" for f in fields(SupervisorConfig))}
+                    *(f"supervisor.{f.name}" for f in fields(SupervisorConfig)),
+                    # checkpoints hold weights and optimizer moments by name in the HF layout, not per shard
+                    "trainer.data_parallel", "trainer.tensor_parallel", "trainer.pipeline_parallel"}
 
 
 class RunConfigMismatch(ValueError):
@@ -172,6 +174,8 @@ class RunContext:
         if self.cfg.trainer.backend == "megatron" and importlib.util.find_spec("megatron") is None:
             raise ConfigError("trainer.backend=megatron needs megatron-core: pip install --no-deps "
                               "megatron-core==0.16.1, or use trainer.backend=torch")
+        if self.cfg.trainer.backend == "megatron":
+            self._check_megatron_layout()
         if engine_urls and self.cfg.rollout.partial_rollout == "abort":  # only the in-process engine aborts
             raise ConfigError("rollout.partial_rollout=abort would change nothing with --engine-url (engines over "
                               "HTTP finish what they started): use rollout.partial_rollout=wait")
@@ -180,6 +184,22 @@ class RunContext:
             if why:
                 raise ConfigError(f"rollout.engine=sglang: {why}; or start SGLang servers yourself and pass their "
                                   f"URLs with --engine-url, or use rollout.engine=native")
+
+    def _check_megatron_layout(self) -> None:
+        """The trainer's tensor/pipeline sizes divide the model (heads, query groups, vocabulary,
+        layers), checked on the model's config before any process group starts."""
+        from relax.models.builders import policy_config
+        from relax.trainers.megatron.convert import check_tp, layout_from_hf_config
+
+        t = self.cfg.trainer
+        layout = layout_from_hf_config(policy_config(self.cfg.model, self.tokenizer))
+        try:
+            check_tp(layout, t.tensor_parallel)
+        except ValueError as e:
+            raise ConfigError(f"trainer.tensor_parallel={t.tensor_parallel} does not divide this model: {e}") from None
+        if layout.num_layers % t.pipeline_parallel:
+            raise ConfigError(f"trainer.pipeline_parallel={t.pipeline_parallel} does not divide the model's "
+                              f"{layout.num_layers} layers: choose a divisor of {layout.num_layers}")
 
     def _sglang_missing(self) -> str | None:
         """What stops the rollout from launching its SGLang servers here, if anything."""

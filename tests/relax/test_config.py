@@ -134,10 +134,19 @@ def test_backend_layouts_are_honoured_or_refused():
     # a parallel layout the chosen backend would ignore is an error naming the field, not a quiet no-op
     with pytest.raises(ConfigError, match="trainer.tensor_parallel=2 is a Megatron layout"):
         load_config(None, ["trainer.tensor_parallel=2"])
-    with pytest.raises(ConfigError, match="trainer.pipeline_parallel=2: the Megatron actor runs as one process"):
-        load_config(None, ["trainer.backend=megatron", "trainer.pipeline_parallel=2"])
-    with pytest.raises(ConfigError, match="trainer.data_parallel=2: the Megatron actor"):
-        load_config(None, ["trainer.backend=megatron", "trainer.data_parallel=2"])
+    with pytest.raises(ConfigError, match="trainer.context_parallel=2: the Megatron actor does not split"):
+        load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2"])
+    with pytest.raises(ConfigError, match="trainer.expert_parallel=2: the Megatron actor does not split"):
+        load_config(None, ["trainer.backend=megatron", "trainer.expert_parallel=2"])
+    # data and tensor parallel ranks are the actor's processes (relax.services.roles.actor_ranks)
+    cfg = load_config(None, ["trainer.backend=megatron", "trainer.tensor_parallel=2", "trainer.data_parallel=2"])
+    assert (cfg.trainer.tensor_parallel, cfg.trainer.data_parallel) == (2, 2)
+    assert load_config(None, ["trainer.data_parallel=2"]).trainer.data_parallel == 2
+    with pytest.raises(ConfigError, match="a 2-rank actor .* colocated topology would share its process group"):
+        load_config(None, ["trainer.data_parallel=2", "algorithm.advantage=gae", "model.value_head=true"])
+    with pytest.raises(ConfigError, match="trainer.data_parallel=8 ranks but each optimizer step trains 4 samples"):
+        load_config(None, ["trainer.data_parallel=8", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=4",
+                           "trainer.mini_batches=2"])
     with pytest.raises(ConfigError, match="micro_batch_layout=prefix"):
         load_config(None, ["trainer.backend=megatron", "trainer.micro_batch_layout=prefix"])
     with pytest.raises(ConfigError, match="not model.family='qwen2_audio'"):

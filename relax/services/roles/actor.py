@@ -14,18 +14,18 @@ kept (the store is the truth, and on CPU retraining reproduces them bit for bit)
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 from relax import objstore
 from relax.config_loader import config_hash
 from relax.faults import fault_point
 from relax.services.context import RunContext
+from relax.services.roles.actor_ranks import actor_ranks, megatron_beside_actor, parallel_model
 from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.schema import ACTOR_GROUP
 from relax.services.supervision import read_restarts
-from relax.trainers.torch.actor import Actor, Reference, kl_loss_term, reference_fields
-from relax.trainers.torch.checkpoint import load_checkpoint, load_newest_good, read_meta
+from relax.trainers.torch.actor import Reference, kl_loss_term, reference_fields
+from relax.trainers.torch.checkpoint import load_newest_good, read_meta, write_checkpoint
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, record_url, write_record
 
@@ -92,6 +92,8 @@ def initial_reference(ctx: RunContext, wait_s: float | None = None) -> tuple[Ref
     finally:
         store.close()
     model.load_state_dict(state)
+    if megatron_beside_actor(ctx.cfg):  # the same weights in megatron-core's layers
+        model = parallel_model(model, ctx.cfg, 1)
     return Reference(model, ctx.cfg.trainer.micro_batch_tokens, ctx.cfg.rollout.temperature,
                      ctx.cfg.trainer.micro_batch_layout), processor
 
@@ -100,15 +102,10 @@ class ActorRole:
     def __init__(self, ctx: RunContext):
         cfg = ctx.cfg
         self.ctx, self.cfg = ctx, cfg
-        model, processor = ctx.build_model()
-        if cfg.trainer.backend == "megatron":  # same weights in megatron-core's layers (relax.trainers.megatron.policy)
-            with warnings.catch_warnings():  # megatron announces every fused kernel it falls back from
-                warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
-                from relax.trainers.megatron.policy import megatron_policy
-
-                model = megatron_policy(model, seed=cfg.seed)
-        self.actor = Actor(model, cfg, pad_id=ctx.tokenizer.pad_token_id or 0)
-        self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
+        # one process, or rank 0 of trainer.data_parallel x tensor_parallel x pipeline_parallel (actor_ranks)
+        self.ranks = actor_ranks(ctx)
+        self.actor = self.ranks.ops.actor
+        self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, self.ranks.ops.processor, ctx.snapshot.load_media)
         self.store = ctx.weights()
         self.queue = ctx.queue()
         fields = (ACTOR_FIELDS + (reference_fields(cfg.algorithm) if actor_reads_reference(cfg) else [])
@@ -117,19 +114,18 @@ class ActorRole:
                                       batch_groups=cfg.rollout.prompts_per_step, max_staleness=cfg.queue.max_staleness)
         self.step_index, self.resumed_from = 0, None
         done = list_checkpoints(ctx)
-        found = load_newest_good([self.checkpoint_url(s) for s in done], self.actor.trainer.load)
+        found = load_newest_good([self.checkpoint_url(s) for s in done], lambda url: self.ranks.call("resume", url))
         if found is not None:
             self.step_index, self.resumed_from = int(found[1]["step"]) + 1, done[found[0]]
         self.parent_step = self.resumed_from
         if 0 not in self.store.versions():
             meta: dict[str, Any] = {"step": -1}
             if cfg.model.init_checkpoint and self.resumed_from is None:
-                load_checkpoint(cfg.model.init_checkpoint, self.actor.model, restore_rng=False)
+                self.ranks.call("load_init", cfg.model.init_checkpoint)
                 meta["init_checkpoint"] = cfg.model.init_checkpoint
-            self.store.publish(0, self.actor.model.state_dict(), meta)
+            self.store.publish(0, self.ranks.call("weights"), meta)
         elif self.resumed_from is None:  # version 0 published before a crash that preceded any checkpoint
-            state, _ = self.store.load(0)
-            self.actor.model.load_state_dict(state)
+            self.ranks.call("load_weights", None, 0)
         # with kl_in_reward the KL is in the advantages (the advantage role holds the reference);
         # with reference_role the rows bring ref_logprobs (relax.services.roles.reference)
         use_ref = kl_loss_term(cfg.algorithm)
@@ -161,17 +157,17 @@ class ActorRole:
             rollout_batch.ref_logprobs = self.reference.logprobs(rollout_batch)
         if behaviour_is_proximal(self.cfg, batch.policy_versions, self.version):
             rollout_batch.prox_logprobs = rollout_batch.old_logprobs
-        result = self.actor.train_step(rollout_batch)
+        result = self.ranks.call("train_step", rollout_batch)
         t_train = time.perf_counter()
         self.step_index += 1
         # a step's record is written before it trains, so only a replayed step can find its
         # version already published (by the incarnation that died): that one is kept
         if not (batch.replayed and self.version in self.store.versions()):
-            self.store.publish(self.version, self.actor.model.state_dict(), {"step": s})
+            self.store.publish(self.version, self.ranks.call("weights"), {"step": s})
         if self.step_index % self.cfg.trainer.checkpoint_every == 0 or self.done:
             self.checkpoint(s)
         staleness = [self.version - 1 - v for v in batch.policy_versions]
-        return {"role": "actor", "step": s, "version": self.version, "loss": result.loss,
+        return {"role": "actor", "step": s, "version": self.version, "ranks": self.ranks.world, "loss": result.loss,
                 "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
                 "samples": len(batch), "tokens": result.tokens, "replayed": batch.replayed,
                 "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
@@ -181,8 +177,9 @@ class ActorRole:
     def checkpoint(self, step: int) -> str:
         cfg = self.cfg
         manifest = self.queue.compact(writer_id="actor-compactor")
-        url = self.actor.trainer.save(self.checkpoint_url(step), {"step": step, "version": self.version,
-                                                                   "manifest_version": manifest})
+        url = write_checkpoint(self.checkpoint_url(step), self.ranks.call("checkpoint_state"), {
+            "steps_done": self.actor.trainer.steps_done, "step": step, "version": self.version,
+            "manifest_version": manifest})
         parent = (ParentRef(cfg.run_id, checkpoint_name(self.parent_step)) if self.parent_step is not None
                   else run_checkpoint_ref(cfg.model.init_checkpoint))
         counts = trained_policy_versions(self.queue, ACTOR_GROUP, up_to_step=step,
@@ -203,3 +200,4 @@ class ActorRole:
     def close(self) -> None:
         self.consumer.close()
         self.store.close()
+        self.ranks.close()

@@ -23,7 +23,7 @@ from relax.algorithms import (
     topk_forward_kl,
 )
 from relax.config import AlgorithmConfig, RelaxConfig
-from relax.trainers.torch.batch import TOPK_FIELDS, RolloutBatch
+from relax.trainers.torch.batch import TOPK_FIELDS, RolloutBatch, data_parallel_share
 from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.encoders import EncoderSchedule
 from relax.trainers.torch.forward import PositionReader, compute_logprobs, token_logprobs
@@ -167,7 +167,15 @@ class Actor:
         if thawed:
             log.info("thawed encoders %s at RL step %d", thawed, self.encoders.thaw_step)
 
+    def share(self, batch: RolloutBatch) -> RolloutBatch:
+        """This data-parallel rank's samples of ``batch`` (all of it on one rank); the loss weights
+        still normalise over the whole batch (``token_weights`` sums over the ranks)."""
+        rank, world = self.trainer.world
+        return batch if world == 1 else batch.select(data_parallel_share(batch.lengths, rank, world))
+
     def train_step(self, batch: RolloutBatch) -> StepResult:
+        """One RL update from ``batch``, the whole step's batch on every rank: each data-parallel
+        rank trains on its share of every mini-batch."""
         self._thaw_if_due()
         batch.require(required_fields(self.cfg.algorithm),
                       f"policy loss {self.cfg.algorithm.policy_loss!r} with off_policy {self.cfg.algorithm.off_policy!r}")
@@ -175,11 +183,11 @@ class Actor:
             batch.prox_logprobs = self.logprobs(batch)
         t = self.cfg.trainer
         entropy = self.cfg.algorithm.entropy_coef > 0
-        if t.mini_batches == 1 and t.ppo_epochs == 1:
-            return self.trainer.step(batch, self.loss, with_entropy=entropy, read=self.loss.reader(batch))
         # rows arrive prompt group by prompt group, so contiguous parts keep most groups whole
         n, k = len(batch), min(t.mini_batches, len(batch))
-        parts = [batch.select(list(range(i * n // k, (i + 1) * n // k))) for i in range(k)]
+        parts = [self.share(batch.select(list(range(i * n // k, (i + 1) * n // k)))) for i in range(k)]
+        if len(parts) == 1 and t.ppo_epochs == 1:
+            return self.trainer.step(parts[0], self.loss, with_entropy=entropy, read=self.loss.reader(parts[0]))
         results = [self.trainer.step(part, self.loss, with_entropy=entropy, read=self.loss.reader(part))
                    for _ in range(t.ppo_epochs) for part in parts]
         return merge_results(results)

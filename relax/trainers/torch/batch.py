@@ -85,3 +85,21 @@ class RolloutBatch:
         return RolloutBatch(**{f.name: pick(getattr(self, f.name)) for f in fields(self)
                                if f.name != "policy_versions"},
                             policy_versions=[self.policy_versions[i] for i in indices] if self.policy_versions else [])
+
+
+def data_parallel_share(lengths: Sequence[int], rank: int, world: int) -> list[int]:
+    """Rank ``rank``'s sample indices of a batch split over ``world`` data-parallel ranks, balanced by tokens:
+    longest first, each to the rank holding the fewest tokens so far (the lower rank on a tie),
+    returned in batch order. Every rank computes the same split from the same lengths, so no
+    rank needs to be told its share. E.g. lengths (5, 3, 4) over 2 ranks: 5 -> rank 0, 4 -> rank 1,
+    3 -> rank 1 (4 < 5): rank 0 gets [0], rank 1 gets [1, 2]."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not in a data-parallel world of {world}")
+    if len(lengths) < world:
+        raise ValueError(f"a batch of {len(lengths)} samples cannot give each of {world} data-parallel ranks one; "
+                         f"raise rollout.prompts_per_step or lower trainer.data_parallel")
+    load, owner = [0] * world, [0] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        owner[i] = min(range(world), key=lambda r: (load[r], r))
+        load[owner[i]] += lengths[i]
+    return [i for i in range(len(lengths)) if owner[i] == rank]

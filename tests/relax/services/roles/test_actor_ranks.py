@@ -1,0 +1,108 @@
+"""The actor as several processes in the RL loop (relax.services.roles.actor_ranks).
+
+``trainer.data_parallel`` (the PyTorch backend's DDP) and ``trainer.tensor_parallel`` (the
+Megatron backend) start that many training ranks; their first update equals the one-process
+actor's on the same batch. A multi-rank actor killed mid-run is restarted with its ranks, and a
+run checkpointed at tensor parallel 2 resumes at 1. Each run is ``relax train`` in a process of
+its own (a colocated driver would hold the actor's process group and megatron's state).
+
+The reward is ``length_reward``, which varies inside every prompt group, so every step has
+non-zero advantages and a real gradient to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from relax.services.report.metrics import read_metrics
+from relax.transfer.weights import WeightStore
+
+REPO = Path(__file__).resolve().parents[4]
+pytestmark = [pytest.mark.slow]
+
+COMMON = ("data.tasks=[arithmetic]", "data.train_per_task=64", "data.eval_per_task=8", "rollout.prompts_per_step=4",
+          "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8", "trainer.checkpoint_every=1",
+          "data.reward_fn=tests.relax.services.runtime_helpers.length_reward", "trainer.lr=1e-3",
+          "queue.max_staleness=1", "queue.exact_staleness=true", "supervisor.backoff_s=0.1")
+
+
+def _train(root: Path, *overrides: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    env.pop("RELAX_FAULT", None)
+    if fault:
+        env["RELAX_FAULT"] = fault
+    proc = subprocess.run([sys.executable, "-m", "relax.cli.main", "train", "tiny-cpu", *COMMON, f"root=file://{root}",
+                           "run_id=ranks", *overrides, "--no-progress"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def _actor(root: Path) -> list[dict]:
+    return sorted(read_metrics(f"file://{root}/runs/ranks", "actor"), key=lambda m: (m["step"], m.get("attempt", 0)))
+
+
+def _version(root: Path, v: int) -> dict[str, torch.Tensor]:
+    return WeightStore(f"file://{root}", "ranks").load(v)[0]
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("one")
+    _train(root, "trainer.total_steps=2")
+    return root
+
+
+def test_data_parallel_2_takes_the_one_process_step(one_process: Path, tmp_path: Path) -> None:
+    _train(tmp_path, "trainer.total_steps=2", "trainer.data_parallel=2")
+    one, two = _actor(one_process)[0], _actor(tmp_path)[0]
+    assert (one["ranks"], two["ranks"]) == (1, 2)
+    assert one["grad_norm"] > 0.01  # a real gradient
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    assert two["loss"] == pytest.approx(one["loss"], abs=1e-6)
+    assert _max_diff(_version(one_process, 1), _version(tmp_path, 1)) < 1e-5
+    assert _max_diff(_version(one_process, 0), _version(one_process, 1)) > 1e-4  # the step moved the weights
+
+
+def test_megatron_pipeline_parallel_2_takes_the_one_process_step(one_process: Path, tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core", exc_type=ImportError)
+    # step 1 trains on rows sampled by version 0 and 1 (max_staleness=1): the proximal log-probs
+    # are recomputed through the pipeline's forward-only schedule
+    _train(tmp_path, "trainer.total_steps=2", "trainer.backend=megatron", "trainer.pipeline_parallel=2")
+    one, two = _actor(one_process), _actor(tmp_path)
+    assert [m["ranks"] for m in two] == [2, 2]
+    assert two[0]["grad_norm"] == pytest.approx(one[0]["grad_norm"], rel=1e-5)
+    assert _max_diff(_version(one_process, 1), _version(tmp_path, 1)) < 1e-5
+    assert two[1]["grad_norm"] == pytest.approx(one[1]["grad_norm"], rel=1e-5)
+
+
+def test_megatron_tp2_actor_heals_a_kill_and_resumes_at_tp1(one_process: Path, tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core", exc_type=ImportError)
+    tp2 = ("trainer.backend=megatron", "trainer.tensor_parallel=2", "topology=disaggregated")
+    # rank 0 is SIGKILLed as it takes step 1; its rank 1 dies with it; the controller restarts both
+    _train(tmp_path, "trainer.total_steps=3", *tp2, fault="actor:step:1:1")
+    steps = _actor(tmp_path)
+    assert {m["step"] for m in steps} == {0, 1, 2} and all(m["ranks"] == 2 for m in steps)
+    status = json.loads(subprocess.run([sys.executable, "-m", "relax.cli.main", "status", f"file://{tmp_path}",
+                                        "ranks", "--json"], cwd=REPO, capture_output=True, text=True).stdout)
+    assert status["restarts"]["actor"] == 1
+    # the megatron tp=2 update of the same batch is the PyTorch one-process update
+    assert steps[0]["grad_norm"] == pytest.approx(_actor(one_process)[0]["grad_norm"], rel=1e-5)
+    assert _max_diff(_version(one_process, 1), _version(tmp_path, 1)) < 1e-5
+    # the same run resumed at tensor parallel 1 (checkpoints hold no shards) takes its next step
+    _train(tmp_path, "trainer.total_steps=4", "trainer.backend=megatron", "topology=disaggregated")
+    last = _actor(tmp_path)[-1]
+    assert (last["step"], last["ranks"]) == (3, 1) and last["grad_norm"] > 0
+    assert 4 in WeightStore(f"file://{tmp_path}", "ranks").versions()
