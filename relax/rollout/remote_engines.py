@@ -26,6 +26,7 @@ from relax.engines.router import NoEngineAvailable, Router
 from relax.engines.types import Completion, SamplingParams
 from relax.rollout.engine_supervisor import EngineLauncher, EngineSupervisor, LaunchedEngine
 from relax.rollout.prompts import EncodedPrompt
+from relax.rollout.weight_sync import WEIGHT_SYNCS, BroadcastSync
 from relax.transfer.weights import WeightStore
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ class RemoteEngines:
     def __init__(self, urls: list[str], timeout_s: float = 120.0, *, owned: list[LaunchedEngine] | None = None,
                  launcher: EngineLauncher | None = None, store: WeightStore | None = None, max_failures: int = 3,
                  vocab_size: int | None = None, supervise_interval_s: float = 0.0,
-                 max_request_bytes: int = MAX_REQUEST_BYTES, local_weights: bool = False):
+                 max_request_bytes: int = MAX_REQUEST_BYTES, local_weights: bool = False,
+                 weight_sync: str = "disk"):
         self.max_request_bytes = max_request_bytes
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="relax-rollout-http", daemon=True)
@@ -74,6 +76,10 @@ class RemoteEngines:
         self.target_version = -1  # the version being loaded: engines added meanwhile load it too
         self.removed: list[str] = []  # external engines dropped after refusing new weights
         self.supervisor = EngineSupervisor(self, launcher, supervise_interval_s)
+        if weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"weight_sync={weight_sync!r}; choose one of {WEIGHT_SYNCS}")
+        # rollout.weight_sync=broadcast: versions go over one process group (relax.rollout.weight_sync)
+        self.sync = BroadcastSync(timeout_s=timeout_s) if weight_sync == "broadcast" else None
 
     @property
     def launcher(self) -> EngineLauncher | None:
@@ -183,6 +189,10 @@ class RemoteEngines:
         """The broadcast; returns the errors when no engine loaded ``version`` but replacements are
         owed (the caller waits for them, off this loop), else None."""
         self.target_version = version  # set before the broadcast snapshots the engines (see admit)
+        if self.sync is not None:  # rollout.weight_sync=broadcast; the disk way below when it fails
+            urls = [e["url"] for e in self.router.engines() if e["ready"] and not e["draining"]]
+            if await self.sync.push(urls, store, version):
+                return None
         results = await self.router.broadcast("update_weights_from_disk", self.weights_at(store, version), str(version))
         failed = {u: r for u, r in results.items() if isinstance(r, Exception) or not r.get("success")}
         none_loaded = len(failed) == len(results)
@@ -301,7 +311,9 @@ class RemoteEngines:
         table = self.engines()
         return {"engine_retries": self.router.retries, "engine_unhealthy_marks": self.router.unhealthy_marks,
                 "engines_replaced": self.replaced, "engines_healthy": _routable(table),
-                "engine_outages": self.outages}
+                "engine_outages": self.outages,
+                **({"weights_broadcast": self.sync.pushed, "weight_broadcast_fallbacks": self.sync.fallbacks}
+                   if self.sync is not None else {})}
 
     # -- supervision and shutdown ---------------------------------------------------------------------
     def supervise(self) -> dict[str, list[str]]:
@@ -319,6 +331,8 @@ class RemoteEngines:
 
     def close(self) -> None:
         try:
+            if self.sync is not None:
+                self.run(self.sync.close(), timeout=30)
             self.stop_owned()
             self.supervisor.join(timeout=60)
             self.run(self.router.close(), timeout=10)

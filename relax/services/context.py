@@ -179,6 +179,11 @@ class RunContext:
         if engine_urls and self.cfg.rollout.partial_rollout == "abort":  # only the in-process engine aborts
             raise ConfigError("rollout.partial_rollout=abort would change nothing with --engine-url (engines over "
                               "HTTP finish what they started): use rollout.partial_rollout=wait")
+        r = self.cfg.rollout
+        if r.weight_sync == "broadcast" and not (engine_urls or r.engine_processes > 0 or r.engine == "sglang"):
+            raise ConfigError("rollout.weight_sync=broadcast sends weights to engine servers, and this rollout runs its "
+                              "engine in-process: set rollout.engine_processes >= 1 (or rollout.engine=sglang, or "
+                              "--engine-url), or rollout.weight_sync=disk")
         if self.cfg.rollout.engine == "sglang" and not engine_urls:
             why = self._sglang_missing()
             if why:

@@ -79,6 +79,8 @@ COVERED_ELSEWHERE = {
         "tests/relax/services/topologies/test_topologies.py::test_disaggregated_processes_share_only_s3",
     ("rollout.engine_launcher", "ray"):
         "tests/relax/services/launchers/test_ray_actors.py::test_a_rollout_owns_its_engines_as_ray_actors",
+    ("rollout.weight_sync", "broadcast"): "tests/relax/services/test_sglang_rollout.py::"
+                                          "test_weight_versions_broadcast_to_the_servers_are_the_ones_they_serve",
 }
 
 MEGATRON = importlib.util.find_spec("megatron") is not None
@@ -91,6 +93,7 @@ EXPECTED: dict[tuple[str, Any], str] = {
     ("rollout.engine", "native"): RUNS,
     ("rollout.engine", "sglang"): PREFLIGHT,  # without --engine-url the rollout starts no SGLang servers
     ("rollout.engine_launcher", "process"): RUNS, ("rollout.engine_launcher", "ray"): ELSEWHERE,
+    ("rollout.weight_sync", "disk"): RUNS, ("rollout.weight_sync", "broadcast"): ELSEWHERE,
     ("rollout.partial_rollout", "wait"): RUNS,
     ("rollout.partial_rollout", "abort"): LOAD,  # colocated: no weights arrive mid-generation (see below)
     **{("algorithm.advantage", v): RUNS

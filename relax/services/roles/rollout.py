@@ -106,7 +106,7 @@ class RolloutRole:
         sglang = r.engine == "sglang"  # SGLang servers it owns (with --engine-url: those URLs)
         processor = ctx.processor if (engine_urls or r.engine_processes > 0 or sglang) else None
         faults = {"timeout_s": r.engine_timeout_s, "max_failures": r.engine_max_failures,
-                  "supervise_interval_s": r.supervise_interval_s}
+                  "supervise_interval_s": r.supervise_interval_s, "weight_sync": r.weight_sync}
         if engine_urls:  # external engines: routed around when they fail, never replaced
             self.pool: EnginePool = RemoteEngines(engine_urls, **faults)
         elif sglang or r.engine_processes > 0:

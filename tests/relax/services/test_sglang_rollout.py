@@ -9,10 +9,12 @@ import json
 import os
 
 import pytest
+import torch
 
 from relax.engines.guards import TOKEN_ENV
 from relax.services.context import RunContext
 from relax.services.train import train
+from relax.transfer.weights import WeightStore
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -52,3 +54,44 @@ def test_the_rollout_launches_routes_reloads_and_replaces_its_sglang_servers(tmp
         assert os.path.basename(flags["--model-path"]).startswith("relax-engine-model-")
         assert record["cuda_visible_devices"] is None  # no GPU here, none handed out
     assert not os.path.exists(flags["--model-path"])  # the model copy went with the rollout
+
+
+def _served_logprob_gap(cfg, version: int) -> float:
+    """Largest gap between the log-probs the servers reported for the response tokens of the samples
+    they drew with weight ``version`` and a Hugging Face forward with that version's published weights."""
+    from relax.services.schema import ACTOR_GROUP
+    from relax.trainers.torch.forward import compute_logprobs
+    from relax.trainers.torch.packing import micro_batches
+    from relax.transfer.consumer import load_group_state
+
+    ctx = RunContext(cfg)
+    queue = ctx.queue()
+    queue.refresh()
+    ids = [sid for rec in load_group_state(queue, ACTOR_GROUP).steps.values() for sid in rec["ids"]
+           if queue.state.samples[sid].policy_version == version]
+    rows = queue.read(ids, ["tokens", "logprobs", "prompt_len"])
+    model, _ = ctx.build_model()
+    model.load_state_dict(WeightStore(cfg.root, cfg.run_id).load(version)[0])
+    tokens = [torch.as_tensor(t).long() for t in rows["tokens"]]
+    mine = compute_logprobs(model, micro_batches(tokens, 4096, "pad"), len(tokens))
+    return max(float((torch.as_tensor(lp)[p:] - m[p:]).abs().max())
+               for lp, m, p in zip(rows["logprobs"], mine, rows["prompt_len"], strict=True))
+
+
+def test_weight_versions_broadcast_to_the_servers_are_the_ones_they_serve(tmp_path, monkeypatch):
+    # rollout.weight_sync=broadcast: the rollout reads each version once and sends it over one process group
+    # (gloo here, NCCL on GPUs) through SGLang's /update_weights_from_distributed, to both servers
+    monkeypatch.delenv("RELAX_FAULT", raising=False)
+    cfg = tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang", "rollout.num_engines=2",
+                      f"rollout.sglang_module={STAND_IN}", "queue.max_staleness=1", "queue.exact_staleness=true",
+                      "rollout.weight_sync=broadcast")
+    monkeypatch.setenv("RELAX_STANDIN_STORE", f"file://{tmp_path}|sg")
+    result = train(cfg, progress=False)
+    check_run(RunContext(cfg), 4)
+    rollout = result.metrics("rollout")
+    assert [m["weight_version"] for m in rollout] == [0, 0, 1, 2]
+    # versions 0 (at start), 1 and 2 reached the servers over the group, none by the disk fallback
+    assert (rollout[-1]["weights_broadcast"], rollout[-1]["weight_broadcast_fallbacks"]) == (3, 0)
+    # and the servers sampled with exactly those weights (version 1 is retired by retention by now)
+    for version in (0, 2):
+        assert _served_logprob_gap(cfg, version) < 1e-4
