@@ -168,13 +168,10 @@ def engine_checks(ro: Any) -> None:
     if ro.engine == "sglang" and ro.engine_processes:
         raise ConfigError(f"rollout.engine_processes={ro.engine_processes} counts native engine processes; the SGLang "
                           f"servers the rollout launches are rollout.num_engines: set that, and engine_processes=0")
-    if ro.engine == "sglang" and ro.engine_launcher == "ray":
-        raise ConfigError("rollout.engine=sglang: the rollout launches SGLang servers as its own child processes; "
-                          "set rollout.engine_launcher=process (or start them yourself and pass --engine-url)")
     if ro.engine == "native" and ro.sglang_module != "sglang.launch_server":
         raise ConfigError(f"rollout.sglang_module={ro.sglang_module!r} is what runs as an SGLang server, and "
                           f"rollout.engine=native launches none: set rollout.engine=sglang, or drop sglang_module")
-    if ro.engine_launcher == "ray" and ro.engine_processes == 0:
+    if ro.engine_launcher == "ray" and ro.engine_processes == 0 and ro.engine != "sglang":
         raise ConfigError("rollout.engine_launcher=ray places engine processes, and rollout.engine_processes=0 runs "
                           "the engine inside the rollout: set engine_processes >= 1 or engine_launcher=process")
     parse_resources(ro.engine_resources)

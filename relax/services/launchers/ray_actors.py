@@ -3,8 +3,9 @@
 Each engine is an actor holding ``rollout.engine_cpus`` CPUs and ``rollout.engine_gpus`` GPUs
 of the cluster, and the custom resources of ``rollout.engine_resources`` (``relax.config_checks.parse_resources``):
 ``rollout_node=1`` keeps engines on nodes started with ``--resources '{"rollout_node": N}'``.
-The actor runs a native engine server (``python -m relax.engines.server``) on its node's
-address, as a child that dies with the actor. The rollout's pool routes to it by URL like any
+The actor runs a native engine server (``python -m relax.engines.server``), or with
+``rollout.engine=sglang`` an SGLang server on the GPUs Ray assigned it, on its node's address,
+as a child that dies with the actor. The rollout's pool routes to it by URL like any
 engine, so supervision, draining and weight loading are the pool's as before.
 
 A launch is all or nothing. It is refused up front (:class:`CapacityError`) when the cluster's
@@ -25,13 +26,20 @@ from relax.services.launchers.process import CapacityError, NativeEngineProcess
 
 
 class EngineActor:
-    """The actor body: one native engine server on this node, stopped with the actor."""
+    """The actor body: one engine server on this node, stopped with the actor: a native engine, or
+    with ``sglang`` (the run's config) an SGLang server on the GPUs Ray gave this actor."""
 
-    def __init__(self, model_dir: str, engine_kwargs: dict[str, Any]):
+    def __init__(self, model_dir: str, engine_kwargs: dict[str, Any], sglang: Any = None):
         import ray
 
-        self.proc = NativeEngineProcess(model_dir, host=ray.util.get_node_ip_address(), die_with_parent=True,
-                                        **engine_kwargs)
+        host = ray.util.get_node_ip_address()
+        if sglang is not None:  # Ray set CUDA_VISIBLE_DEVICES for this actor; the server gets the same devices
+            from relax.services.launchers.sglang_process import SGLangEngineProcess
+
+            self.proc = SGLangEngineProcess(sglang, model_dir, [str(g) for g in ray.get_gpu_ids()], host=host,
+                                            **engine_kwargs)
+        else:
+            self.proc = NativeEngineProcess(model_dir, host=host, die_with_parent=True, **engine_kwargs)
 
     def wait_healthy(self, timeout_s: float) -> str:
         self.proc.wait_healthy(timeout_s)
@@ -74,14 +82,14 @@ class RayEngine:
 
 
 class RayEngineLauncher:
-    """Native engines as Ray actors, at most ``max_engines`` alive at once.
+    """Engines as Ray actors (native, or SGLang servers given ``sglang``), at most ``max_engines`` alive at once.
 
     Each actor holds ``num_cpus``, ``num_gpus`` and ``resources`` (``'name=amount,...'``, see
     ``relax.config_checks.parse_resources``, which also checks it as the config loads).
     """
 
     def __init__(self, model_dir: str | Path, max_engines: int, *, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 resources: str = "", startup_timeout_s: float = 180.0, **engine_kwargs: Any):
+                 resources: str = "", startup_timeout_s: float = 180.0, sglang: Any = None, **engine_kwargs: Any):
         import ray
 
         if not ray.is_initialized():
@@ -94,6 +102,7 @@ class RayEngineLauncher:
         self.resources = parse_resources(resources)
         self.startup_timeout_s = startup_timeout_s
         self.engine_kwargs = engine_kwargs
+        self.sglang = sglang  # the RelaxConfig of a run whose engines are SGLang servers (rollout.engine=sglang)
         self._actor_class = ray.remote(EngineActor)
         self._engines: list[RayEngine] = []
         self._lock = threading.Lock()
@@ -130,7 +139,7 @@ class RayEngineLauncher:
             self._check_capacity(n)
             actors = [self._actor_class.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
                                                 resources=dict(self.resources))
-                      .remote(self.model_dir, self.engine_kwargs) for _ in range(n)]
+                      .remote(self.model_dir, self.engine_kwargs, self.sglang) for _ in range(n)]
         try:
             # placement and boot share the timeout: an actor Ray cannot place never answers
             urls = ray.get([a.wait_healthy.remote(self.startup_timeout_s) for a in actors],

@@ -166,8 +166,11 @@ class RolloutRole:
                 except ConnectionError as e:
                     raise ConfigError(f"rollout.engine_launcher=ray needs a running Ray cluster ({e}); start one "
                                       f"with `ray start --head`, or use engine_launcher=process") from None
-            return RayEngineLauncher(self._model_dir, max_engines, num_cpus=r.engine_cpus, num_gpus=r.engine_gpus,
-                                     resources=r.engine_resources,
+            placement = {"num_cpus": r.engine_cpus, "num_gpus": r.engine_gpus, "resources": r.engine_resources}
+            if r.engine == "sglang":  # model loads take minutes on a GPU; the token reaches SGLang as --api-key
+                return RayEngineLauncher(self._model_dir, max_engines, **placement, startup_timeout_s=900.0,
+                                         sglang=self.cfg, api_token=ensure_token())
+            return RayEngineLauncher(self._model_dir, max_engines, **placement,
                                      max_batch_size=slots, seed=self.cfg.seed, weight_store_root=self.cfg.root,
                                      run_id=self.cfg.run_id, api_token=ensure_token())
         # engine logs beside the roles' (runs/<id>/logs/engines/) on a local root; else with the model copy

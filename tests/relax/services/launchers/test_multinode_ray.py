@@ -12,6 +12,7 @@ every Ray cluster on the host, other sessions' included).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -211,6 +212,50 @@ def test_engines_run_on_the_nodes_holding_their_custom_resource(tmp_path):
         assert too_big is not None and "need 5 rollout_node (5 each) and the Ray cluster has 2 free" in too_big
         assert too_many is not None and "need 3 rollout_node (1 each) and the Ray cluster has 2 free" in too_many
         assert seen["engines_after"] == len(engines)  # refused whole: no actor was created
+    finally:
+        strays = _stop_nodes(nodes, temp_root)
+        shutil.rmtree(temp_root, ignore_errors=True)
+    assert strays == [], f"processes outlived their node's process group: {strays}"
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_rollout_runs_its_sglang_servers_as_ray_actors(tmp_path):
+    # rollout.engine=sglang with engine_launcher=ray: each server is the child of a Ray actor on the node
+    # Ray placed it (the SGLang stand-in here, which records its flags), routed to and reloaded like any engine
+    temp_root = Path(tempfile.mkdtemp(prefix="rsg-", dir="/tmp"))
+    argv_dir = tmp_path / "argv"
+    argv_dir.mkdir()
+    root = f"file://{tmp_path}/root"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+               RELAX_STANDIN_ARGV_DIR=str(argv_dir), RELAX_STANDIN_STORE=f"{root}|sg")  # the actors' environment
+    env.pop("RELAX_FAULT", None)
+    gcs, client = _free_ports(2)
+    head = f"127.0.0.1:{gcs}"
+    nodes: list[subprocess.Popen] = []
+    try:
+        nodes.append(_start_node(temp_root, tmp_path, "head", {"rollout_node": 2}, env, head_ports=(gcs, client)))
+        _wait_port(gcs, nodes[0], tmp_path / "ray-head.log")
+        run = subprocess.run(
+            [sys.executable, "-m", "relax.cli.main", "train", "tiny-cpu", f"root={root}", "run_id=sg",
+             "data.tasks=[arithmetic]", "data.train_per_task=64", "data.eval_per_task=8",
+             "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8",
+             "trainer.total_steps=3", "trainer.checkpoint_every=3", "rollout.engine=sglang", "rollout.num_engines=2",
+             "rollout.engine_launcher=ray", "rollout.engine_cpus=0.5", "rollout.engine_resources=rollout_node=1",
+             "rollout.sglang_module=tests.relax.engines.sglang.stand_in_server", "--no-progress"],
+            env={**env, "RAY_ADDRESS": head}, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        from relax.services.report.metrics import read_metrics
+
+        rollout = read_metrics(f"{root}/runs/sg", "rollout")
+        assert [m["step"] for m in read_metrics(f"{root}/runs/sg", "actor")] == [0, 1, 2]
+        assert max(m["weight_version"] for m in rollout) >= 1  # a version reloaded from the store
+        launched = [json.loads(p.read_text())["argv"] for p in sorted(argv_dir.iterdir())]
+        assert len(launched) == 2  # one server per actor, none replaced
+        hosts = {argv[argv.index("--host") + 1] for argv in launched}
+        assert len(hosts) == 1 and ipaddress.ip_address(hosts.pop())  # the node's address, as Ray reports it
+        assert all("--api-key" in argv and "--tp-size" in argv for argv in launched)
     finally:
         strays = _stop_nodes(nodes, temp_root)
         shutil.rmtree(temp_root, ignore_errors=True)
