@@ -141,10 +141,9 @@ class RolloutConfig:
         "sglang.launch_server", "Python module the rollout runs as each SGLang server it owns (rollout.engine=sglang, "
         "python -m MODULE with SGLang's flags); tests name a stand-in that serves the native engine.")
     weight_sync: str = opt(
-        "disk", "How HTTP engines get each weight version: 'disk' = each engine reads the version's folder "
-        "(/update_weights_from_disk); 'broadcast' = the rollout reads it once and broadcasts it to every engine over "
-        "one process group (SGLang's /update_weights_from_distributed; NCCL on GPUs, gloo on CPU), falling back "
-        "to disk for a version whose broadcast fails. Needs HTTP engines.", choices=("disk", "broadcast"))
+        "disk", "How HTTP engines get each weight version: 'disk' = each reads its folder; 'broadcast' = the "
+        "rollout reads it once and broadcasts it over one process group (SGLang's /update_weights_from_distributed), "
+        "falling back to disk when that fails (docs/engines.md).", choices=("disk", "broadcast"))
     max_engine_processes: int = opt(
         0, "Most engine processes the rollout may own at once, replacements and REST API scale-outs included "
         "(a scale-out past it is refused as a whole); 0 = engine_processes.", range=(0, 4096))

@@ -160,8 +160,9 @@ def convention_checks(a: Any) -> None:
                               f"remove it or choose one of those")
 
 
-def engine_checks(ro: Any) -> None:
+def engine_checks(cfg: Any) -> None:
     """Engine settings that the chosen engine layout would not read are refused, not ignored."""
+    ro = cfg.rollout
     if ro.engine == "native" and ro.num_engines != 1:
         raise ConfigError(f"rollout.num_engines={ro.num_engines} sizes SGLang servers; native engines are "
                           f"rollout.engine_processes (0 = one inside the rollout): set that instead")
@@ -171,6 +172,14 @@ def engine_checks(ro: Any) -> None:
     if ro.engine == "native" and ro.sglang_module != "sglang.launch_server":
         raise ConfigError(f"rollout.sglang_module={ro.sglang_module!r} is what runs as an SGLang server, and "
                           f"rollout.engine=native launches none: set rollout.engine=sglang, or drop sglang_module")
+    # an SGLang server runs on the GPUs its Ray actor holds: as many as its tensor-parallel size (the rollout's
+    # GPUs split over its servers, relax.engines.sglang.launch.tp_size); stand-ins on CPU hold none
+    per_server = max(1, cfg.resources.rollout_gpus // max(1, ro.num_engines))
+    if (ro.engine == "sglang" and ro.engine_launcher == "ray" and ro.sglang_module == "sglang.launch_server"
+            and ro.engine_gpus != per_server):
+        raise ConfigError(f"rollout.engine_gpus={ro.engine_gpus:g} per Ray engine actor, but each SGLang server "
+                          f"runs tensor parallel {per_server} (resources.rollout_gpus / rollout.num_engines): set "
+                          f"rollout.engine_gpus={per_server}")
     if ro.engine_launcher == "ray" and ro.engine_processes == 0 and ro.engine != "sglang":
         raise ConfigError("rollout.engine_launcher=ray places engine processes, and rollout.engine_processes=0 runs "
                           "the engine inside the rollout: set engine_processes >= 1 or engine_launcher=process")
@@ -331,7 +340,7 @@ def cross_checks(cfg: Any) -> None:
                               f"as it generates (to filter groups, from the env) or the critic's stage expects them; "
                               f"turn those off or set data.reward_role=false")
     ro = cfg.rollout
-    engine_checks(ro)
+    engine_checks(cfg)
     if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
         raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "
                           f"({ro.engine_processes}); raise it, or 0 to cap at engine_processes")

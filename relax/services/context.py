@@ -226,9 +226,6 @@ class RunContext:
         from relax.services.launchers.sglang_process import visible_gpus
 
         if r.engine_launcher == "ray":  # the cluster's GPUs, not this host's: the launch checks Ray's free ones
-            if r.engine_gpus != tp_size(self.cfg):
-                return (f"rollout.engine_gpus={r.engine_gpus:g} per Ray engine actor, but each SGLang server "
-                        f"runs tensor parallel {tp_size(self.cfg)}: set rollout.engine_gpus={tp_size(self.cfg)}")
             return None
         need, have = r.num_engines * tp_size(self.cfg), len(visible_gpus())
         if have < need:

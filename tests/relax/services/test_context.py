@@ -82,7 +82,9 @@ def test_sglang_engine_is_refused_before_the_run_record_where_its_servers_cannot
         RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang",
                                "rollout.sglang_module=no_such.server")).check_trainable()
     # settings that would be ignored are refused as the config loads
-    for overrides, why in ((("rollout.engine_launcher=ray",), "set rollout.engine_launcher=process"),
+    for overrides, why in ((("rollout.engine_launcher=ray", "resources.num_gpus=4", "resources.rollout_gpus=4",
+                             "rollout.num_engines=2", "rollout.engine_gpus=1"),
+                            "engine_gpus=1 per Ray engine actor, but each SGLang server runs tensor parallel 2"),
                            (("rollout.engine_processes=2",), "SGLang servers the rollout launches are "
                                                              "rollout.num_engines")):
         with pytest.raises(ConfigError, match=why):
