@@ -66,6 +66,11 @@ def test_published_weights_reproduce_the_megatron_logprobs_in_a_hf_model(child: 
     assert child["published_logprob_diff"] < 1e-4
 
 
+def test_a_native_engine_serving_the_published_weights_samples_with_the_megatron_logprobs(child: dict[str, Any]) -> None:
+    assert child["engine_versions"] == ["1"] and child["engine_tokens"] >= 12
+    assert child["engine_logprob_diff"] < 1e-4
+
+
 def test_checkpoint_resume_is_bit_exact(child: dict[str, Any]) -> None:
     assert child["resume_bit_exact"]
 
@@ -126,6 +131,26 @@ def _main(out: str) -> None:
     served.load_state_dict(published, strict=False)
     hf_lp = Actor(served, pad_cfg).logprobs(batch)
     result["published_logprob_diff"] = max(float((x - y).abs().max()) for x, y in zip(hf_lp, padded, strict=True))
+    # ... and a native engine serving them samples with the megatron model's log-probs
+    from relax.engines.native.engine import NativeEngine
+    from relax.engines.types import GenerateRequest, SamplingParams
+
+    engine = NativeEngine(tiny_qwen2(seed=7), None, max_batch_size=4, max_seq_len=64, seed=0, background=False)
+    engine.update_weights(published, "1")
+    prompts = [ids[:5].tolist() for ids in batch.input_ids[:3]]
+    futures = [engine.submit(GenerateRequest(f"r{i}", p, SamplingParams(max_new_tokens=6))) for i, p in enumerate(prompts)]
+    while engine.step():
+        pass
+    gaps, versions = [], set()
+    for p, fut in zip(prompts, futures, strict=True):
+        c = fut.result()[0]
+        versions.add(c.weight_version)
+        with torch.no_grad():
+            logits = policy(torch.tensor([p + c.output_ids])).logits[0].float()
+        logp = torch.log_softmax(logits, -1)
+        gaps += [abs(float(logp[len(p) - 1 + i, t]) - lp) for i, (t, lp) in enumerate(zip(c.output_ids, c.logprobs,
+                                                                                          strict=True))]
+    result["engine_logprob_diff"], result["engine_tokens"], result["engine_versions"] = max(gaps), len(gaps), sorted(versions)
     # checkpoint after one step, two more steps; a fresh actor resumed from it takes the same two steps
     url = f"file://{Path(out).parent}/ckpt"
     mcore_actor.trainer.save(url, {"step": 1})
