@@ -65,6 +65,7 @@ from relax.trainers.megatron.convert import (
     stage_merge,
     stage_slice,
 )
+from relax.trainers.megatron.samples import causal_attention_mask
 
 _LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -287,22 +288,6 @@ def shutdown_distributed() -> None:
 
 
 # ---------------------------------------------------------------- forward and weights
-
-
-def segments(position_ids: torch.Tensor) -> list[tuple[int, int, int]]:
-    """``(row, start, length)`` of every sample in a (R, T) micro-batch: a new sample starts
-    wherever the position restarts at 0 (packed rows) and at every row's first token."""
-    out = []
-    for row, pos in enumerate(position_ids.tolist()):
-        starts = [0] + [t for t in range(1, len(pos)) if pos[t] == 0]
-        ends = starts[1:] + [len(pos)]
-        out += [(row, s, e - s) for s, e in zip(starts, ends, strict=True)]
-    return out
-
-
-def causal_attention_mask(seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """megatron's mask convention: [1, 1, s, s] bool, True where attention is *blocked*."""
-    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)[None, None]
 
 
 def forward_logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ micro-batches and tokens). The per-micro-batch losses and metrics are then broad
 last stage, so every rank reports the same step.
 
 Shapes: megatron's GPTModel takes RoPE positions from the sequence length, so packed rows are cut
-into samples and right-padded (``model.segments``), as ``MegatronPolicy.forward`` does. The
+into samples and right-padded (``samples.sample_rows``), as ``MegatronPolicy.forward`` does. The
 number of samples and their longest length differ between micro-batches, so the model is built
 with ``variable_seq_lengths=True`` (``model.transformer_config_from_hf`` at pp > 1): stages send
 each tensor's shape before the tensor. Padding every micro-batch to one shape would save that
@@ -39,7 +39,8 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch.overrides import TorchFunctionMode
 
-from relax.trainers.megatron.model import causal_attention_mask, cuda_device_as_cpu, segments
+from relax.trainers.megatron.model import cuda_device_as_cpu
+from relax.trainers.megatron.samples import rows_of, sample_rows
 from relax.trainers.torch.packing import MicroBatch
 
 # (micro-batch, its (R, T, V) logits) -> (micro-batch loss, a 0-dim tensor; its metrics)
@@ -68,28 +69,6 @@ def cpu_schedule() -> Iterator[None]:
         yield
 
 
-def sample_rows(mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
-    """A micro-batch as megatron's GPTModel takes it: one right-padded row per sample, (n, S) ids
-    and positions 0..S-1, the [1, 1, S, S] causal mask, and the ``(row, start, length)`` spans."""
-    ids = mb.input_ids
-    spans = segments(mb.position_ids)
-    longest = max(length for _, _, length in spans)
-    batch = ids.new_zeros(len(spans), longest)
-    for k, (row, start, length) in enumerate(spans):
-        batch[k, :length] = ids[row, start:start + length]
-    positions = torch.arange(longest, device=ids.device).expand(len(spans), -1)
-    # right padding after a causal sample never reaches it: the plain causal mask is exact
-    return batch, positions, causal_attention_mask(longest, ids.device), spans
-
-
-def rows_of(logits: torch.Tensor, mb: MicroBatch, spans: Sequence[tuple[int, int, int]]) -> torch.Tensor:
-    """(n, S, V) per-sample logits -> the micro-batch's (R, T, V) layout (inverse of ``sample_rows``)."""
-    out = logits.new_zeros(*mb.input_ids.shape, logits.shape[-1])
-    for k, (row, start, length) in enumerate(spans):
-        out[row, start:start + length] = logits[k, :length]
-    return out
-
-
 class PipelineSchedule:
     """Forward/backward of a ``MegatronPolicy`` at pp > 1 (module docstring). ``TorchTrainer.step``
     runs it instead of its per-micro-batch loop when the model carries one as ``pipeline_schedule``."""
@@ -113,11 +92,11 @@ class PipelineSchedule:
 
         def forward_step(data: Iterator[MicroBatch], model: torch.nn.Module):
             mb = next(data)
-            batch, positions, mask, spans = sample_rows(mb)
+            batch, positions, mask, spans = sample_rows(mb.input_ids, mb.position_ids)
             output = model(batch, positions, mask, runtime_gather_output=True)
 
             def on_last_stage(logits: torch.Tensor):  # (n, S, V), gathered over TP
-                value, metrics = loss(mb, rows_of(logits, mb, spans))
+                value, metrics = loss(mb, rows_of(logits, *mb.input_ids.shape, spans))
                 results.append((float(value.detach()), metrics))
                 # (loss to back-propagate, token count, reported): megatron sums the counts only
                 return (value * scale).float(), torch.ones((), dtype=torch.int), {}
@@ -142,11 +121,11 @@ class PipelineSchedule:
 
         def forward_step(data: Iterator[MicroBatch], model: torch.nn.Module):
             mb = next(data)
-            batch, positions, mask, spans = sample_rows(mb)
+            batch, positions, mask, spans = sample_rows(mb.input_ids, mb.position_ids)
             output = model(batch, positions, mask, runtime_gather_output=True)
 
             def on_last_stage(logits: torch.Tensor):
-                results.append(read(mb, rows_of(logits, mb, spans)))
+                results.append(read(mb, rows_of(logits, *mb.input_ids.shape, spans)))
                 return torch.zeros(()), torch.ones((), dtype=torch.int), {}
 
             return output, on_last_stage

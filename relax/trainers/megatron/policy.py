@@ -35,18 +35,17 @@ from torch.nn.modules.module import _IncompatibleKeys
 from relax.trainers.megatron.convert import LayoutConfig, layout_from_hf_config
 from relax.trainers.megatron.model import (
     build_gpt_model,
-    causal_attention_mask,
     cuda_device_as_cpu,
     export_hf_weights,
     gather_hf,
     init_cpu_single_process,
     load_hf_weights,
     pipeline_stage,
-    segments,
     shard_hf,
 )
 from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.pipeline import attach_pipeline
+from relax.trainers.megatron.samples import rows_of, sample_rows
 from relax.trainers.torch.checkpoint import load_by_name
 
 
@@ -87,23 +86,11 @@ class MegatronPolicy(torch.nn.Module):
         if getattr(self, "pipeline_schedule", None) is not None:
             raise RuntimeError("a pipeline stage has no whole-model forward: run the model through its "
                                "pipeline_schedule (TorchTrainer.step and compute_logprobs do)")
-        rows, width = input_ids.shape
-        if position_ids is None:
-            position_ids = torch.arange(width, device=input_ids.device).expand(rows, -1)
-        spans = segments(position_ids)
-        longest = max(length for _, _, length in spans)
-        batch = input_ids.new_zeros(len(spans), longest)
-        for k, (row, start, length) in enumerate(spans):
-            batch[k, :length] = input_ids[row, start:start + length]
-        positions = torch.arange(longest, device=input_ids.device).expand(len(spans), -1)
-        # right padding after a causal sample never reaches it: the plain causal mask is exact
+        batch, positions, mask, spans = sample_rows(input_ids, position_ids)  # one padded row per sample
         # megatron's tensor-parallel gathers allocate on torch.cuda.current_device(): "cpu" on CPU
         with contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu():
-            logits = self.gpt(batch, positions, causal_attention_mask(longest, input_ids.device),
-                              runtime_gather_output=True)
-        out = logits.new_zeros(rows, width, logits.shape[-1])
-        for k, (row, start, length) in enumerate(spans):
-            out[row, start:start + length] = logits[k, :length]
+            logits = self.gpt(batch, positions, mask, runtime_gather_output=True)
+        out = rows_of(logits, *input_ids.shape, spans)
         return SimpleNamespace(logits=out)
 
     def data_parallel_group(self) -> dist.ProcessGroup:

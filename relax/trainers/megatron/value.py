@@ -32,9 +32,10 @@ from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
 from relax.trainers.megatron.convert import ConversionError
-from relax.trainers.megatron.model import causal_attention_mask, cuda_device_as_cpu, segments
+from relax.trainers.megatron.model import cuda_device_as_cpu
 from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.policy import MegatronPolicy, megatron_policy
+from relax.trainers.megatron.samples import causal_attention_mask, rows_of, sample_rows
 from relax.trainers.torch.checkpoint import load_by_name
 
 
@@ -73,14 +74,7 @@ class MegatronValueModel(nn.Module):
         positions default to 0..T-1 per row. Media inputs are refused (text models only)."""
         if media:
             raise ValueError(f"trainer.backend=megatron trains text models; got model inputs {sorted(media)}")
-        rows, width = input_ids.shape
-        if position_ids is None:
-            position_ids = torch.arange(width, device=input_ids.device).expand(rows, -1)
-        spans = segments(position_ids)
-        longest = max(length for _, _, length in spans)
-        batch = input_ids.new_zeros(len(spans), longest)
-        for k, (row, start, length) in enumerate(spans):
-            batch[k, :length] = input_ids[row, start:start + length]
+        batch, _, _, spans = sample_rows(input_ids, position_ids)  # one padded row per sample
         gpt = self.backbone.gpt
         # right padding after a causal sample never reaches it; megatron's tensor-parallel
         # collectives allocate on torch.cuda.current_device(): "cpu" on CPU
@@ -92,12 +86,8 @@ class MegatronValueModel(nn.Module):
                 logits = gpt.output_layer(hidden.transpose(0, 1), weight=weight, runtime_gather_output=True)[0]
                 logits = logits.transpose(0, 1)
         per_sample = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # (n, longest)
-        values = per_sample.new_zeros(rows, width)
-        out_logits = None if logits is None else logits.new_zeros(rows, width, logits.shape[-1])
-        for k, (row, start, length) in enumerate(spans):
-            values[row, start:start + length] = per_sample[k, :length]
-            if out_logits is not None:
-                out_logits[row, start:start + length] = logits[k, :length]
+        values = rows_of(per_sample, *input_ids.shape, spans)
+        out_logits = None if logits is None else rows_of(logits, *input_ids.shape, spans)
         return (out_logits, values) if return_logits else values
 
     def data_parallel_group(self) -> Any:

@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.relax.trainers.megatron.child_ranks import run_ranks
+
 pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
                     exc_type=ImportError)
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[4]
-TINY = REPO / "tests" / "relax" / "trainers" / "torch"
 
 pytestmark = pytest.mark.slow
 
@@ -34,22 +31,8 @@ LAYOUTS = {"untied": "pack", "tied": "bucket"}  # the tied model also covers pad
 
 
 def _run(tmp: Path, tp: int, pp: int) -> list[dict[str, Any]]:
-    with socket.socket() as s:  # a free port, without importing megatron into this process
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TINY}", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    world = tp * pp
-    procs = [subprocess.Popen([sys.executable, str(HERE), str(r), str(tp), str(pp), port, str(tmp / f"{r}.json")],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    results = []
-    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        if p.returncode != 0 or not (tmp / f"{r}.json").exists():
-            pytest.fail(f"rank {r} of tp={tp} x pp={pp} failed (rc={p.returncode}):\n{log[-4000:]}")
-        results.append(json.loads((tmp / f"{r}.json").read_text()))
-    return results
+    run_ranks(HERE, tp * pp, str(tp), str(pp), str(tmp), what=f"tp={tp} x pp={pp}")
+    return [json.loads((tmp / f"{r}.json").read_text()) for r in range(tp * pp)]
 
 
 @pytest.fixture(scope="module")
@@ -184,4 +167,5 @@ def _main(rank: int, tp: int, pp: int, port: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    rank = sys.argv[1]  # argv: RANK WORLD PORT TP PP OUT_DIR (child_ranks.run_ranks)
+    _main(int(rank), int(sys.argv[4]), int(sys.argv[5]), sys.argv[3], str(Path(sys.argv[6]) / f"{rank}.json"))

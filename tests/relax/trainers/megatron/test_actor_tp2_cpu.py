@@ -10,21 +10,18 @@ takes the Megatron step at tp=2, and writes what it measured as JSON.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.relax.trainers.megatron.child_ranks import run_ranks
+
 pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
                     exc_type=ImportError)
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[4]
-TINY = REPO / "tests" / "relax" / "trainers" / "torch"
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +29,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("mcore-tp2")
-    with socket.socket() as s:  # a free port, without importing megatron into this process
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TINY}", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    procs = [subprocess.Popen([sys.executable, str(HERE), str(r), port, str(out / f"{r}.json")], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    results = []
-    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        if p.returncode != 0 or not (out / f"{r}.json").exists():
-            pytest.fail(f"rank {r} failed (rc={p.returncode}):\n{log[-4000:]}")
-        results.append(json.loads((out / f"{r}.json").read_text()))
-    return results
+    run_ranks(HERE, 2, str(out), what="tp=2")
+    return [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
 
 
 def test_a_tp2_actor_step_equals_the_pytorch_backend(ranks: list[dict[str, Any]]) -> None:
@@ -59,7 +44,7 @@ def test_a_tp2_actor_step_equals_the_pytorch_backend(ranks: list[dict[str, Any]]
     assert all(res["local_shard_norm"] < res["grad_norm_torch"] for res in ranks)
 
 
-def _main(rank: int, port: str, out: str) -> None:
+def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
     import copy
 
     from tiny import tiny_batch, tiny_qwen2
@@ -100,4 +85,4 @@ def _main(rank: int, port: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+    _main(int(sys.argv[1]), sys.argv[3], str(Path(sys.argv[4]) / f"{sys.argv[1]}.json"))

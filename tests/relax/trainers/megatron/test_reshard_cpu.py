@@ -12,37 +12,23 @@ file as a script; megatron keeps process-wide state) writing what it measured to
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.relax.trainers.megatron.child_ranks import run_ranks
+
 pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
                     exc_type=ImportError)
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[4]
-TINY = REPO / "tests" / "relax" / "trainers" / "torch"
 
 pytestmark = pytest.mark.slow
 
 
 def _phase(mode: str, world: int, out: Path) -> None:
-    with socket.socket() as s:  # a free port, without importing megatron into this process
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TINY}", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    procs = [subprocess.Popen([sys.executable, str(HERE), mode, str(r), str(world), port, str(out)], cwd=REPO,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    for r, p in enumerate(procs):
-        log = p.communicate(timeout=600)[0]
-        if p.returncode != 0:
-            pytest.fail(f"{mode} rank {r} failed (rc={p.returncode}):\n{log[-4000:]}")
+    run_ranks(HERE, world, mode, str(out), what=mode)
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +174,7 @@ def _megatron_fresh_step(cfg, ckpt: str, second, trained) -> float:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))
+    _main(sys.argv[4], int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[5]))  # RANK WORLD PORT MODE OUT
     import torch.distributed as dist
 
     if dist.is_initialized():  # leave together: a rank exiting with gloo's threads alive aborts
