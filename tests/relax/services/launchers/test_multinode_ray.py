@@ -166,23 +166,58 @@ def _stop_nodes(nodes: list[subprocess.Popen], temp_root: Path) -> list[int]:
     return strays
 
 
+TINY_RUN = ("data.tasks=[arithmetic]", "data.train_per_task=64", "data.eval_per_task=8", "rollout.prompts_per_step=4",
+            "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8", "trainer.total_steps=3",
+            "trainer.checkpoint_every=3", "rollout.engine_launcher=ray", "rollout.engine_cpus=0.5",
+            "rollout.engine_resources=rollout_node=1")
+
+
+class Cluster:
+    """Ray nodes started by a test (:meth:`add`; the first is the head), all of whose processes see
+    ``env``; :meth:`stop` ends them and returns the processes that outlived their group."""
+
+    def __init__(self, tmp_path: Path, **env_vars: str):
+        self.tmp_path = tmp_path
+        # Ray puts sockets under --temp-dir and caps their path length: a short folder, not tmp_path
+        self.temp_root = Path(tempfile.mkdtemp(prefix="rmn-", dir="/tmp"))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        # a node drains for up to 30 s on SIGTERM before it stops its processes: nothing to drain here
+        self.env.update(RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0", **env_vars)
+        self.env.pop("RELAX_FAULT", None)
+        self.ports = _free_ports(2)
+        self.head = f"127.0.0.1:{self.ports[0]}"
+        self.nodes: list[subprocess.Popen] = []
+
+    def add(self, name: str, resources: dict[str, float]) -> None:
+        if self.nodes:
+            self.nodes.append(_start_node(self.temp_root, self.tmp_path, name, resources, self.env, head=self.head))
+            return
+        self.nodes.append(_start_node(self.temp_root, self.tmp_path, name, resources, self.env,
+                                      head_ports=tuple(self.ports)))
+        _wait_port(self.ports[0], self.nodes[0], self.tmp_path / f"ray-{name}.log")
+
+    def train(self, root: str, run_id: str, *overrides: str) -> None:
+        """``relax train`` of a tiny run on this cluster, its engines on ``rollout_node`` nodes."""
+        run = subprocess.run([sys.executable, "-m", "relax.cli.main", "train", "tiny-cpu", f"root={root}",
+                              f"run_id={run_id}", *TINY_RUN, *overrides, "--no-progress"],
+                             env={**self.env, "RAY_ADDRESS": self.head}, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+
+    def stop(self) -> list[int]:
+        strays = _stop_nodes(self.nodes, self.temp_root)
+        shutil.rmtree(self.temp_root, ignore_errors=True)
+        return strays
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_engines_run_on_the_nodes_holding_their_custom_resource(tmp_path):
-    # Ray puts sockets under --temp-dir and caps their path length: a short folder, not tmp_path
-    temp_root = Path(tempfile.mkdtemp(prefix="rmn-", dir="/tmp"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    # a node drains for up to 30 s on SIGTERM before it stops its processes: nothing to drain here
-    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
-    env.pop("RELAX_FAULT", None)
-    gcs, client = _free_ports(2)
-    head = f"127.0.0.1:{gcs}"
-    nodes: list[subprocess.Popen] = []
+    cluster = Cluster(tmp_path)
+    head, env = cluster.head, cluster.env
     try:
-        nodes.append(_start_node(temp_root, tmp_path, "head", {"trainer_node": 1}, env, head_ports=(gcs, client)))
-        _wait_port(gcs, nodes[0], tmp_path / "ray-head.log")
+        cluster.add("head", {"trainer_node": 1})
         for name in ("a", "b"):
-            nodes.append(_start_node(temp_root, tmp_path, name, {"rollout_node": 1}, env, head=head))
+            cluster.add(name, {"rollout_node": 1})
         resources = _driver("nodes", head, env, timeout=120)
         assert len(resources) == 3, (resources, [(tmp_path / f"ray-{n}.log").read_text()[-2000:] for n in "ab"])
         [head_id] = [i for i, r in resources.items() if r.get("trainer_node")]
@@ -190,15 +225,7 @@ def test_engines_run_on_the_nodes_holding_their_custom_resource(tmp_path):
         assert len(workers) == 2 and head_id not in workers
 
         root = f"file://{tmp_path}/root"
-        run = subprocess.run(
-            [sys.executable, "-m", "relax.cli.main", "train", "tiny-cpu", f"root={root}", "run_id=mn",
-             "topology=disaggregated", "data.tasks=[arithmetic]", "data.train_per_task=64", "data.eval_per_task=8",
-             "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8",
-             "trainer.total_steps=3", "trainer.checkpoint_every=3", "rollout.engine_processes=2",
-             "rollout.engine_launcher=ray", "rollout.engine_cpus=0.5", "rollout.engine_resources=rollout_node=1",
-             "--no-progress"],
-            env={**env, "RAY_ADDRESS": head}, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
+        cluster.train(root, "mn", "topology=disaggregated", "rollout.engine_processes=2")
         from relax.services.report.metrics import read_metrics
 
         assert [m["step"] for m in read_metrics(f"{root}/runs/mn", "actor")] == [0, 1, 2]
@@ -213,8 +240,7 @@ def test_engines_run_on_the_nodes_holding_their_custom_resource(tmp_path):
         assert too_many is not None and "need 3 rollout_node (1 each) and the Ray cluster has 2 free" in too_many
         assert seen["engines_after"] == len(engines)  # refused whole: no actor was created
     finally:
-        strays = _stop_nodes(nodes, temp_root)
-        shutil.rmtree(temp_root, ignore_errors=True)
+        strays = cluster.stop()
     assert strays == [], f"processes outlived their node's process group: {strays}"
 
 
@@ -223,29 +249,14 @@ def test_engines_run_on_the_nodes_holding_their_custom_resource(tmp_path):
 def test_the_rollout_runs_its_sglang_servers_as_ray_actors(tmp_path):
     # rollout.engine=sglang with engine_launcher=ray: each server is the child of a Ray actor on the node
     # Ray placed it (the SGLang stand-in here, which records its flags), routed to and reloaded like any engine
-    temp_root = Path(tempfile.mkdtemp(prefix="rsg-", dir="/tmp"))
     argv_dir = tmp_path / "argv"
     argv_dir.mkdir()
     root = f"file://{tmp_path}/root"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-               RELAX_STANDIN_ARGV_DIR=str(argv_dir), RELAX_STANDIN_STORE=f"{root}|sg")  # the actors' environment
-    env.pop("RELAX_FAULT", None)
-    gcs, client = _free_ports(2)
-    head = f"127.0.0.1:{gcs}"
-    nodes: list[subprocess.Popen] = []
+    cluster = Cluster(tmp_path, RELAX_STANDIN_ARGV_DIR=str(argv_dir), RELAX_STANDIN_STORE=f"{root}|sg")
     try:
-        nodes.append(_start_node(temp_root, tmp_path, "head", {"rollout_node": 2}, env, head_ports=(gcs, client)))
-        _wait_port(gcs, nodes[0], tmp_path / "ray-head.log")
-        run = subprocess.run(
-            [sys.executable, "-m", "relax.cli.main", "train", "tiny-cpu", f"root={root}", "run_id=sg",
-             "data.tasks=[arithmetic]", "data.train_per_task=64", "data.eval_per_task=8",
-             "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8",
-             "trainer.total_steps=3", "trainer.checkpoint_every=3", "rollout.engine=sglang", "rollout.num_engines=2",
-             "rollout.engine_launcher=ray", "rollout.engine_cpus=0.5", "rollout.engine_resources=rollout_node=1",
-             "rollout.sglang_module=tests.relax.engines.sglang.stand_in_server", "--no-progress"],
-            env={**env, "RAY_ADDRESS": head}, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
+        cluster.add("head", {"rollout_node": 2})
+        cluster.train(root, "sg", "rollout.engine=sglang", "rollout.num_engines=2",
+                      "rollout.sglang_module=tests.relax.engines.sglang.stand_in_server")
         from relax.services.report.metrics import read_metrics
 
         rollout = read_metrics(f"{root}/runs/sg", "rollout")
@@ -257,8 +268,7 @@ def test_the_rollout_runs_its_sglang_servers_as_ray_actors(tmp_path):
         assert len(hosts) == 1 and ipaddress.ip_address(hosts.pop())  # the node's address, as Ray reports it
         assert all("--api-key" in argv and "--tp-size" in argv for argv in launched)
     finally:
-        strays = _stop_nodes(nodes, temp_root)
-        shutil.rmtree(temp_root, ignore_errors=True)
+        strays = cluster.stop()
     assert strays == [], f"processes outlived their node's process group: {strays}"
 
 
