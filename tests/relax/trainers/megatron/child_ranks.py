@@ -4,11 +4,13 @@ write what they measured as files the tests read."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +32,14 @@ def run_ranks(script: Path, world: int, *args: str, what: str = "", timeout: flo
     for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
         if p.returncode != 0:
             pytest.fail(f"{what or script.name} rank {rank} of {world} failed (rc={p.returncode}):\n{log[-4000:]}")
+
+
+def run_child(script: Path, out: Path, timeout: float = 900.0) -> Any:
+    """Run ``script OUT`` in one process; returns the JSON it wrote to ``out``."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TINY}", "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(script), str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0 or not out.exists():
+        pytest.fail(f"megatron child process failed (rc={proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+    return json.loads(out.read_text())

@@ -9,32 +9,24 @@ script, like test_model_cpu.py) that writes JSON; the tests assert on it. Same i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.relax.trainers.megatron.child_ranks import run_child
+
 pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
                     exc_type=ImportError)
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[4]
-TINY = REPO / "tests" / "relax" / "trainers" / "torch"
 
 
 @pytest.fixture(scope="module")
 def child(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("mcore-actor") / "actor.json"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TINY}", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, str(HERE), str(out)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode != 0 or not out.exists():
-        pytest.fail(f"megatron child process failed (rc={proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
-    return json.loads(out.read_text())
+    return run_child(HERE, out)
 
 
 @pytest.mark.parametrize("layout", ["pack", "bucket"])
