@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -33,6 +34,7 @@ from relax.config import RelaxConfig, TrainerConfig
 from relax.config_loader import config_from_dict, config_to_dict
 from relax.services.context import RunContext
 from relax.services.launchers.process import free_port, kill_on_parent_death
+from relax.services.launchers.role_process import describe_exit
 from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.checkpoint import CheckpointError, load_checkpoint, trainer_state, unwrap
 from relax.trainers.torch.trainer import StepResult, wrap_ddp
@@ -174,6 +176,7 @@ class ActorRanks:
 
     def __init__(self, ctx: RunContext, world: int):
         self.world, port = world, free_port("127.0.0.1")
+        self.died: list[tuple[int, str]] = []
         env = {**os.environ, WORLD_ENV: str(world), PORT_ENV: str(port), "PYTHONUNBUFFERED": "1"}
         config = json.dumps(config_to_dict(ctx.cfg))
         self.procs = []
@@ -192,6 +195,29 @@ class ActorRanks:
             raise
 
     def call(self, op: str, *args: Any) -> Any:
+        try:
+            return self._call(op, *args)
+        except RuntimeError as e:
+            # a rank that died breaks the group's connections: say which, not gloo's words
+            dead = self.died or self._wait_for_exit()
+            if dead and not isinstance(e, RankFailure):
+                rank, how = dead[0]
+                raise RankFailure(f"actor rank {rank} of {self.world} died ({how}) during {op!r}; the actor "
+                                  f"stops with its ranks (its supervisor restarts them)") from e
+            raise
+
+    def _wait_for_exit(self, timeout_s: float = 2.0) -> list[tuple[int, str]]:
+        deadline = time.monotonic() + timeout_s  # the connection reset can be seen before the exit status
+        while not self.dead() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.dead()
+
+    def dead(self) -> list[tuple[int, str]]:
+        """(rank, how it ended) of the ranks 1..W-1 whose process has exited."""
+        return [(rank, describe_exit(p.returncode)) for rank, p in enumerate(self.procs, start=1)
+                if p.poll() is not None]
+
+    def _call(self, op: str, *args: Any) -> Any:
         dist.broadcast_object_list([(op, args)], src=0, group=self.control)
         mine = None
         try:
@@ -199,6 +225,7 @@ class ActorRanks:
         except AGREED as e:  # raised before any collective, alike on every rank (the same file)
             mine = e
         except BaseException:
+            self.died = self._wait_for_exit(0.5)  # which rank took the group down, before the kill below
             self.kill()  # the others wait in a collective that cannot finish without this rank
             raise
         outcomes: list[Any] = [None] * self.world

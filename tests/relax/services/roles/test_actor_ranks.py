@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,61 @@ def test_megatron_tp2_actor_heals_a_kill_and_resumes_at_tp1(one_process: Path, t
     last = _actor(tmp_path)[-1]
     assert (last["step"], last["ranks"]) == (3, 1) and last["grad_norm"] > 0
     assert 4 in WeightStore(f"file://{tmp_path}", "ranks").versions()
+
+
+def test_a_killed_training_rank_stops_its_actor_which_is_restarted_with_all_its_ranks(tmp_path: Path) -> None:
+    # SIGKILL rank 1 of a data-parallel 2 actor mid-run (disaggregated): rank 0's next collective fails, the
+    # actor role exits naming the dead rank, and the supervisor restarts it; the run finishes
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    env.pop("RELAX_FAULT", None)
+    run = subprocess.Popen([sys.executable, "-m", "relax.cli.main", "train", "tiny-cpu", *COMMON,
+                            f"root=file://{tmp_path}", "run_id=ranks", "trainer.total_steps=30",
+                            "trainer.data_parallel=2", "topology=disaggregated", "--no-progress"],
+                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(m["step"] >= 2 for m in _actor_records(tmp_path)):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
+            time.sleep(0.2)
+        [worker] = _rank_processes(run.pid)
+        os.kill(worker, signal.SIGKILL)
+        out = run.communicate(timeout=600)[0]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out[-3000:]
+    assert "actor rank 1 of 2 died (signal 9 (SIGKILL))" in out
+    steps = _actor(tmp_path)
+    assert {m["step"] for m in steps} == set(range(30))
+    assert len({m["attempt"] for m in steps}) == 2  # the second incarnation finished the run
+
+
+def _actor_records(root: Path) -> list[dict]:
+    try:
+        return read_metrics(f"file://{root}/runs/ranks", "actor")
+    except FileNotFoundError:
+        return []
+
+
+def _rank_processes(ancestor: int) -> list[int]:
+    """Pids of actor rank processes (``python -m relax.services.roles.actor_ranks``) under ``ancestor``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"relax.services.roles.actor_ranks" in cmd and _descends(int(pid), ancestor):
+            found.append(int(pid))
+    return found
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
