@@ -44,7 +44,7 @@ class ModelConfig:
     family: str = opt(
         "qwen2",
         "Architecture family; decides the model classes and processors.",
-        choices=("qwen2", "qwen3", "llama", "qwen2_5_vl", "qwen2_audio", "qwen2_5_omni"),
+        choices=("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe", "qwen2_5_vl", "qwen2_audio", "qwen2_5_omni"),
     )
     tokenizer: str = opt(
         "bpe-tiny",

@@ -231,9 +231,9 @@ def parse_resources(text: str) -> dict[str, float]:
 
 
 # the families each built-in tiny model (relax.models.builders) can be built as
-BUILTIN_FAMILIES = {"tiny-qwen2": ("qwen2", "qwen3", "llama"), "tiny-qwen2-vl": ("qwen2_5_vl",),
+BUILTIN_FAMILIES = {"tiny-qwen2": ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe"), "tiny-qwen2-vl": ("qwen2_5_vl",),
                     "tiny-qwen2-audio": ("qwen2_audio",), "tiny-omni": ("qwen2_5_omni",)}
-TEXT_FAMILIES = BUILTIN_FAMILIES["tiny-qwen2"]
+TEXT_FAMILIES = ("qwen2", "qwen3", "llama")  # what a media built-in's own text decoder stands for
 
 
 def choice_checks(cfg: Any) -> None:

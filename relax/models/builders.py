@@ -3,7 +3,8 @@
 Built-in tiny models are constructed from a config alone under a fixed seed, so tests and
 smoke runs need no download and the same seed always gives the same ``state_dict``:
 
-* ``tiny-qwen2`` — a text decoder: Qwen2 (``family='qwen2'``), Qwen3 or Llama.
+* ``tiny-qwen2`` — a text decoder: Qwen2 (``family='qwen2'``), Qwen3 or Llama; or a mixture of
+  experts, Qwen2-MoE (shared expert) or Qwen3-MoE (``MOE_TINY``: 4 experts, top-2).
 * ``tiny-qwen2-vl`` — Qwen2.5-VL with a 1-block vision tower (patch 14, no spatial merge);
   its image token is the tokenizer's ``<image>`` id.
 * ``tiny-qwen2-audio`` — Qwen2-Audio with a 1-layer Whisper-style encoder over 32 mel bins
@@ -63,6 +64,10 @@ AUDIO_TINY = {"num_mel_bins": 32, "encoder_layers": 1, "encoder_attention_heads"
 # 3: no spatial merge in the tiny vision tower. 4: colour stem (tiny_init.init_colour_stem). 5: vision width 64.
 # 6: He-initialised audio convs (tiny_init.init_audio_convs).
 BUILTIN_VERSION = 6
+# Mixture-of-experts decoders: 4 experts per layer, top-2 routing, every layer sparse; Qwen3-MoE
+# renormalises the top-k gate weights (its released configs do), Qwen2-MoE does not.
+MOE_TINY = {"qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "norm_topk_prob": False},
+            "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "norm_topk_prob": True}}
 TINY_IMAGE_NORM = {"mean": [1.0, 1.0, 1.0], "std": [0.5, 0.5, 0.5]}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -109,12 +114,17 @@ def tiny_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Pretrai
     text = _text_kwargs(cfg, tokenizer)
     head_dim = cfg.hidden_size // cfg.num_heads
     if name == "tiny-qwen2":
-        from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+        from transformers import LlamaConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
-        classes = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
+        classes = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig, "qwen2_moe": Qwen2MoeConfig,
+                   "qwen3_moe": Qwen3MoeConfig}
         if cfg.family not in classes:
             raise ValueError(f"tiny-qwen2 is a text model; model.family must be one of {sorted(classes)}, not {cfg.family!r}")
-        extra = {"head_dim": head_dim} if cfg.family == "qwen3" else {}
+        extra: dict[str, Any] = {"head_dim": head_dim} if cfg.family in ("qwen3", "qwen3_moe") else {}
+        if cfg.family in MOE_TINY:
+            extra.update(MOE_TINY[cfg.family], moe_intermediate_size=cfg.hidden_size)
+            if cfg.family == "qwen2_moe":  # Qwen2-MoE has a gated shared expert beside the routed ones
+                extra["shared_expert_intermediate_size"] = cfg.hidden_size * 2
         return classes[cfg.family](**text, **extra)
     if name == "tiny-qwen2-vl":
         from transformers import Qwen2_5_VLConfig

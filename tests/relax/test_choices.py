@@ -87,7 +87,8 @@ MEGATRON = importlib.util.find_spec("megatron") is not None
 RUNS, LOAD, PREFLIGHT, ELSEWHERE = "runs", "load", "preflight", "elsewhere"
 EXPECTED: dict[tuple[str, Any], str] = {
     ("topology", "colocated"): RUNS, ("topology", "async"): ELSEWHERE, ("topology", "disaggregated"): ELSEWHERE,
-    **{("model.family", v): RUNS for v in ("qwen2", "qwen3", "llama", "qwen2_5_vl", "qwen2_audio", "qwen2_5_omni")},
+    **{("model.family", v): RUNS
+       for v in ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe", "qwen2_5_vl", "qwen2_audio", "qwen2_5_omni")},
     **{("model.dtype", v): RUNS for v in ("float32", "bfloat16", "float16")},
     ("data.format", "relax"): RUNS, ("data.format", "gsm8k"): RUNS,
     ("rollout.engine", "native"): RUNS,
