@@ -176,7 +176,8 @@ class ActorRanks:
 
     def __init__(self, ctx: RunContext, world: int):
         self.world, port = world, free_port("127.0.0.1")
-        self.died: list[tuple[int, str]] = []
+        self.died: list[tuple[int, str]] = []  # the ranks found dead before this process killed the rest
+        self.killed = False
         env = {**os.environ, WORLD_ENV: str(world), PORT_ENV: str(port), "PYTHONUNBUFFERED": "1"}
         config = json.dumps(config_to_dict(ctx.cfg))
         self.procs = []
@@ -199,7 +200,7 @@ class ActorRanks:
             return self._call(op, *args)
         except RuntimeError as e:
             # a rank that died breaks the group's connections: say which, not gloo's words
-            dead = self.died or self._wait_for_exit()
+            dead = self.died if self.killed else self._wait_for_exit()  # once killed, all are dead
             if dead and not isinstance(e, RankFailure):
                 rank, how = dead[0]
                 raise RankFailure(f"actor rank {rank} of {self.world} died ({how}) during {op!r}; the actor "
@@ -240,6 +241,7 @@ class ActorRanks:
         return result
 
     def kill(self) -> None:
+        self.killed = True
         for p in self.procs:
             if p.poll() is None:
                 p.kill()

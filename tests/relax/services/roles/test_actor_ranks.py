@@ -166,3 +166,33 @@ def _descends(pid: int, ancestor: int) -> bool:
         except (OSError, IndexError, ValueError):
             return False
     return False
+
+
+RANK0_FAILS = r"""
+import sys
+from relax.config_loader import load_config
+from relax.services.context import RunContext
+from relax.services.roles.actor_ranks import ActorRanks, RankFailure
+import torch
+
+ctx = RunContext(load_config("tiny-cpu", [f"root=file://{sys.argv[1]}", "data.tasks=[arithmetic]",
+                                          "trainer.data_parallel=2"]))
+ranks = ActorRanks(ctx, 2)
+try:
+    ranks.call("load_weights", {"not.a.weight": torch.zeros(1)})  # fails on every rank, rank 0 first
+except RankFailure as e:
+    print("MISREPORTED", e)
+except Exception as e:
+    print("RAISED", type(e).__name__, str(e)[:200])
+print("DEAD", ranks.dead())
+ranks.close()
+"""
+
+
+def test_rank_0s_own_error_is_raised_as_itself_not_as_the_death_of_the_ranks_it_stopped(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run([sys.executable, "-c", RANK0_FAILS, str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300).stdout
+    assert "MISREPORTED" not in out, out
+    assert "RAISED RuntimeError Error(s) in loading state_dict" in out, out  # the load that failed, as it failed
+    assert "DEAD [(1, 'signal 9 (SIGKILL)')]" in out  # rank 0 stopped the other rank, which could not finish
