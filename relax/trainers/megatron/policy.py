@@ -46,7 +46,6 @@ from relax.trainers.megatron.model import (
 from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.pipeline import attach_pipeline
 from relax.trainers.megatron.samples import rows_of, sample_rows
-from relax.trainers.torch.checkpoint import load_by_name
 
 
 def _padding_row_without_gradient(pad: int) -> Any:
@@ -130,24 +129,15 @@ class MegatronPolicy(torch.nn.Module):
             p.grad.mul_(scale)
         return norm
 
-    def optimizer_state_by_name(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """``optimizer``'s state in the checkpoint's by-name form (relax.trainers.torch.checkpoint),
-        moments gathered over the shards into the Hugging Face layout (relax.trainers.megatron.optim_state),
-        so a checkpoint resumes at another parallel layout or backend. Collective: every rank calls it."""
-        sd = optimizer.state_dict()
-        names = self._names_of(optimizer)
-        return {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"}
-                                                for g in sd["param_groups"]],
-                "state": state_to_hf(self, {names[i]: st for i, st in sd["state"].items()})}
+    def optimizer_state_to_checkpoint(self, local: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Per-parameter optimizer state under this module's names -> under Hugging Face names, moments
+        gathered over the shards (relax.trainers.megatron.optim_state), so a checkpoint resumes at another
+        parallel layout or backend (relax.trainers.torch.checkpoint.optimizer_state). Collective."""
+        return state_to_hf(self, {n.removeprefix("gpt."): st for n, st in local.items()})
 
-    def load_optimizer_state_by_name(self, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-        """Inverse of :meth:`optimizer_state_by_name`: this rank's shards of the saved moments."""
-        load_by_name(optimizer, saved, state_from_hf(self, saved["state"]), self._names_of(optimizer))
-
-    def _names_of(self, optimizer: torch.optim.Optimizer) -> list[str]:
-        """The optimizer's parameters, in its groups' order, by megatron name."""
-        names = {id(p): n for n, p in self.gpt.named_parameters()}
-        return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    def optimizer_state_from_checkpoint(self, saved: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Inverse of :meth:`optimizer_state_to_checkpoint`: this rank's shards, under this module's names."""
+        return {f"gpt.{n}": st for n, st in state_from_hf(self, saved).items()}
 
     def to_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This rank's megatron-named tensors of the weights' shapes -> the full HF-named dict (collective)."""

@@ -14,7 +14,7 @@ What ``Critic`` / ``span_values`` and the critic role see:
 * ``backbone`` is a ``MegatronPolicy`` (what the role loads policy version 0 into, HF layout).
 * ``state_dict()`` / ``load_state_dict()`` speak ValueHeadModel's layout, ``backbone.<HF name>``
   and ``value_head.{weight,bias}``, and so does the optimizer state of a checkpoint
-  (``optimizer_state_by_name``, relax.trainers.torch.checkpoint): critic checkpoints of either
+  (``optimizer_state_to_checkpoint``, relax.trainers.torch.checkpoint): critic checkpoints of either
   backend resume on the other. The LM head is kept (the layout has it) but never run, so it gets
   no gradient and no optimizer state, as in ValueHeadModel.
 
@@ -33,10 +33,8 @@ from torch.nn.modules.module import _IncompatibleKeys
 
 from relax.trainers.megatron.convert import ConversionError
 from relax.trainers.megatron.model import cuda_device_as_cpu
-from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.policy import MegatronPolicy, megatron_policy
 from relax.trainers.megatron.samples import causal_attention_mask, rows_of, sample_rows
-from relax.trainers.torch.checkpoint import load_by_name
 
 
 def final_hidden(gpt: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
@@ -99,33 +97,22 @@ class MegatronValueModel(nn.Module):
         (replicated like the layer norms, so counted once, on tensor-parallel rank 0)."""
         return MegatronPolicy.clip_grad_norm_(self, max_norm)  # type: ignore[arg-type]
 
-    def optimizer_state_by_name(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """``optimizer``'s state in the checkpoint's by-name form under ValueHeadModel's names: the
-        backbone's moments in the HF layout (``MegatronPolicy.optimizer_state_by_name``), the head's as
-        they are; the never-stepped LM head has an empty state. Collective under TP/PP."""
-        sd = optimizer.state_dict()
-        names = self._param_names(optimizer)
-        local = {names[i]: st for i, st in sd["state"].items()}
-        backbone = state_to_hf(self.backbone, {n: st for n, st in local.items() if not n.startswith("value_head.")})
-        return {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"}
-                                                for g in sd["param_groups"]],
-                "state": {**{f"backbone.{n}": st for n, st in backbone.items()},
-                          **{n: st for n, st in local.items() if n.startswith("value_head.")}}}
+    def optimizer_state_to_checkpoint(self, local: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Per-parameter optimizer state under ValueHeadModel's names: the backbone's moments in the HF
+        layout (``MegatronPolicy.optimizer_state_to_checkpoint``), the head's as they are; the never-stepped
+        LM head has an empty state. Collective under TP/PP."""
+        backbone = self.backbone.optimizer_state_to_checkpoint(
+            {n.removeprefix("backbone."): st for n, st in local.items() if n.startswith("backbone.")})
+        return {**{f"backbone.{n}": st for n, st in backbone.items()},
+                **{n: st for n, st in local.items() if n.startswith("value_head.")}}
 
-    def load_optimizer_state_by_name(self, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-        """Inverse of :meth:`optimizer_state_by_name`; also loads the by-name state of a PyTorch-backend
-        critic (which lists only the parameters it stepped)."""
-        backbone = {n[len("backbone."):]: st for n, st in saved["state"].items() if n.startswith("backbone.")}
-        by_name = {**state_from_hf(self.backbone, backbone),
-                   **{n: st for n, st in saved["state"].items() if n.startswith("value_head.") and st}}
-        load_by_name(optimizer, saved, by_name, self._param_names(optimizer))
-
-    def _param_names(self, optimizer: torch.optim.Optimizer) -> list[str]:
-        """The optimizer's parameters in its groups' order: megatron names for the backbone's,
-        ``value_head.*`` for the head's."""
-        names = {id(p): n for n, p in self.backbone.gpt.named_parameters()}
-        names.update({id(p): f"value_head.{n}" for n, p in self.value_head.named_parameters()})
-        return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    def optimizer_state_from_checkpoint(self, saved: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Inverse of :meth:`optimizer_state_to_checkpoint`; also takes a PyTorch-backend critic's state
+        (which lists only the parameters it stepped)."""
+        backbone = self.backbone.optimizer_state_from_checkpoint(
+            {n.removeprefix("backbone."): st for n, st in saved.items() if n.startswith("backbone.")})
+        return {**{f"backbone.{n}": st for n, st in backbone.items()},
+                **{n: st for n, st in saved.items() if n.startswith("value_head.") and st}}
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
         """ValueHeadModel's layout: ``backbone.<HF name>`` and ``value_head.*`` (detached copies)."""

@@ -91,26 +91,27 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     """``optimizer``'s state keyed by parameter name, not by position: ``{"format": "by-name",
     "groups": [hyper-parameters], "state": {name: {"step", "exp_avg", ...}}}``. A model that is
     a view of another layout (the Megatron policy: Hugging Face names, tensor-parallel shards
-    gathered) gives its own, so a checkpoint resumes on either backend and any parallel layout."""
+    gathered) renames and gathers its parameters' states (``optimizer_state_to_checkpoint``), so a
+    checkpoint resumes on either backend and any parallel layout."""
     m = unwrap(model)
-    if hasattr(m, "optimizer_state_by_name"):
-        return m.optimizer_state_by_name(optimizer)
     sd = optimizer.state_dict()
     order = _param_names(m, optimizer)
+    state = {order[i]: st for i, st in sd["state"].items()}
+    convert = getattr(m, "optimizer_state_to_checkpoint", None)
     return {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
-            "state": {order[i]: st for i, st in sd["state"].items()}}
+            "state": convert(state) if convert is not None else state}
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-    """Inverse of :func:`optimizer_state`; a positional state dict (checkpoints before by-name) loads as it is."""
+    """Inverse of :func:`optimizer_state` (``optimizer_state_from_checkpoint`` maps a view's names
+    back); a positional state dict (checkpoints before by-name) loads as it is."""
     if saved.get("format") != "by-name":
         optimizer.load_state_dict(saved)
         return
     m = unwrap(model)
-    if hasattr(m, "load_optimizer_state_by_name"):
-        m.load_optimizer_state_by_name(optimizer, saved)
-        return
-    load_by_name(optimizer, saved, saved["state"], _param_names(m, optimizer))
+    convert = getattr(m, "optimizer_state_from_checkpoint", None)
+    by_name = convert(saved["state"]) if convert is not None else saved["state"]
+    load_by_name(optimizer, saved, by_name, _param_names(m, optimizer))
 
 
 def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
