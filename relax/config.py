@@ -230,6 +230,9 @@ class AlgorithmConfig:
         0.0, "beta of the push on prompt groups whose rewards are all equal and below 1: each of their samples gets "
         "advantage -beta * (1 - r) (docs/algorithms.md); 0 = plain GRPO. Advantage grpo, drgrpo or rloo, rewards on "
         "the 0..1 scale of the built-in verifiers.", range=(0.0, 10.0))
+    routing_replay: bool = opt(False, "MoE models: train with the experts the rollout engine routed each token to "
+                               "(R3, docs/algorithms.md) instead of the router's own top-k, so the importance ratio "
+                               "sees no routing noise.")
     off_policy: str = opt("decoupled", "Correction for stale or engine-mismatched samples; none takes the PPO ratio "
                           "against the engine's log-probs, recompute against the trainer's own (verl, slime).",
                           choices=("none", "recompute", "decoupled", "tis", "icepop"))

@@ -127,6 +127,25 @@ def backend_checks(t: Any, family: str) -> None:
                           "megatron's GPTModel cannot take: use pack, bucket or pad with trainer.backend=megatron")
 
 
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe")
+
+
+def routing_replay_checks(cfg: Any) -> None:
+    """algorithm.routing_replay needs an MoE model (which only the torch trainer builds: backend_checks) on full
+    rows; engines record routes (the native one, or SGLang with --enable-return-routed-experts, which the
+    launchers pass)."""
+    if not cfg.algorithm.routing_replay:
+        return
+    t = cfg.trainer
+    clash = [(cfg.model.family not in MOE_FAMILIES, f"model.family={cfg.model.family} (routes exist for "
+              f"{'/'.join(MOE_FAMILIES)} only)"),
+             (t.micro_batch_layout == "prefix", "trainer.micro_batch_layout=prefix (replay needs full rows)")]
+    found = [why for bad, why in clash if bad]
+    if found:
+        raise ConfigError(f"algorithm.routing_replay=true cannot run with {'; '.join(found)}: change those or set "
+                          f"routing_replay=false")
+
+
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what becomes a path segment (as lineage names)
 
 
@@ -315,6 +334,7 @@ def cross_checks(cfg: Any) -> None:
                           "abort switches versions mid-generation: set partial_rollout=wait or exact_staleness=false")
     a = cfg.algorithm
     convention_checks(a)
+    routing_replay_checks(cfg)
     if a.overlong_buffer > cfg.rollout.max_new_tokens:
         raise ConfigError(f"algorithm.overlong_buffer ({a.overlong_buffer}) exceeds rollout.max_new_tokens "
                           f"({cfg.rollout.max_new_tokens}): the penalty ramps inside the length limit; lower it")

@@ -24,6 +24,7 @@ from relax.engines.types import (
     GenerateRequest,
     SamplingParams,
     refuse_unless_neutral,
+    routes_to_wire,
 )
 from relax.engines.weight_source import check_source, complete_tied, load_weights
 from relax.faults import fault_point
@@ -67,6 +68,7 @@ def validate_media(images: list[bytes], audios: list[bytes]) -> None:
 # /generate fields beside sampling_params that the native engine does not serve (prompt logprobs, hidden
 # states, embeddings, video, LoRA): only their defaults pass
 UNSERVED = {"logprob_start_len": (None, -1), "return_hidden_states": (None, False), "input_embeds": (None,),
+            "routed_experts_start_len": (None, 0),
             "video_data": (None, []), "lora_path": (None,), "custom_logit_processor": (None,)}
 
 
@@ -175,6 +177,8 @@ class Frontend:
             if c.top_logprobs is not None:
                 meta["output_top_logprobs"] = [[[float(lp), int(t), self.tokenizer.decode([t]) if with_text else None]
                                                 for lp, t in row] for row in c.top_logprobs]
+        if opts.get("return_routed_experts") and c.routed_experts is not None:  # SGLang's: int32, base64
+            meta["routed_experts"] = routes_to_wire(c.routed_experts)
         trim = not opts.get("no_stop_trim", False)
         return {"text": self.decode(c.output_ids, c.finish_reason, trim), "output_ids": list(c.output_ids),
                 "meta_info": meta}
@@ -183,6 +187,9 @@ class Frontend:
         """SGLang ``/generate``: a dict for one prompt with n=1, a list for a batch or n>1."""
         t0 = time.perf_counter()
         refuse_unless_neutral(body, UNSERVED)
+        if body.get("return_routed_experts") and getattr(self.engine, "recorder", None) is None:
+            raise EngineError("return_routed_experts: this server records no routed experts; serve an MoE model "
+                              "with --enable-return-routed-experts")
         text, ids = body.get("text"), body.get("input_ids")
         if (text is None) == (ids is None):
             raise EngineError("send exactly one of 'text' or 'input_ids'")

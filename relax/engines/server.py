@@ -124,7 +124,7 @@ def create_app(engine: Any, model_path: str, weight_store_root: str | None = Non
 
 
 def build_native_engine(model_path: str, max_batch_size: int = 64, background: bool = True,
-                        seed: int = 0) -> tuple[Any, Any]:
+                        seed: int = 0, record_routes: bool = False) -> tuple[Any, Any]:
     """``(NativeEngine, processor)`` for a local HF folder (text, VL, audio or omni thinker); never downloads.
     ``seed`` keys every request's sampling stream (with its ``seed`` or rid), as in an in-process engine."""
     from relax.config import ModelConfig
@@ -134,7 +134,7 @@ def build_native_engine(model_path: str, max_batch_size: int = 64, background: b
     tok = build_tokenizer(model_path)
     model, processor = build_policy(ModelConfig(name_or_path=model_path, tokenizer=model_path), tok, seed=0)
     return NativeEngine(model, tok, max_batch_size=max_batch_size, model_path=model_path,
-                        background=background, seed=seed), processor
+                        background=background, seed=seed, record_routes=record_routes), processor
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="exit when this process is gone (the rollout that owns the engine)")
     ap.add_argument("--owner-start", default="", help="the owner's start time, so a reused pid is not mistaken for it")
     ap.add_argument("--engine-token", default="", help="names this process in its owner's registry (lifetime.py)")
+    ap.add_argument("--enable-return-routed-experts", action="store_true",
+                    help="MoE models: record each token's experts, returned with return_routed_experts (SGLang's flag)")
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get a 413")
     args = ap.parse_args(argv)
     check_bind(args.host, token_from_env())  # before loading anything: no token, no network address
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     # The engine's scheduler runs on the main thread, the thread that loaded the model: torch's
     # OpenMP pool belongs to the first thread that used it, and compute on a second thread beside
     # it measured 2x slower per op here. HTTP handling (no heavy torch) gets its own thread.
-    engine, processor = build_native_engine(args.model_path, args.max_batch_size, background=False, seed=args.seed)
+    engine, processor = build_native_engine(args.model_path, args.max_batch_size, background=False, seed=args.seed,
+                                            record_routes=args.enable_return_routed_experts)
     fault_point("engine", "start")  # loaded, not yet serving
     app = create_app(engine, args.model_path, args.weight_store_root, args.run_id, processor=processor,
                      max_body_bytes=args.max_body_bytes)

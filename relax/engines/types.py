@@ -6,9 +6,13 @@ client talks to the native engine and to real SGLang servers alike.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 # SGLang sampling_params the native engine does not implement: accepted only at their neutral values
 NEUTRAL: dict[str, tuple] = {"min_new_tokens": (None, 0), "regex": (None,), "json_schema": (None,), "ebnf": (None,),
@@ -154,3 +158,22 @@ class Completion:
     prompt_tokens: int
     weight_version: str
     top_logprobs: list[list[tuple[float, int]]] | None = None  # per output token, with top_logprobs_num > 0
+    # MoE: (prompt_tokens + len(output_ids) - 1, layers, k) int16 expert ids of every position fed
+    # to the model (relax.engines.native.routes); None for dense models
+    routed_experts: Any = None
+
+
+def routes_to_wire(routes: np.ndarray) -> str:
+    """Recorded experts as SGLang's ``meta_info.routed_experts``: base64 of the int32 ids, flattened."""
+    return base64.b64encode(np.ascontiguousarray(routes, dtype=np.int32).tobytes()).decode("ascii")
+
+
+def routes_from_wire(text: Any, rid: str) -> np.ndarray | None:
+    """SGLang's ``routed_experts`` back to flat int32 ids (the rollout gives them their (positions,
+    layers, k) shape, relax.services.schema.routes_column); None when absent."""
+    if text is None:
+        return None
+    try:
+        return np.frombuffer(base64.b64decode(text, validate=True), dtype=np.int32)
+    except (binascii.Error, TypeError, ValueError) as e:
+        raise EngineError(f"engine answered unreadable routed_experts for request {rid}: {e}") from None

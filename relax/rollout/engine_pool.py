@@ -43,9 +43,10 @@ class EnginePool(Protocol):
 class LocalEngines:
     """A :class:`NativeEngine` on the calling thread."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int, max_seq_len: int, seed: int):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int, max_seq_len: int, seed: int,
+                 record_routes: bool = False):
         self.engine = NativeEngine(model, tokenizer, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                                   seed=seed, background=False, weight_version="-1")
+                                   seed=seed, background=False, weight_version="-1", record_routes=record_routes)
         self.weight_version = -1
 
     def generate(self, prompts: list[EncodedPrompt], params: list[SamplingParams], rids: list[str],

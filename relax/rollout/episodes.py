@@ -49,6 +49,9 @@ class Trajectory:
     # the media bytes behind mm_inputs, in order: an HTTP engine takes bytes, not tensors
     images: list[bytes] = field(default_factory=list)
     audios: list[bytes] = field(default_factory=list)
+    # MoE: the engine's (positions, layers, k) experts of the latest turn, which covers every earlier
+    # token (its prefill re-read them); None for dense models (relax.engines.native.routes)
+    routes: Any = None
 
     @property
     def policy_version(self) -> int:
@@ -59,6 +62,8 @@ class Trajectory:
         self.mask += [1 if trained else 0] * len(c.output_ids)
         self.logprobs += list(c.logprobs) if trained else [0.0] * len(c.output_ids)
         self.versions.append(int(c.weight_version))
+        if c.routed_experts is not None:
+            self.routes = c.routed_experts
 
     def observe(self, ids: list[int]) -> None:
         self.tokens += ids

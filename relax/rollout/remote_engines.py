@@ -23,7 +23,7 @@ from relax import objstore
 from relax.engines.client import EngineClient
 from relax.engines.guards import MAX_BODY_BYTES
 from relax.engines.router import NoEngineAvailable, Router
-from relax.engines.types import Completion, SamplingParams
+from relax.engines.types import Completion, SamplingParams, routes_from_wire
 from relax.rollout.engine_supervisor import EngineLauncher, EngineSupervisor, LaunchedEngine
 from relax.rollout.prompts import EncodedPrompt
 from relax.rollout.weight_sync import WEIGHT_SYNCS, BroadcastSync
@@ -59,8 +59,9 @@ class RemoteEngines:
                  launcher: EngineLauncher | None = None, store: WeightStore | None = None, max_failures: int = 3,
                  vocab_size: int | None = None, supervise_interval_s: float = 0.0,
                  max_request_bytes: int = MAX_REQUEST_BYTES, local_weights: bool = False,
-                 weight_sync: str = "disk"):
+                 weight_sync: str = "disk", routed_experts: bool = False):
         self.max_request_bytes = max_request_bytes
+        self.routed_experts = routed_experts  # algorithm.routing_replay: ask each request for its experts
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="relax-rollout-http", daemon=True)
         self._thread.start()
@@ -165,7 +166,8 @@ class RemoteEngines:
             input_ids=prompts[0].input_ids if one else [p.input_ids for p in prompts],
             sampling_params=sps[0] if one else sps, rid=rids[0] if one else rids, return_logprob=True,
             image_data=(images[0] if one else images) if any(images) else None,
-            audio_data=(audios[0] if one else audios) if any(audios) else None)
+            audio_data=(audios[0] if one else audios) if any(audios) else None,
+            **({"return_routed_experts": True} if self.routed_experts else {}))
         items = out if isinstance(out, list) else [out]
         result, at = [], 0
         for p, sp, rid in zip(prompts, params, rids, strict=True):
@@ -382,5 +384,5 @@ def _completion(rid: str, index: int, item: dict[str, Any], prompt_tokens: int) 
     if len(lps) != len(ids):
         raise ValueError(f"engine answered {len(ids)} tokens with {len(lps)} logprobs for request {rid}")
     return Completion(rid, index, ids, lps, meta.get("finish_reason") or {}, prompt_tokens,
-                      str(meta.get("weight_version", "-1")))
+                      str(meta.get("weight_version", "-1")), routed_experts=routes_from_wire(meta.get("routed_experts"), rid))
 

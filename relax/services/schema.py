@@ -75,3 +75,28 @@ def rollout_fields(reward_role: bool) -> tuple[Field, ...]:
 # with GAE the critic adds per-token values before the advantage role, which adds the returns
 VALUE_FIELDS = (Field("values", "float32", (None,)),)
 RETURN_FIELDS = (Field("returns", "float32", (None,)),)
+
+
+def routes_field(layers: int, k: int) -> Field:
+    """algorithm.routing_replay: the engine's experts for every position of the row, (L, layers, k)
+    int16 (expert ids; -1 where the engine fed no token: the last one), relax.models.moe_routing."""
+    return Field("routed_experts", "int16", (None, layers, k))
+
+
+def routes_column(routes: Any, length: int, sample_id: str, shape: tuple[int, int] | None = None) -> np.ndarray:
+    """A trajectory's recorded routes (positions, layers, k) as its row's (length, layers, k) column,
+    -1 after the last recorded position. Flat ids (SGLang's wire form) take ``shape`` = (layers, k).
+    An error naming the sample when the engine recorded none or too many."""
+    if routes is None:
+        raise ValueError(f"sample {sample_id!r}: algorithm.routing_replay is on but its engine returned no "
+                         f"routed experts; start engines with --enable-return-routed-experts on an MoE model")
+    routes = np.asarray(routes, dtype=np.int16)
+    if routes.ndim == 1:
+        if shape is None or routes.size % (shape[0] * shape[1]):
+            raise ValueError(f"sample {sample_id!r}: {routes.size} routed expert ids do not fill whole positions "
+                             f"of {shape} (MoE layers, top-k) of this model")
+        routes = routes.reshape(-1, *shape)
+    if routes.shape[0] > length:
+        raise ValueError(f"sample {sample_id!r}: {routes.shape[0]} routed positions for {length} tokens")
+    pad = np.full((length - routes.shape[0], *routes.shape[1:]), -1, dtype=np.int16)
+    return np.concatenate([routes, pad])

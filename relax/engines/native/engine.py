@@ -20,12 +20,14 @@ from typing import Any
 
 import torch
 
+from relax.engines.native import routes
 from relax.engines.native.forward import decode_logits, prefill_logits
 from relax.engines.native.fused_decode import FusedDecoder
 from relax.engines.native.kv_cache import cache_for
-from relax.engines.native.media_tokens import input_only_token_ids
+from relax.engines.native.media_tokens import input_only_token_ids, same_media_prompts
 from relax.engines.native.sampling import UniformStream, sample, top_logprobs
 from relax.engines.types import Completion, EngineError, GenerateRequest
+from relax.models.moe_routing import RouteRecorder
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ class _Seq:
     out_top: list[list[tuple[float, int]]] = field(default_factory=list)  # with top_logprobs_num > 0
     finish: dict[str, Any] | None = None
     rope_delta: int = 0  # text rope position minus cache position (multimodal 3-D rope models)
+    routes: list[torch.Tensor] = field(default_factory=list)  # MoE: experts of each fed position (routes.py)
 
     @property
     def last_pos(self) -> int:  # position of the newest token, the one the next decode step feeds in
@@ -61,8 +64,9 @@ class _Pending:
 class NativeEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch_size: int = 64,
                  max_seq_len: int | None = None, weight_version: str = "0", model_path: str = "", seed: int = 0,
-                 background: bool = True):
-        """``background``: its own scheduler thread (started on first use); False: the caller drives it."""
+                 background: bool = True, record_routes: bool = False):
+        """``background``: its own scheduler thread (started on first use); False: the caller drives it.
+        ``record_routes``: an MoE model's completions carry their experts (``Completion.routed_experts``)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         text = getattr(model.config, "text_config", None) or model.config
@@ -71,6 +75,7 @@ class NativeEngine:
         self.cache = cache_for(model, max_batch_size, self.max_context_length)
         self.fused = FusedDecoder.maybe(model)  # lean decode step for plain text decoders
         self.banned = input_only_token_ids(model)
+        self.recorder = RouteRecorder.maybe(model) if record_routes else None  # R3 (routes.py)
         self.weight_version = str(weight_version)
         self.model_path = model_path
         self.seed = seed
@@ -253,7 +258,7 @@ class NativeEngine:
             with torch.no_grad():
                 # one row per distinct prompt: a text request, or a media prompt's n requests
                 text = [[(p, slots)] for p, slots in admitted if not p.req.mm_inputs]
-                media = _same_media_prompts([(p, slots) for p, slots in admitted if p.req.mm_inputs])
+                media = same_media_prompts([(p, slots) for p, slots in admitted if p.req.mm_inputs])
                 for rows in (text, media):
                     for start in range(0, len(rows), 16):  # batched prefill, bounded memory
                         self._prefill(rows[start:start + 16])
@@ -288,9 +293,11 @@ class NativeEngine:
                 members.append(p)
         if not members:
             return
-        last, deltas = prefill_logits(self.model, self.fused, self.cache, [p.req.input_ids for p in todo],
-                                      [p.seqs[0].slot for p in todo],
-                                      [p.req.mm_inputs for p in todo] if todo[0].req.mm_inputs else None)
+        with routes.capture(self.recorder) as captured:
+            last, deltas = prefill_logits(self.model, self.fused, self.cache, [p.req.input_ids for p in todo],
+                                          [p.seqs[0].slot for p in todo],
+                                          [p.req.mm_inputs for p in todo] if todo[0].req.mm_inputs else None)
+        prompt_routes = routes.prompt_rows(captured, [len(p.req.input_ids) for p in todo])
         if deltas is not None:  # media rows: decode continues from the model's rope offset
             for p in members:
                 for s in p.seqs:
@@ -302,6 +309,7 @@ class NativeEngine:
             for s in p.seqs:
                 if s.slot != source:
                     self.cache.copy_slot(source, s.slot, len(todo[i].req.input_ids))
+                s.routes = [prompt_routes[i]] if prompt_routes[i] is not None else []
                 rows.append(i)
                 params.append(p.req.params)
                 draws.append(s.uniforms.next())
@@ -314,8 +322,10 @@ class NativeEngine:
 
     def _decode(self) -> None:
         seqs = sorted(self._running, key=lambda s: s.slot)  # consecutive slots read the cache without a copy
-        logits = decode_logits(self.model, self.fused, self.cache, [s.out_ids[-1] for s in seqs],
-                               [s.last_pos for s in seqs], [s.slot for s in seqs], [s.rope_delta for s in seqs])
+        with routes.capture(self.recorder) as captured:
+            logits = decode_logits(self.model, self.fused, self.cache, [s.out_ids[-1] for s in seqs],
+                                   [s.last_pos for s in seqs], [s.slot for s in seqs], [s.rope_delta for s in seqs])
+        routes.add_step(seqs, captured)
         tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
                              self.banned, [(s.pending.req.input_ids, s.out_ids) for s in seqs])
         for k, (s, t, lp) in enumerate(zip(seqs, tokens, lps, strict=True)):
@@ -359,7 +369,8 @@ class NativeEngine:
             self._cond.notify_all()
         for p in done:
             p.future.set_result([Completion(p.req.rid, s.index, s.out_ids, s.out_lps, s.finish, len(p.req.input_ids),
-                                            p.version, s.out_top if s.pending.req.params.top_logprobs_num else None)
+                                            p.version, s.out_top if s.pending.req.params.top_logprobs_num else None,
+                                            routes.joined(s.routes))
                                  for s in p.seqs])
 
     def _aborted(self, p: _Pending, index: int) -> Completion:
@@ -376,16 +387,6 @@ class NativeEngine:
                 if not p.future.done():
                     p.future.set_exception(error)
             self._cond.notify_all()
-
-
-def _same_media_prompts(admitted: list[tuple[_Pending, list[int]]]) -> list[list[tuple[_Pending, list[int]]]]:
-    """Media requests grouped by prompt, in arrival order: the same ids with the same media
-    tensors (the rollout sends a prompt's n samples as n requests sharing one encoding)."""
-    groups: dict[tuple, list[tuple[_Pending, list[int]]]] = {}
-    for p, slots in admitted:
-        key = (tuple(p.req.input_ids), tuple(sorted((k, id(v)) for k, v in p.req.mm_inputs.items())))
-        groups.setdefault(key, []).append((p, slots))
-    return list(groups.values())
 
 
 def _seed_of(rid: str, seed: int) -> int:

@@ -57,6 +57,8 @@ def server_args(cfg: RelaxConfig, model_path: str, port: int, host: str = "127.0
         args += ["--api-key", api_key]
     if trust_remote_code:
         args.append("--trust-remote-code")
+    if cfg.algorithm.routing_replay:  # the rollout asks each request for its experts (R3)
+        args.append("--enable-return-routed-experts")
     return args + list(extra or [])
 
 

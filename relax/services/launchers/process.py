@@ -153,7 +153,8 @@ class NativeEngineProcess(EngineProcess):
     def __init__(self, model_dir: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
                  max_batch_size: int = 16, weight_store_root: str | None = None, run_id: str | None = None,
                  log_dir: str | Path | None = None, seed: int = 0, die_with_parent: bool = True,
-                 num_threads: int | None = None, api_token: str | None = None, attempt: int = 0):
+                 num_threads: int | None = None, api_token: str | None = None, attempt: int = 0,
+                 record_routes: bool = False):
         self.host = host
         self.port = port or free_port(host)
         self.num_threads = num_threads or default_num_threads()
@@ -164,6 +165,8 @@ class NativeEngineProcess(EngineProcess):
                 "--num-threads", str(self.num_threads), lifetime.TOKEN_FLAG, token]
         if weight_store_root and run_id:
             args += ["--weight-store-root", weight_store_root, "--run-id", run_id]
+        if record_routes:  # algorithm.routing_replay: the engine returns each token's experts
+            args.append("--enable-return-routed-experts")
         if die_with_parent:
             args += ["--owner-pid", str(owner), "--owner-start", lifetime.start_time(owner) or ""]
             lifetime.reap_orphans()

@@ -109,7 +109,8 @@ class ActorRole:
         self.store = ctx.weights()
         self.queue = ctx.queue()
         fields = (ACTOR_FIELDS + (reference_fields(cfg.algorithm) if actor_reads_reference(cfg) else [])
-                  + (["error"] if cfg.data.reward_role else []))  # zero weight for failed rewards
+                  + (["error"] if cfg.data.reward_role else [])  # zero weight for failed rewards
+                  + (["routed_experts"] if cfg.algorithm.routing_replay else []))  # R3: the engine's experts
         self.consumer = ConsumerGroup(self.queue, ACTOR_GROUP, fields,
                                       batch_groups=cfg.rollout.prompts_per_step, max_staleness=cfg.queue.max_staleness)
         self.step_index, self.resumed_from = 0, None

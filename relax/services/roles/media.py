@@ -135,6 +135,8 @@ def to_rollout_batch(batch: Batch, media: MediaInputs | None = None) -> RolloutB
         if name in f:
             floats[name] = [torch.tensor(pad_topk_rows(x, len(t)), dtype=dtype)
                             for x, t in zip(f[name], f["tokens"], strict=True)]
+    if "routed_experts" in f:  # algorithm.routing_replay (relax.models.moe_routing)
+        floats["routed_experts"] = [torch.tensor(x, dtype=torch.long) for x in f["routed_experts"]]
     masks = effective_masks(f["loss_mask"], f.get("error"))  # a failed reward (reward role): zero weight
     return RolloutBatch(ids=list(batch.ids), input_ids=[torch.tensor(t, dtype=torch.long) for t in f["tokens"]],
                         loss_mask=[torch.tensor(m, dtype=torch.float32) for m in masks],

@@ -28,6 +28,8 @@ from relax.config_loader import ConfigError
 from relax.data.suite import load_env_fn
 from relax.engines.guards import ensure_token
 from relax.engines.types import SamplingParams
+from relax.models.builders import policy_config
+from relax.models.moe_routing import config_route_shape
 from relax.rollout.engine_pool import EnginePool, LocalEngines
 from relax.rollout.engine_supervisor import EngineLauncher
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
@@ -42,7 +44,7 @@ from relax.services.launchers.process import LocalProcessLauncher
 from relax.services.launchers.sglang_process import SGLangEngines
 from relax.services.report.role_logs import logs_url
 from relax.services.roles.media import pack_media
-from relax.services.schema import ACTOR_GROUP, rollout_fields
+from relax.services.schema import ACTOR_GROUP, rollout_fields, routes_column, routes_field
 from relax.transfer.consumer import GroupView, wait_for_capacity
 
 
@@ -84,7 +86,12 @@ class RolloutRole:
                 raise ConfigError(str(e)) from None
         self.queue = ctx.queue()
         self.scores = not cfg.data.reward_role  # else the reward role does (relax.services.roles.reward)
-        self.producer = self.queue.producer(writer_id, rollout_fields(not self.scores), tokens_field="tokens")
+        fields = rollout_fields(not self.scores)
+        self.route_shape = None  # algorithm.routing_replay: the engine's experts travel with each row (R3)
+        if cfg.algorithm.routing_replay:
+            self.route_shape = config_route_shape(policy_config(cfg.model, ctx.tokenizer))
+            fields += (routes_field(*self.route_shape),)
+        self.producer = self.queue.producer(writer_id, fields, tokens_field="tokens")
         self.store = ctx.weights()
         self.actor_view = GroupView(self.queue, ACTOR_GROUP)  # incremental: read new cursor records only
         meta = self.producer.last_meta() or {}
@@ -106,7 +113,8 @@ class RolloutRole:
         sglang = r.engine == "sglang"  # SGLang servers it owns (with --engine-url: those URLs)
         processor = ctx.processor if (engine_urls or r.engine_processes > 0 or sglang) else None
         faults = {"timeout_s": r.engine_timeout_s, "max_failures": r.engine_max_failures,
-                  "supervise_interval_s": r.supervise_interval_s, "weight_sync": r.weight_sync}
+                  "supervise_interval_s": r.supervise_interval_s, "weight_sync": r.weight_sync,
+                  "routed_experts": cfg.algorithm.routing_replay}
         if engine_urls:  # external engines: routed around when they fail, never replaced
             self.pool: EnginePool = RemoteEngines(engine_urls, **faults)
         elif sglang or r.engine_processes > 0:
@@ -114,7 +122,7 @@ class RolloutRole:
         else:
             model, processor = ctx.build_model()
             self.pool = LocalEngines(model, tok, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
-                                     seed=cfg.seed)
+                                     seed=cfg.seed, record_routes=cfg.algorithm.routing_replay)
         self.rewards = RewardDispatcher.for_training(cfg) if self.scores else None
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                 top_k=r.top_k, stop=list(r.stop))
@@ -172,7 +180,8 @@ class RolloutRole:
                                          sglang=self.cfg, api_token=ensure_token())
             return RayEngineLauncher(self._model_dir, max_engines, **placement,
                                      max_batch_size=slots, seed=self.cfg.seed, weight_store_root=self.cfg.root,
-                                     run_id=self.cfg.run_id, api_token=ensure_token())
+                                     run_id=self.cfg.run_id, api_token=ensure_token(),
+                                     record_routes=self.cfg.algorithm.routing_replay)
         # engine logs beside the roles' (runs/<id>/logs/engines/) on a local root; else with the model copy
         log_dir = objstore.local_path(logs_url(self.ctx.run_url, "engines")) or self._model_dir
         os.makedirs(log_dir, exist_ok=True)
@@ -182,7 +191,8 @@ class RolloutRole:
         # the engines inherit this process's token (and its clients send it): only they may change an engine
         return LocalProcessLauncher(self._model_dir, max_engines=max_engines, max_batch_size=slots,
                                     seed=self.cfg.seed, weight_store_root=self.cfg.root, run_id=self.cfg.run_id,
-                                    api_token=ensure_token(), log_dir=log_dir)
+                                    api_token=ensure_token(), log_dir=log_dir,
+                                    record_routes=self.cfg.algorithm.routing_replay)
 
     # -- weights ------------------------------------------------------------------------------
     def _newer_weights(self) -> bool:
@@ -228,6 +238,9 @@ class RolloutRole:
             if generated >= 8 * r.prompts_per_step and len(kept) < r.prompts_per_step:
                 break  # dynamic sampling found too few informative groups; ship what there is
         rows = [trajectory_row(t, r.n_samples_per_prompt, self.scores) for g in kept for t in g]
+        if cfg.algorithm.routing_replay:
+            for row, t in zip(rows, (t for g in kept for t in g), strict=True):
+                row["routed_experts"] = routes_column(t.routes, len(t.tokens), row["id"], self.route_shape)
         self.producer.put(rows, meta={"next_prompt": self.stream.position, "batch": self.batch})
         self.batch += 1
         trajs = [t for g in kept for t in g]

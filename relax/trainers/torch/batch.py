@@ -16,6 +16,7 @@ import torch
 
 TOKEN_FIELDS = ("loss_mask", "old_logprobs", "advantages", "ref_logprobs", "prox_logprobs", "values", "returns")
 TOPK_FIELDS = ("ref_topk_ids", "ref_topk_logprobs")  # (L_i, k) per sample
+ROUTE_FIELDS = ("routed_experts",)  # (L_i, layers, k) per sample
 
 
 @dataclass
@@ -33,6 +34,9 @@ class RolloutBatch:
     ref_topk_ids: list[torch.Tensor] | None = None
     ref_topk_logprobs: list[torch.Tensor] | None = None
     prox_logprobs: list[torch.Tensor] | None = None
+    # algorithm.routing_replay: the experts the engine routed each position to, (L_i, layers, k)
+    # int64 (-1 where none was recorded: the router decides), relax.models.moe_routing
+    routed_experts: list[torch.Tensor] | None = None
     values: list[torch.Tensor] | None = None
     returns: list[torch.Tensor] | None = None
     rewards: torch.Tensor | None = None  # (B,)
@@ -47,14 +51,14 @@ class RolloutBatch:
             raise ValueError(f"batch has {len(self.ids)} ids but {n} input_ids")
         if self.media is not None and len(self.media) != n:
             raise ValueError(f"field 'media' has {len(self.media)} entries for {n} samples")
-        for name in TOKEN_FIELDS + TOPK_FIELDS:
+        for name in TOKEN_FIELDS + TOPK_FIELDS + ROUTE_FIELDS:
             values = getattr(self, name)
             if values is None:
                 continue
             if len(values) != n:
                 raise ValueError(f"field {name!r} has {len(values)} entries for {n} samples")
             for sid, v, ids in zip(self.ids, values, self.input_ids, strict=True):
-                want = ids.shape if name in TOKEN_FIELDS else (*ids.shape, v.shape[-1])
+                want = ids.shape if name in TOKEN_FIELDS else (*ids.shape, *v.shape[1:])
                 if v.shape != want:
                     raise ValueError(f"sample {sid!r}: {name} has shape {tuple(v.shape)} but input_ids "
                                      f"{tuple(ids.shape)}; token fields align with input_ids")

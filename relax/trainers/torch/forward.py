@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from relax.models.moe_routing import replay_routes
 from relax.trainers.torch.attention import NAME as PACKED
 from relax.trainers.torch.packing import MicroBatch
 from relax.trainers.torch.prefix import PrefixMicroBatch, first_row, pad_front, prefix_logprobs
@@ -46,8 +47,11 @@ def model_inputs(model: torch.nn.Module, mb: MicroBatch) -> dict[str, object]:
 
 
 def logits_of(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-    """(R, T, V) logits for a micro-batch."""
-    return model(**model_inputs(model, mb), use_cache=False).logits
+    """(R, T, V) logits for a micro-batch (routed through ``mb.routes`` when it carries the engine's)."""
+    if mb.routes is None:
+        return model(**model_inputs(model, mb), use_cache=False).logits
+    with replay_routes(model, mb.routes.flatten(0, 1)):
+        return model(**model_inputs(model, mb), use_cache=False).logits
 
 
 def span_logprobs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0,

@@ -37,6 +37,8 @@ class MicroBatch:
     cu_seqlens: torch.Tensor | None = None  # packed row: sample boundaries (n+1,) int32
     # media inputs of the rows' images/audio (pixel_values, image_grid_thw, input_features, ...)
     media: dict[str, torch.Tensor] | None = None
+    # algorithm.routing_replay: (R, T, layers, k) experts per position, -1 on padding (moe_routing)
+    routes: torch.Tensor | None = None
 
     @property
     def packed(self) -> bool:
@@ -186,3 +188,14 @@ def waste(batches: Sequence[MicroBatch]) -> float:
     """Share of computed token positions that are padding (0 for packed rows)."""
     total = sum(b.total_tokens for b in batches)
     return 1.0 - sum(b.real_tokens for b in batches) / total if total else 0.0
+
+
+def lay_out_routes(mb: MicroBatch, routes: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-sample (L_i, layers, k) routes placed like ``mb``'s tokens: (R, T, layers, k), -1 on padding.
+
+    E.g. samples of lengths 2 and 1 packed in one row of 3 take positions 0-1 and 2 of row 0."""
+    first = routes[mb.spans[0].index]
+    out = torch.full((*mb.input_ids.shape, *first.shape[1:]), -1, dtype=torch.long)
+    for s in mb.spans:
+        out[s.row, s.start:s.start + s.length] = routes[s.index]
+    return out

@@ -23,7 +23,7 @@ from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from relax.trainers.torch.forward import PositionReader, TokenOutputs, span_logprobs, token_logprobs
 from relax.trainers.torch.optim import build_optimizer
-from relax.trainers.torch.packing import MicroBatch, micro_batches
+from relax.trainers.torch.packing import MicroBatch, lay_out_routes, micro_batches
 from relax.trainers.torch.prefix import PrefixMicroBatch, plan_prefix
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,14 @@ def plan_micro_batches(batch: RolloutBatch, token_budget: int, layout: str,
     """``batch`` in micro-batches of ``layout``: one of ``packing.LAYOUTS``, or ``prefix`` (prompt
     groups whose shared prompt runs once, ``prefix.plan_prefix``)."""
     if layout == "prefix":
+        if batch.routed_experts is not None:
+            raise ValueError("routing replay needs full rows: use trainer.micro_batch_layout=pack, bucket or pad")
         return plan_prefix(batch.input_ids, batch.loss_mask, batch.media, token_budget, pad_id)
-    return micro_batches(batch.input_ids, token_budget, layout, pad_id, batch.media)
+    mbs = micro_batches(batch.input_ids, token_budget, layout, pad_id, batch.media)
+    if batch.routed_experts is not None:
+        for mb in mbs:
+            mb.routes = lay_out_routes(mb, batch.routed_experts)
+    return mbs
 
 
 def has_media_encoder(model: torch.nn.Module) -> bool:

@@ -55,6 +55,7 @@ def test_every_flag_is_accepted_by_sglangs_own_parser() -> None:
     assert (PARSER_DIR / "sglang").is_dir(), f"{PARSER_DIR} is missing: run make setup (infra/setup.sh)"
     cfg = RelaxConfig()
     cfg.model.dtype, cfg.model.max_seq_len = "bfloat16", 4096
+    cfg.algorithm.routing_replay = True  # R3: SGLang records each token's experts
     argv = server_args(cfg, "/models/qwen", 31000, host="0.0.0.0", gpu_ids=[0, 1], api_key="secret",
                        trust_remote_code=True, extra=["--disable-radix-cache"])
     out = subprocess.run([sys.executable, str(Path(__file__).with_name("sglang_parser.py")), *argv[3:]],
@@ -67,6 +68,7 @@ def test_every_flag_is_accepted_by_sglangs_own_parser() -> None:
     assert (parsed["dtype"], parsed["context_length"], parsed["mem_fraction_static"]) == ("bfloat16", 4096, 0.8)
     assert parsed["api_key"] == "secret" and parsed["trust_remote_code"] is True
     assert parsed["skip_server_warmup"] is True and parsed["disable_radix_cache"] is True
+    assert parsed["enable_return_routed_experts"] is True
     # and the parser is real: a flag SGLang does not have is refused
     bad = subprocess.run([sys.executable, str(Path(__file__).with_name("sglang_parser.py")), "--model-path", "m",
                           "--no-such-flag"], env={**os.environ, "PYTHONPATH": str(PARSER_DIR)},
@@ -77,6 +79,7 @@ def test_every_flag_is_accepted_by_sglangs_own_parser() -> None:
 def test_remote_code_only_when_the_config_asks() -> None:
     assert "--trust-remote-code" not in server_args(RelaxConfig(), "m", 1)
     assert "--api-key" not in server_args(RelaxConfig(), "m", 1)
+    assert "--enable-return-routed-experts" not in server_args(RelaxConfig(), "m", 1)  # only with routing_replay
 
 
 @pytest.mark.gpu
