@@ -101,7 +101,7 @@ def validate(cfg: Any, prefix: str = "") -> None:
         cross_checks(cfg)
 
 
-MEGATRON_FAMILIES = ("qwen2", "qwen3", "llama")
+MEGATRON_FAMILIES = ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe")
 PARALLEL_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel")
 UNWIRED_PARALLEL = ("context_parallel", "expert_parallel")  # accepted by the config tree, not by the actor yet
 
@@ -131,15 +131,16 @@ MOE_FAMILIES = ("qwen2_moe", "qwen3_moe")
 
 
 def routing_replay_checks(cfg: Any) -> None:
-    """algorithm.routing_replay needs an MoE model (which only the torch trainer builds: backend_checks) on full
-    rows; engines record routes (the native one, or SGLang with --enable-return-routed-experts, which the
-    launchers pass)."""
+    """algorithm.routing_replay needs an MoE model on full rows (megatron: one pipeline stage); engines record
+    routes (the native one, or SGLang with --enable-return-routed-experts, which the launchers pass)."""
     if not cfg.algorithm.routing_replay:
         return
     t = cfg.trainer
     clash = [(cfg.model.family not in MOE_FAMILIES, f"model.family={cfg.model.family} (routes exist for "
               f"{'/'.join(MOE_FAMILIES)} only)"),
-             (t.micro_batch_layout == "prefix", "trainer.micro_batch_layout=prefix (replay needs full rows)")]
+             (t.micro_batch_layout == "prefix", "trainer.micro_batch_layout=prefix (replay needs full rows)"),
+             (t.backend == "megatron" and t.pipeline_parallel > 1,
+              f"trainer.pipeline_parallel={t.pipeline_parallel} (megatron's schedule does not replay routes yet)")]
     found = [why for bad, why in clash if bad]
     if found:
         raise ConfigError(f"algorithm.routing_replay=true cannot run with {'; '.join(found)}: change those or set "

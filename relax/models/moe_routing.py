@@ -101,10 +101,17 @@ def check_routes(routes: torch.Tensor, shape: tuple[int, int] | None, where: str
 
 @contextmanager
 def replay_routes(model: torch.nn.Module, routes: torch.Tensor) -> Iterator[None]:
-    """Within the block, forwards of ``model`` route token n of layer l to ``routes[n, l]``.
+    """Within the block, forwards of ``model`` route position (r, t) of layer l to ``routes[r, t, l]``.
 
-    ``routes`` is (N, layers, k) for an input of N tokens (row-major over (R, T)); positions of
-    -1 keep the router's own choice. A forward of another token count fails naming both counts."""
+    ``routes`` is (R, T, layers, k) for an (R, T) input; positions of -1 keep the router's own choice.
+    A model with its own ``replay_routes`` (the megatron policy) takes them as they are; for Hugging
+    Face routers a forward of another token count fails naming both counts."""
+    own = getattr(getattr(model, "module", model), "replay_routes", None)
+    if own is not None:
+        with own(routes):
+            yield
+        return
+    routes = routes.flatten(0, 1)
     routers = moe_routers(model)
     check_routes(routes, (len(routers), int(routers[0].top_k)) if routers else None, "routing replay")
     handles = []

@@ -205,6 +205,15 @@ class RunContext:
         if layout.num_layers % t.pipeline_parallel:
             raise ConfigError(f"trainer.pipeline_parallel={t.pipeline_parallel} does not divide the model's "
                               f"{layout.num_layers} layers: choose a divisor of {layout.num_layers}")
+        import torch
+
+        if layout.num_experts and t.pipeline_parallel > 1 and not torch.cuda.is_available():
+            raise ConfigError(f"trainer.pipeline_parallel={t.pipeline_parallel} with an MoE model needs megatron's "
+                              f"alltoall token dispatcher, which needs CUDA: use pipeline_parallel=1 on a CPU")
+        if layout.num_experts and t.tensor_parallel > 1:  # megatron trains MoE + TP only with sequence parallel
+            raise ConfigError(f"trainer.tensor_parallel={t.tensor_parallel} with an MoE model needs megatron's "
+                              f"sequence parallelism, which the actor does not run yet (docs/megatron.md): use "
+                              f"tensor_parallel=1 with data_parallel")
 
     def _sglang_missing(self) -> str | None:
         """What stops the rollout from launching its SGLang servers here, if anything."""

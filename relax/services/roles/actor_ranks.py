@@ -100,7 +100,7 @@ def parallel_model(model: torch.nn.Module, cfg: RelaxConfig, world: int) -> torc
             warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
             from relax.trainers.megatron.policy import megatron_policy
 
-            return megatron_policy(model, seed=cfg.seed)
+            return megatron_policy(model, seed=cfg.seed, routing_replay=cfg.algorithm.routing_replay)
     return wrap_ddp(model) if world > 1 else model
 
 

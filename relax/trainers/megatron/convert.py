@@ -1,4 +1,4 @@
-"""HF <-> megatron-core weight conversion for Qwen2, Qwen3 and Llama (dense GPT layouts).
+"""HF <-> megatron-core weight conversion for Qwen2, Qwen3 and Llama, dense or mixture-of-experts.
 
 Pure functions over ``{name: tensor}`` state dicts: no megatron import, so the rollout side
 and CPU tests can use them. The megatron names are those of ``GPTModel`` built with
@@ -8,6 +8,8 @@ and CPU tests can use them. The megatron names are those of ``GPTModel`` built w
   heads, then k_i, then v_i. A flat cat(q, k, v) is wrong even for plain MHA, because
   megatron's attention views the fused output as [g, (r + 2) * d] when it splits it.
 * ``linear_fc1`` is cat(gate, up): megatron's GLU applies silu to the first half.
+
+The MLP part (dense, or Qwen2-/Qwen3-MoE experts, router and shared expert) is ``mlp.py``'s.
 
 Tensor parallelism (``shard_for_tp`` / ``gather_tp``) follows megatron's parallel linears:
 column-parallel weights are split on dim 0, row-parallel ones on dim 1, norms are
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from relax.trainers.megatron import mlp
 
 Tensor = torch.Tensor
 StateDict = dict[str, Tensor]
@@ -38,7 +42,7 @@ class ConversionError(ValueError):
 
 @dataclass(frozen=True)
 class LayoutConfig:
-    """The few numbers that fix the shapes and the layout of a dense GPT state dict."""
+    """The few numbers that fix the shapes and the layout of a GPT state dict (``num_experts`` > 0: MoE)."""
 
     num_layers: int
     hidden_size: int
@@ -50,6 +54,11 @@ class LayoutConfig:
     qkv_bias: bool = False
     qk_layernorm: bool = False
     tie_word_embeddings: bool = False
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    shared_expert_size: int = 0  # Qwen2-MoE's gated shared expert
+    norm_topk_prob: bool = False
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_query_groups:
@@ -64,20 +73,22 @@ class LayoutConfig:
 
 
 def layout_from_hf_config(hf_config: Any) -> LayoutConfig:
-    """Read a transformers Qwen2/Qwen3/Llama config (``model_type`` picks the family).
+    """Read a transformers Qwen2/Qwen3/Llama (or Qwen2-/Qwen3-MoE) config (``model_type`` picks the family).
 
     Qwen2 always has q/k/v biases (its config has no switch for it); Qwen3 and Llama follow
     ``attention_bias``. Qwen3 adds per-head q/k RMSNorm. ``head_dim`` may differ from H/h.
     """
     model_type = getattr(hf_config, "model_type", None)
-    if model_type not in ("qwen2", "qwen3", "llama"):
-        raise ValueError(f"unsupported model_type {model_type!r}: expected qwen2, qwen3 or llama")
+    if model_type not in ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe"):
+        raise ValueError(f"unsupported model_type {model_type!r}: expected qwen2, qwen3, llama, qwen2_moe or "
+                         f"qwen3_moe")
+    base = model_type.removesuffix("_moe")
     if getattr(hf_config, "mlp_bias", False):
         raise ValueError("mlp_bias=True is not supported (the megatron layout here has no linear biases)")
     heads = hf_config.num_attention_heads
     groups = getattr(hf_config, "num_key_value_heads", None) or heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    qkv_bias = True if model_type == "qwen2" else bool(getattr(hf_config, "attention_bias", False))
+    qkv_bias = True if base == "qwen2" else bool(getattr(hf_config, "attention_bias", False))
     return LayoutConfig(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -87,8 +98,9 @@ def layout_from_hf_config(hf_config: Any) -> LayoutConfig:
         ffn_hidden_size=hf_config.intermediate_size,
         vocab_size=hf_config.vocab_size,
         qkv_bias=qkv_bias,
-        qk_layernorm=model_type == "qwen3",
+        qk_layernorm=base == "qwen3",
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        **mlp.moe_layout_fields(hf_config),
     )
 
 
@@ -111,9 +123,7 @@ def hf_shapes(cfg: LayoutConfig) -> dict[str, tuple[int, ...]]:
             out[p + "self_attn.k_norm.weight"] = (d,)
         out[p + "self_attn.o_proj.weight"] = (H, h * d)
         out[p + "post_attention_layernorm.weight"] = (H,)
-        out[p + "mlp.gate_proj.weight"] = (cfg.ffn_hidden_size, H)
-        out[p + "mlp.up_proj.weight"] = (cfg.ffn_hidden_size, H)
-        out[p + "mlp.down_proj.weight"] = (H, cfg.ffn_hidden_size)
+        out.update(mlp.hf_mlp_shapes(cfg, p))
     out["model.norm.weight"] = (H,)
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = (cfg.vocab_size, H)
@@ -135,8 +145,7 @@ def mcore_shapes(cfg: LayoutConfig) -> dict[str, tuple[int, ...]]:
             out[p + "self_attention.k_layernorm.weight"] = (d,)
         out[p + "self_attention.linear_proj.weight"] = (H, h * d)
         out[p + "pre_mlp_layernorm.weight"] = (H,)
-        out[p + "mlp.linear_fc1.weight"] = (2 * cfg.ffn_hidden_size, H)
-        out[p + "mlp.linear_fc2.weight"] = (H, cfg.ffn_hidden_size)
+        out.update(mlp.mcore_mlp_shapes(cfg, p))
     out["decoder.final_layernorm.weight"] = (H,)
     if not cfg.tie_word_embeddings:
         out["output_layer.weight"] = (cfg.vocab_size, H)
@@ -215,22 +224,15 @@ def hf_to_megatron(hf_state: StateDict, cfg: LayoutConfig) -> StateDict:
         s, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         a = s + "self_attn."
         out[m + "input_layernorm.weight"] = hf_state[s + "input_layernorm.weight"]
-        out[m + "self_attention.linear_qkv.weight"] = merge_qkv(
-            hf_state[a + "q_proj.weight"], hf_state[a + "k_proj.weight"], hf_state[a + "v_proj.weight"], cfg
-        )
-        if cfg.qkv_bias:
-            out[m + "self_attention.linear_qkv.bias"] = merge_qkv(
-                hf_state[a + "q_proj.bias"], hf_state[a + "k_proj.bias"], hf_state[a + "v_proj.bias"], cfg
-            )
+        for kind in ("weight", "bias") if cfg.qkv_bias else ("weight",):
+            out[m + f"self_attention.linear_qkv.{kind}"] = merge_qkv(
+                *(hf_state[f"{a}{x}_proj.{kind}"] for x in "qkv"), cfg)
         if cfg.qk_layernorm:
             out[m + "self_attention.q_layernorm.weight"] = hf_state[a + "q_norm.weight"]
             out[m + "self_attention.k_layernorm.weight"] = hf_state[a + "k_norm.weight"]
         out[m + "self_attention.linear_proj.weight"] = hf_state[a + "o_proj.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf_state[s + "post_attention_layernorm.weight"]
-        out[m + "mlp.linear_fc1.weight"] = torch.cat(
-            [hf_state[s + "mlp.gate_proj.weight"], hf_state[s + "mlp.up_proj.weight"]], dim=0
-        )
-        out[m + "mlp.linear_fc2.weight"] = hf_state[s + "mlp.down_proj.weight"]
+        out.update(mlp.mlp_to_megatron(hf_state, s, m, cfg))
     out["decoder.final_layernorm.weight"] = hf_state["model.norm.weight"]
     if not cfg.tie_word_embeddings:
         out["output_layer.weight"] = hf_state["lm_head.weight"]
@@ -259,14 +261,10 @@ def megatron_to_hf(mcore_state: dict[str, Any], cfg: LayoutConfig) -> StateDict:
             out[a + "k_norm.weight"] = state[m + "self_attention.k_layernorm.weight"]
         out[a + "o_proj.weight"] = state[m + "self_attention.linear_proj.weight"]
         out[s + "post_attention_layernorm.weight"] = state[m + "pre_mlp_layernorm.weight"]
-        gate, up = state[m + "mlp.linear_fc1.weight"].chunk(2, dim=0)
-        out[s + "mlp.gate_proj.weight"] = gate.contiguous()
-        out[s + "mlp.up_proj.weight"] = up.contiguous()
-        out[s + "mlp.down_proj.weight"] = state[m + "mlp.linear_fc2.weight"]
+        out.update(mlp.mlp_to_hf(state, s, m, cfg))
     out["model.norm.weight"] = state["decoder.final_layernorm.weight"]
-    out["lm_head.weight"] = state[
-        "embedding.word_embeddings.weight" if cfg.tie_word_embeddings else "output_layer.weight"
-    ]
+    out["lm_head.weight"] = state["embedding.word_embeddings.weight" if cfg.tie_word_embeddings
+                                  else "output_layer.weight"]
     return out
 
 
@@ -301,8 +299,9 @@ def check_tp(cfg: LayoutConfig, tp: int) -> None:
         raise ValueError(
             f"tp={tp} must divide num_attention_heads={h} and divide or be a multiple of num_query_groups={g}"
         )
-    if cfg.ffn_hidden_size % tp:
-        raise ValueError(f"ffn_hidden_size={cfg.ffn_hidden_size} is not divisible by tp={tp}")
+    for name in ("ffn_hidden_size", "moe_ffn_hidden_size", "shared_expert_size"):
+        if getattr(cfg, name) % tp:
+            raise ValueError(f"{name}={getattr(cfg, name)} is not divisible by tp={tp}")
 
 
 def shard_for_tp(mcore_state: dict[str, Any], cfg: LayoutConfig, tp: int, rank: int) -> StateDict:

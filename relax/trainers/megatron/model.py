@@ -1,4 +1,4 @@
-"""Build a megatron-core ``GPTModel`` from a Hugging Face Qwen2/Qwen3/Llama config.
+"""Build a megatron-core ``GPTModel`` from a Hugging Face Qwen2/Qwen3/Llama (or Qwen2-/Qwen3-MoE) config.
 
 Uses the *local* layer spec (plain torch modules, no Transformer Engine or Apex), so the
 same model builds on a CUDA cluster and, for tests, on a CPU-only machine. The config
@@ -30,6 +30,9 @@ Pipeline parallelism: each stage's GPTModel numbers its layers from 0 (global of
 copy of the embedding as ``output_layer.weight`` and, while building, all-reduces it over the
 embedding group after ``weight.data.cuda()`` (``language_module.py``
 ``setup_embeddings_and_output_layer``); on CPU that ``.cuda()`` is made a no-op (workaround 4).
+
+MoE without Transformer Engine: ``moe_utils.py``'s router linear tests ``te_general_gemm is not
+None``, a name it only defines when TE imports; it is defined as None (workaround 5).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel import random as mcore_random
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from megatron.core.utils import GlobalMemoryBuffer
 
@@ -65,6 +69,7 @@ from relax.trainers.megatron.convert import (
     stage_merge,
     stage_slice,
 )
+from relax.trainers.megatron.mlp import moe_transformer_kwargs
 from relax.trainers.megatron.samples import causal_attention_mask
 
 _LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -143,8 +148,12 @@ def transformer_config_from_hf(
         fp16=params_dtype == torch.float16,
         use_cpu_initialization=use_cpu_initialization,
     )
+    kwargs.update(moe_transformer_kwargs(layout, "alltoall" if torch.cuda.is_available() else "allgather"))
     if pp > 1:  # micro-batches differ in samples and length: stages exchange shapes before tensors
-        # (megatron refuses variable lengths with its default MoE dispatcher, unused by dense models)
+        # (megatron refuses variable lengths with the allgather MoE dispatcher, unused by dense models)
+        if layout.num_experts and not torch.cuda.is_available():
+            raise NotImplementedError("an MoE model at pipeline_parallel > 1 needs megatron's alltoall dispatcher, "
+                                      "which needs CUDA: use pipeline_parallel=1 on a CPU")
         kwargs.update(pipeline_dtype=params_dtype, variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
@@ -185,7 +194,10 @@ def build_gpt_model(
         hf_config, tp, pp, params_dtype, use_cpu_initialization, **config_overrides
     )
     layout = layout_from_hf_config(hf_config)
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=layout.qk_layernorm)
+    if layout.num_experts and not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # workaround 5
+    spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, normalization="RMSNorm",
+                                    qk_layernorm=layout.qk_layernorm)
     # tied embeddings at pp > 1: megatron moves the last stage's embedding copy with .cuda() before
     # syncing it over the embedding group; on CPU that move is a no-op (workaround 4)
     cpu_tied = pp > 1 and layout.tie_word_embeddings and not torch.cuda.is_available()

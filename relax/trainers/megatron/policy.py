@@ -19,12 +19,15 @@ set up (the actor role's ranks, relax.services.roles.actor_ranks; one process ot
 on CPU and NCCL on CUDA; at pipeline parallel > 1 the trainer runs megatron's schedule
 (relax.trainers.megatron.pipeline). The optimizer is the PyTorch trainer's AdamW; its state is
 checkpointed by Hugging Face name (relax.trainers.megatron.optim_state), so a checkpoint resumes
-at another layout. Context and expert parallelism are refused by the config (relax.config_checks).
+at another layout. Qwen2-/Qwen3-MoE models convert too (relax.trainers.megatron.mlp), and replay the
+engine's experts under ``replay_routes`` (replay.py). Context and expert parallelism are refused by
+the config (relax.config_checks).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,6 +48,7 @@ from relax.trainers.megatron.model import (
 )
 from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.pipeline import attach_pipeline
+from relax.trainers.megatron.replay import replaying, sample_routes
 from relax.trainers.megatron.samples import rows_of, sample_rows
 
 
@@ -71,6 +75,7 @@ class MegatronPolicy(torch.nn.Module):
         self.gpt = gpt
         self.hf_config = hf_config
         self.layout: LayoutConfig = layout_from_hf_config(hf_config)
+        self._routes: torch.Tensor | None = None  # set by replay_routes
         pad = getattr(hf_config, "pad_token_id", None)
         embedding = getattr(getattr(gpt, "embedding", None), "word_embeddings", None)  # first pipeline stage only
         if pad is not None and embedding is not None:
@@ -86,11 +91,25 @@ class MegatronPolicy(torch.nn.Module):
             raise RuntimeError("a pipeline stage has no whole-model forward: run the model through its "
                                "pipeline_schedule (TorchTrainer.step and compute_logprobs do)")
         batch, positions, mask, spans = sample_rows(input_ids, position_ids)  # one padded row per sample
+        replay = contextlib.nullcontext()
+        if self._routes is not None:  # R3: the engine's experts, cut into the same rows (replay.py)
+            shape = (self.layout.num_experts, self.layout.moe_topk)
+            replay = replaying(self.gpt, sample_routes(self._routes, spans, batch.shape[1]), shape)
         # megatron's tensor-parallel gathers allocate on torch.cuda.current_device(): "cpu" on CPU
-        with contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu():
+        with contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu(), replay:
             logits = self.gpt(batch, positions, mask, runtime_gather_output=True)
         out = rows_of(logits, *input_ids.shape, spans)
         return SimpleNamespace(logits=out)
+
+    @contextlib.contextmanager
+    def replay_routes(self, routes: torch.Tensor) -> Iterator[None]:
+        """Within the block, forwards route with the engine's experts: ``routes`` (R, T, L, k) aligned with
+        the (R, T) input (relax.models.moe_routing.replay_routes hands them here)."""
+        self._routes = routes
+        try:
+            yield
+        finally:
+            self._routes = None
 
     def data_parallel_group(self) -> dist.ProcessGroup:
         """The ranks that hold other data (not other shards of this model): what the trainer
@@ -183,15 +202,17 @@ def init_megatron(seed: int) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
-def megatron_policy(hf_model: torch.nn.Module, seed: int = 0) -> MegatronPolicy:
-    """The megatron twin of ``hf_model`` (a Qwen2/Qwen3/Llama causal LM): same config, same
-    weights (converted exactly), on the same device and dtype."""
+def megatron_policy(hf_model: torch.nn.Module, seed: int = 0, routing_replay: bool = False) -> MegatronPolicy:
+    """The megatron twin of ``hf_model`` (a Qwen2/Qwen3/Llama causal LM, dense or MoE): same config, same
+    weights (converted exactly), on the same device and dtype. ``routing_replay``: MoE routers that can
+    replay the engine's experts (:meth:`MegatronPolicy.replay_routes`, algorithm.routing_replay)."""
     from megatron.core import parallel_state
 
     param = next(hf_model.parameters())
     init_megatron(seed)  # or a process group the caller set up (tensor parallel over several ranks)
     gpt = build_gpt_model(hf_model.config, tp=parallel_state.get_tensor_model_parallel_world_size(),
-                          pp=parallel_state.get_pipeline_model_parallel_world_size(), params_dtype=param.dtype)
+                          pp=parallel_state.get_pipeline_model_parallel_world_size(), params_dtype=param.dtype,
+                          **({"moe_enable_routing_replay": True} if routing_replay else {}))
     policy = MegatronPolicy(gpt, hf_model.config).to(param.device)
     policy.load_state_dict(hf_model.state_dict())
 

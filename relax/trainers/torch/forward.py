@@ -50,7 +50,7 @@ def logits_of(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     """(R, T, V) logits for a micro-batch (routed through ``mb.routes`` when it carries the engine's)."""
     if mb.routes is None:
         return model(**model_inputs(model, mb), use_cache=False).logits
-    with replay_routes(model, mb.routes.flatten(0, 1)):
+    with replay_routes(model, mb.routes):
         return model(**model_inputs(model, mb), use_cache=False).logits
 
 

@@ -133,10 +133,10 @@ def test_routes_of_the_wrong_shape_are_refused_naming_both_shapes(tok):
     model = _moe(tok, "qwen3_moe")
     layers = model.config.num_hidden_layers
     with pytest.raises(ValueError, match=rf"shape \(5, {layers}, 3\).*{layers} MoE layers x top-2"):
-        with replay_routes(model, torch.zeros(5, layers, 3, dtype=torch.long)):
+        with replay_routes(model, torch.zeros(1, 5, layers, 3, dtype=torch.long)):
             pass
     with pytest.raises(ValueError, match="a forward of 4 tokens was given routes for 5"), torch.no_grad():
-        with replay_routes(model, torch.zeros(5, layers, 2, dtype=torch.long)):
+        with replay_routes(model, torch.zeros(1, 5, layers, 2, dtype=torch.long)):
             model(input_ids=torch.tensor([[1, 2, 3, 4]]))
     with pytest.raises(ValueError, match="routed_experts has shape"):
         RolloutBatch(ids=["a"], input_ids=[torch.tensor([1, 2, 3])], loss_mask=[torch.ones(3)],

@@ -35,8 +35,46 @@ def test_a_run_with_routing_replay_trains_on_the_engines_experts(tmp_path, engin
 @pytest.mark.parametrize("override, named", [
     ("model.family=qwen2", "model.family=qwen2"),
     ("trainer.micro_batch_layout=prefix", "trainer.micro_batch_layout=prefix"),
+    ("trainer.backend=megatron trainer.pipeline_parallel=2", "trainer.pipeline_parallel=2"),
 ])
 def test_routing_replay_is_refused_where_nothing_records_or_replays_routes(override, named):
     family = [] if override.startswith("model.family") else ["model.family=qwen3_moe"]
     with pytest.raises(ConfigError, match=f"routing_replay=true cannot run with .*{named}"):
-        load_config(None, ["algorithm.routing_replay=true", *family, override])
+        load_config(None, ["algorithm.routing_replay=true", *family, *override.split()])
+
+
+def test_a_megatron_moe_actor_replays_the_engines_experts_in_the_loop(tmp_path):
+    pytest.importorskip("megatron.core", exc_type=ImportError)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from relax.services.report.metrics import read_metrics
+
+    repo = Path(__file__).resolve().parents[4]
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONWARNINGS": "ignore"}
+    env.pop("RELAX_FAULT", None)
+    proc = subprocess.run([sys.executable, "-m", "relax.cli.main", "train", "tiny-cpu", "data.tasks=[arithmetic]",
+                           "data.train_per_task=64", "data.eval_per_task=8", "rollout.prompts_per_step=4",
+                           "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8", "trainer.total_steps=2",
+                           "trainer.checkpoint_every=2", f"root=file://{tmp_path}", "run_id=mr3", "topology=disaggregated",
+                           "model.family=qwen3_moe", "trainer.backend=megatron", "algorithm.routing_replay=true",
+                           "--no-progress"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    actor = sorted(read_metrics(f"file://{tmp_path}/runs/mr3", "actor"), key=lambda m: m["step"])
+    assert [m["step"] for m in actor] == [0, 1]
+    # megatron's MoE layers, routed through the HF engine's experts, score the engine's samples exactly
+    assert actor[0]["approx_kl"] < 1e-9 and abs(actor[0]["ratio_mean"] - 1) < 1e-6
+
+
+@pytest.mark.parametrize("override, named", [
+    ("trainer.tensor_parallel=2", "needs megatron's sequence parallelism"),
+    ("trainer.pipeline_parallel=2", "alltoall token dispatcher, which needs CUDA"),
+])
+def test_megatron_moe_layouts_that_cannot_train_here_are_refused_before_the_run(tmp_path, override, named):
+    from relax.services.context import RunContext
+
+    cfg = tiny_config(f"file://{tmp_path}", "refused", "model.family=qwen3_moe", "trainer.backend=megatron", override)
+    with pytest.raises(ConfigError, match=named):
+        RunContext(cfg).check_trainable()
