@@ -4,32 +4,19 @@ Every field carries its documentation (``help``) and, where it has one, its acce
 ``choices`` or numeric ``range`` in the dataclass field metadata; ``relax.config_loader``
 validates against them and ``relax config docs`` renders them as the configuration
 reference. The tree is a plain dataclass so it is also a Flyte task/workflow input.
-Loading (presets, YAML files, ``key=value`` overrides) lives in ``relax.config_loader``.
+Loading (presets, YAML files, ``key=value`` overrides) lives in ``relax.config_loader``; the
+field helpers in ``relax.config_fields``, the runtime's sections (queue, resources, supervision)
+in ``relax.config_runtime``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from relax.config_checks import build, validate
-
-
-def opt(default: Any, help: str, *, choices: tuple | None = None, range: tuple | None = None) -> Any:
-    """A documented config field. ``range`` is ``(low, high)`` inclusive; either end may be None."""
-    meta: dict[str, Any] = {"help": help}
-    if choices is not None:
-        meta["choices"] = choices
-    if range is not None:
-        meta["range"] = range
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def section(cls: type, help: str) -> Any:
-    return field(default_factory=cls, metadata={"help": help})
+from relax.config_fields import opt, section
+from relax.config_runtime import QueueConfig, ResourcesConfig, SupervisorConfig
 
 
 @dataclass
@@ -99,6 +86,11 @@ class DataConfig:
         range=(1, 1_000_000_000))
     max_audio_seconds: float = opt(
         300.0, "Longest audio clip (PCM WAV, duration read from its header) a snapshot accepts.", range=(0.01, 86400.0))
+    max_video_frames: int = opt(
+        1800, "Most frames a video (MP4 or frame folder) may hold for a snapshot to accept it; every frame is decoded "
+        "once when the snapshot is planned.", range=(1, 10_000_000))
+    max_video_seconds: float = opt(
+        300.0, "Longest video a snapshot accepts (frames over the stream's frame rate).", range=(0.01, 86400.0))
     reward_fn: str = opt(
         "",
         "Dotted path 'package.module:function' of a custom reward(response, sample) -> float; empty = "
@@ -221,6 +213,12 @@ class AlgorithmConfig:
     reference_role: bool = opt(False, "Score the reference policy (version 0) in a role of its own that commits "
                                "ref_logprobs (and with kl_topk its top-k columns) to the queue; false = the role that "
                                "needs the reference holds a copy. Needs kl_coef > 0.")
+    mode: str = opt("rl", "rl: advantages from the reward (plus distill_coef's term); distill: on-policy distillation "
+                    "alone, the advantage is the distill term and the reward is only reported (docs/algorithms.md).",
+                    choices=("rl", "distill"))
+    distill_coef: float = opt(0.0, "Weight c of on-policy distillation: each sampled token's advantage gains "
+                              "c * (teacher logp - behaviour logp), the negative reverse KL to the teacher section's "
+                              "model; 0 = off.", range=(0.0, 100.0))
     entropy_coef: float = opt(0.0, "Entropy bonus weight.", range=(0.0, 10.0))
     near_miss_credit: float = opt(
         0.0, "Training reward for a count one away from the truth in the kinds of question a built-in task marks "
@@ -251,6 +249,22 @@ class AlgorithmConfig:
     value_clip: float = opt(0.2, "PPO value clip eps of the critic's loss: a value moves at most this far from "
                             "the one GAE used before its squared error stops pulling; 0 = plain squared error. "
                             "Used with advantage=gae.", range=(0.0, 1000.0))
+
+
+@dataclass
+class TeacherConfig:
+    """The teacher of on-policy distillation (algorithm.distill_coef, algorithm.mode=distill): a frozen model of the
+    student's family and tokenizer that scores every sampled token in the teacher role (docs/algorithms.md)."""
+
+    name_or_path: str = opt("", "A local Hugging Face folder or a built-in tiny name (as model.name_or_path), of "
+                            "model.family; empty = no teacher.")
+    hidden_size: int = opt(64, "Hidden width of a built-in tiny teacher.", range=(8, 16384))
+    num_layers: int = opt(2, "Decoder layers of a built-in tiny teacher.", range=(1, 256))
+    num_heads: int = opt(4, "Attention heads of a built-in tiny teacher.", range=(1, 256))
+    checkpoint: str = opt("", "A Relax checkpoint folder (any fsspec URL, e.g. <root>/runs/<id>/checkpoints/"
+                          "step-000099) whose weights the teacher loads; empty = the model's own weights.")
+    tokenizer: str = opt("", "The teacher's tokenizer (as model.tokenizer); empty = model.tokenizer. Another "
+                         "vocabulary is refused before the run starts.")
 
 
 @dataclass
@@ -304,60 +318,6 @@ class TrainerConfig:
 
 
 @dataclass
-class QueueConfig:
-    """The TransferQueue between roles (docs/transfer.md)."""
-
-    max_staleness: int = opt(1, "Most policy versions a trained sample may lag; 0 = synchronous on-policy.",
-                             range=(0, 1000))
-    exact_staleness: bool = opt(
-        False, "Generate batch k with policy version max(0, k - max_staleness) exactly, never a newer one already "
-        "published, so a run is a function of its config and seed however fast each role runs (docs/runtime.md). "
-        "Needs rollout.partial_rollout=wait.")
-    poll_interval_s: float = opt(0.05, "First poll delay of a waiting consumer (or producer, or weight "
-                                 "loader); later delays are a quarter of the time already waited, up to "
-                                 "max_poll_interval_s. Across processes this is the put-to-visible latency.",
-                                 range=(0.001, 60.0))
-    max_poll_interval_s: float = opt(1.0, "Longest poll delay of a waiting consumer.", range=(0.001, 600.0))
-    lease_timeout_s: float = opt(30.0, "A writer on another host with no heartbeat for this long is taken "
-                                 "over (on the same host a dead pid is taken over at once).", range=(1.0, 86400.0))
-    fsync: bool = opt(False, "fsync local queue writes so they survive a power loss (a process crash never "
-                      "needs it; checksums catch torn shards either way).")
-    keep_checkpoints: int = opt(3, "Checkpoints kept; shards only they reference are retained.", range=(1, 10_000))
-
-
-@dataclass
-class ResourcesConfig:
-    """What the Ray cluster(s) get. On a laptop only num_cpus matters."""
-
-    num_cpus: int = opt(2, "Logical CPUs of the local Ray cluster / the Ray head.", range=(1, 100_000))
-    num_gpus: int = opt(0, "GPUs in all.", range=(0, 100_000))
-    rollout_gpus: int = opt(0, "GPUs given to rollout engines.", range=(0, 100_000))
-    actor_gpus: int = opt(0, "GPUs given to the actor (and critic/reference when colocated).", range=(0, 100_000))
-    workers: int = opt(0, "Ray worker nodes beside the head (cluster runs).", range=(0, 100_000))
-    cpus_per_worker: int = opt(4, "CPUs per Ray worker node.", range=(1, 100_000))
-    gpus_per_worker: int = opt(0, "GPUs per Ray worker node.", range=(0, 1024))
-    memory_gib: int = opt(8, "Memory per Ray node in GiB.", range=(1, 100_000))
-
-
-@dataclass
-class SupervisorConfig:
-    """How the controller heals a run (docs/runtime.md, "Self-healing"): a role that dies is restarted
-    with backoff and resumes from the queue and its checkpoint; a fault that repeats stops the run."""
-
-    max_restarts: int = opt(
-        3, "Restarts of one role within restart_window_s after which the run stops with that role's error; "
-        "0 = never restart (any role failure stops the run).", range=(0, 10_000))
-    restart_window_s: float = opt(600.0, "Seconds over which a role's restarts are counted against max_restarts.",
-                                  range=(1.0, 10_000_000.0))
-    backoff_s: float = opt(1.0, "Delay before a role's first restart in the window; each further restart "
-                           "doubles it, up to backoff_max_s.", range=(0.0, 3600.0))
-    backoff_max_s: float = opt(30.0, "Longest delay before a restart.", range=(0.0, 86400.0))
-    log_max_mb: float = opt(64.0, "A role's log file (runs/<id>/logs/<role>/<attempt>.log) rotates past this "
-                            "size.", range=(0.01, 1_000_000.0))
-    log_backups: int = opt(2, "Rotated files kept per attempt (<attempt>.log.1 is the newest).", range=(0, 100))
-
-
-@dataclass
 class RelaxConfig:
     """The whole run. ``relax config show`` prints it; docs/configuration.md lists every field."""
 
@@ -371,6 +331,7 @@ class RelaxConfig:
     data: DataConfig = section(DataConfig, "Prompt data and the dataset snapshot.")
     rollout: RolloutConfig = section(RolloutConfig, "Generation.")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "RL algorithm.")
+    teacher: TeacherConfig = section(TeacherConfig, "On-policy distillation's teacher.")
     trainer: TrainerConfig = section(TrainerConfig, "Optimisation and checkpoints.")
     queue: QueueConfig = section(QueueConfig, "TransferQueue.")
     resources: ResourcesConfig = section(ResourcesConfig, "Cluster resources.")

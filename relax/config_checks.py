@@ -3,7 +3,8 @@
 :func:`build` turns a (partial) mapping into the dataclass tree, naming the closest valid key
 for a typo and the accepted type for a wrong value; :func:`validate` checks every field's
 ``choices`` and ``range`` (``relax.config.opt`` metadata) and the rules that span fields.
-It knows the tree only through its dataclass fields, so it imports nothing of Relax.
+It knows the tree only through its dataclass fields, so it imports no Relax module but its sibling
+config checks (``relax.config_mode_checks``) and ``relax.config_errors``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A config value, key or file is wrong. The message names it and the fix."""
+from relax.config_errors import ConfigError
+from relax.config_mode_checks import distill_checks, routing_replay_checks
 
 
 def build(cls: type, data: Any, prefix: str) -> Any:
@@ -125,26 +125,6 @@ def backend_checks(t: Any, family: str) -> None:
     if t.micro_batch_layout == "prefix":
         raise ConfigError("trainer.micro_batch_layout=prefix shares a prompt's positions between responses, which "
                           "megatron's GPTModel cannot take: use pack, bucket or pad with trainer.backend=megatron")
-
-
-MOE_FAMILIES = ("qwen2_moe", "qwen3_moe")
-
-
-def routing_replay_checks(cfg: Any) -> None:
-    """algorithm.routing_replay needs an MoE model on full rows (megatron: one pipeline stage); engines record
-    routes (the native one, or SGLang with --enable-return-routed-experts, which the launchers pass)."""
-    if not cfg.algorithm.routing_replay:
-        return
-    t = cfg.trainer
-    clash = [(cfg.model.family not in MOE_FAMILIES, f"model.family={cfg.model.family} (routes exist for "
-              f"{'/'.join(MOE_FAMILIES)} only)"),
-             (t.micro_batch_layout == "prefix", "trainer.micro_batch_layout=prefix (replay needs full rows)"),
-             (t.backend == "megatron" and t.pipeline_parallel > 1,
-              f"trainer.pipeline_parallel={t.pipeline_parallel} (megatron's schedule does not replay routes yet)")]
-    found = [why for bad, why in clash if bad]
-    if found:
-        raise ConfigError(f"algorithm.routing_replay=true cannot run with {'; '.join(found)}: change those or set "
-                          f"routing_replay=false")
 
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what becomes a path segment (as lineage names)
@@ -336,6 +316,7 @@ def cross_checks(cfg: Any) -> None:
     a = cfg.algorithm
     convention_checks(a)
     routing_replay_checks(cfg)
+    distill_checks(cfg)
     if a.overlong_buffer > cfg.rollout.max_new_tokens:
         raise ConfigError(f"algorithm.overlong_buffer ({a.overlong_buffer}) exceeds rollout.max_new_tokens "
                           f"({cfg.rollout.max_new_tokens}): the penalty ramps inside the length limit; lower it")

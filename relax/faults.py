@@ -37,7 +37,7 @@ POINTS = {
     "publish": "the actor wrote weight version STEP's files but not its manifest",
     "load": "an engine server is loading weight version STEP",
 }
-ROLES = ("actor", "advantage", "reference", "critic", "reward", "rollout", "engine")
+ROLES = ("actor", "advantage", "reference", "critic", "reward", "teacher", "rollout", "engine")
 
 
 class InjectedFault(RuntimeError):

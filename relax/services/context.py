@@ -133,6 +133,8 @@ class RunContext:
         _ = self.cfg.data.reward_fn and load_reward_fn(self.cfg.data.reward_fn)
         _ = self.cfg.rollout.env_fn and load_env_fn(self.cfg.rollout.env_fn)
         self._check_model_folder()
+        if self.cfg.teacher.name_or_path:
+            self._check_teacher()
         train = self.split("train")
         family = self.cfg.model.family
         for kind, has, families in (("images", lambda s: s.images, IMAGE_FAMILIES),
@@ -165,6 +167,30 @@ class RunContext:
             raise ConfigError(f"model.family={m.family!r}, but {m.name_or_path} holds a {model_type!r} model "
                               f"(its config.json), which decides the classes: set model.family="
                               f"{model_type.removesuffix('_thinker')}")
+
+    def _check_teacher(self) -> None:
+        """On-policy distillation compares log-probs token by token: the teacher must read the student's
+        vocabulary (same tokens, same ids), be of its family, and its checkpoint must be one."""
+        from relax.models import build_tokenizer
+
+        t, m = self.cfg.teacher, self.cfg.model
+        if t.tokenizer and t.tokenizer != m.tokenizer:
+            theirs, ours = build_tokenizer(t.tokenizer).get_vocab(), self.tokenizer.get_vocab()
+            if theirs != ours:
+                raise ConfigError(f"teacher.tokenizer={t.tokenizer!r} ({len(theirs)} tokens) is not the student's "
+                                  f"model.tokenizer={m.tokenizer!r} ({len(ours)} tokens): distillation compares the "
+                                  f"two models token by token, so they need one vocabulary; use a teacher trained "
+                                  f"with the student's tokenizer")
+        config = Path(t.name_or_path).expanduser() / "config.json"
+        if config.is_file():
+            model_type = json.loads(config.read_text()).get("model_type", "")
+            if model_type not in (m.family, f"{m.family}_thinker"):
+                raise ConfigError(f"teacher.name_or_path={t.name_or_path} holds a {model_type!r} model and the "
+                                  f"student is model.family={m.family!r}: the teacher is built as the student's "
+                                  f"family; use a teacher of that family")
+        if t.checkpoint and not objstore.exists(objstore.join(t.checkpoint, "meta.json")):
+            raise ConfigError(f"teacher.checkpoint={t.checkpoint!r} is not a Relax checkpoint (no meta.json there); "
+                              f"point it at <root>/runs/<run>/checkpoints/step-NNNNNN of a finished run")
 
     def _check_backends(self, engine_urls: list[str] | None) -> None:
         """The packages and devices the chosen backends need are here (or the run stops naming which)."""

@@ -24,6 +24,9 @@ REWARD_FIELDS = (Field("reward", "float32"), Field("error", kind="str"))
 # algorithm.reference_role: the reference role's group, and the column it adds
 REFERENCE_GROUP = "reference"
 REFERENCE_FIELDS = (Field("ref_logprobs", "float32", (None,)),)  # with kl_topk: topk_reference_fields
+# on-policy distillation (algorithm.distill_coef): the teacher role's group, and the column it adds
+TEACHER_GROUP = "teacher"
+TEACHER_FIELDS = (Field("teacher_logprobs", "float32", (None,)),)
 # PPO with GAE: the critic's two groups (values for new rows; training on their returns)
 CRITIC_VALUES_GROUP = "critic_values"
 CRITIC_TRAIN_GROUP = "critic_train"

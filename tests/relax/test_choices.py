@@ -68,6 +68,8 @@ COMPANIONS: dict[Any, list[str]] = {
     ("model.family", "qwen2_5_vl"): ["model.name_or_path=tiny-qwen2-vl", "data.tasks=[shapes]"],
     ("model.family", "qwen2_audio"): ["model.name_or_path=tiny-qwen2-audio", "data.tasks=[tones]"],
     ("model.family", "qwen2_5_omni"): ["model.name_or_path=tiny-omni", "data.tasks=[shapes,tones]"],
+    # distillation alone needs a teacher and the distill term's weight
+    ("algorithm.mode", "distill"): ["teacher.name_or_path=tiny-qwen2", "algorithm.distill_coef=1"],
     # a row format is the format of a file: the built-in suite has none
     ("data.format", "gsm8k"): [f"data.train_url={GSM8K}", "data.eval_fraction=0.25"],
 }
@@ -106,6 +108,7 @@ EXPECTED: dict[tuple[str, Any], str] = {
     **{("algorithm.kl_estimator", v): RUNS for v in ("k1", "k2", "k3", "abs")},
     **{("algorithm.off_policy", v): RUNS for v in ("none", "recompute", "decoupled", "tis", "icepop")},
     ("algorithm.is_level", "token"): RUNS, ("algorithm.is_level", "sequence"): RUNS,
+    ("algorithm.mode", "rl"): RUNS, ("algorithm.mode", "distill"): RUNS,
     ("trainer.backend", "torch"): RUNS,
     ("trainer.backend", "megatron"): RUNS if MEGATRON else PREFLIGHT,  # megatron-core is an optional extra
     **{("trainer.micro_batch_layout", v): RUNS for v in ("pack", "bucket", "pad", "prefix")},
@@ -256,6 +259,10 @@ def _spy_effects(monkeypatch, cfg, pair) -> Calls:
             monkeypatch.setattr(adv, f"{name}_advantages", calls.wrap(name, getattr(adv, f"{name}_advantages")))
     elif field in ("model.family", "model.dtype"):
         monkeypatch.setattr(relax.models, "build_policy", calls.wrap("model", relax.models.build_policy))
+    elif field == "algorithm.mode":  # the advantage role adds the distill term
+        import relax.services.roles.advantage as adv_role
+
+        monkeypatch.setattr(adv_role, "distill_advantages", calls.wrap("distill", adv_role.distill_advantages))
     elif field.startswith("trainer."):
         trainer_cls = actor_mod.TorchTrainer
 
@@ -281,6 +288,8 @@ def _check_effect(pair, cfg, calls: Calls) -> None:
         assert calls.kwargs("off", "level") == {value}
     elif field == "algorithm.advantage":
         assert value in calls.tags(), f"{value}_advantages was not called: {calls.tags()}"
+    elif field == "algorithm.mode":
+        assert calls.tags() == ({"distill"} if value == "distill" else set()), calls.tags()
     elif field == "algorithm.std_estimator":
         assert calls.kwargs(cfg.algorithm.advantage, "unbiased") == {value == "unbiased"}
     elif field in ("model.family", "model.dtype"):

@@ -23,8 +23,9 @@ from relax import objstore
 from relax.services.report.curves import render_curves
 from relax.transfer.writers import RecordLog, new_incarnation, read_records
 
-# critic: only when algorithm.advantage=gae; reference: only with algorithm.reference_role
-ROLES = ("rollout", "advantage", "actor", "critic", "reference", "reward")
+# critic: only when algorithm.advantage=gae; reference: only with algorithm.reference_role; teacher: only
+# with algorithm.distill_coef
+ROLES = ("rollout", "advantage", "actor", "critic", "reference", "reward", "teacher")
 
 
 class MetricsLog:

@@ -22,6 +22,7 @@ from relax.faults import fault_point
 from relax.services.context import RunContext
 from relax.services.roles.actor_ranks import actor_ranks, megatron_beside_actor, parallel_model
 from relax.services.roles.media import MediaInputs, to_rollout_batch
+from relax.services.roles.teacher import teacher_identity
 from relax.services.schema import ACTOR_GROUP
 from relax.services.supervision import read_restarts
 from relax.trainers.torch.actor import Reference, kl_loss_term, reference_fields
@@ -190,7 +191,8 @@ class ActorRole:
             code_version(), {"rollouts": manifest}, counts, time.time(),
             {"weight_version": self.version, "checkpoint_url": url,
              "restarts": read_restarts(self.ctx.run_url),  # roles healed so far (relax.services.supervision)
-             **({"init_checkpoint": cfg.model.init_checkpoint} if cfg.model.init_checkpoint else {})}), redo=True)
+             **({"init_checkpoint": cfg.model.init_checkpoint} if cfg.model.init_checkpoint else {}),
+             **({"teacher": teacher_identity(cfg)} if cfg.algorithm.distill_coef > 0 else {})}), redo=True)
         self.parent_step = step
         kept = list_checkpoints(self.ctx)[-cfg.queue.keep_checkpoints:]
         # the rollout may still need version (actor's - max_staleness) for its next batch (queue.exact_staleness)

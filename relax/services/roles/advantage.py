@@ -22,6 +22,10 @@ hands it to the estimator (token-level ones: R_t = r * 1[t = last] - beta * KL_t
 group/sequence ones: r_i - beta * sum_t KL_it before the group baseline; docs/algorithms.md).
 The KL then reaches the actor only through ``advantages``; its mean is in this role's metrics.
 
+With ``algorithm.distill_coef`` (on-policy distillation) the teacher role's ``teacher_logprobs``
+join: each trained token's advantage gains ``c * (teacher logp - behaviour logp)``
+(relax.algorithms.distill), and with ``algorithm.mode=distill`` that term is the whole advantage.
+
 A crash between recording a step and committing its advantages is repaired at start:
 recorded steps whose samples still lack the field are computed again (same inputs, same
 output), so no group is ever left without advantages.
@@ -36,6 +40,7 @@ import numpy as np
 import torch
 
 from relax.algorithms import compute_advantages, masked_whiten, overlong_penalty, stuck_groups, token_kl
+from relax.algorithms.distill import distill_advantages, reverse_kl_estimate
 from relax.services.context import RunContext
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, effective_masks, to_rollout_batch
@@ -150,6 +155,9 @@ class AdvantageRole:
         needs = ["reward", "loss_mask", "values"] if self.gae else ["reward", "loss_mask"]
         if ctx.cfg.data.reward_role:  # rows whose reward failed train with zero weight
             needs += ["error"]
+        self.distill = alg.distill_coef > 0  # on-policy distillation: the teacher role's column joins
+        if self.distill:
+            needs += ["logprobs", "teacher_logprobs"]
         self.reference, self.media = None, None
         if self.kl_in_reward:
             from relax.services.roles.actor import (
@@ -192,19 +200,35 @@ class AdvantageRole:
         beta = alg.kl_coef if kl is not None else 0.0
         unbiased = alg.std_estimator == "unbiased"
         returns = None
-        if self.gae:
+        if alg.mode == "distill":  # the distill term alone (added below); the reward is only reported
+            advs = [np.zeros(len(m), np.float32) for m in masks]
+        elif self.gae:
             advs, returns = batch_gae(rewards, masks, batch.fields["values"], gamma=alg.gamma, lam=alg.lam, kl=kl,
                                       kl_coef=beta, unbiased=unbiased)
         elif self.name in BATCH_WHITENED:
             advs = batch_whitened(self.name, rewards, masks, batch.groups, kl=kl, kl_coef=beta, unbiased=unbiased)
         else:
             advs, extra["stuck_groups"] = self._per_group(batch, rewards, masks, kl, beta, unbiased)
+        if self.distill:
+            advs, extra["distill_reverse_kl"] = self._with_distill(batch, advs, masks)
         values: dict[str, dict[str, Any]] = {sid: {"advantages": a} for sid, a in zip(batch.ids, advs, strict=True)}
         if returns is not None:  # GAE: the critic's regression target
             for sid, r in zip(batch.ids, returns, strict=True):
                 values[sid]["returns"] = r
         self.producer.add_fields(values, meta={"step": batch.step})
         return {**kl_metrics(kl, masks), **advantage_stats(advs, masks), **extra}
+
+    def _with_distill(self, batch: Batch, advs: list[np.ndarray], masks: list[np.ndarray]
+                      ) -> tuple[list[np.ndarray], float]:
+        """Advantages plus the distill term (relax.algorithms.distill), and the batch's sampled reverse KL."""
+        f, coef = batch.fields, self.alg.distill_coef
+        out, kls = [], []
+        for a, lp, tlp, m in zip(advs, f["logprobs"], f["teacher_logprobs"], masks, strict=True):
+            behav, teacher, mask = (torch.tensor(x, dtype=torch.float32) for x in (lp, tlp, m))
+            out.append((torch.from_numpy(np.asarray(a, np.float32)) + distill_advantages(behav, teacher, mask, coef))
+                       .numpy())
+            kls.append(float(reverse_kl_estimate(behav, teacher, mask)))
+        return out, float(np.mean(kls)) if kls else 0.0
 
     def _per_group(self, batch: Batch, rewards: list[float], masks: list[np.ndarray], kl: list[np.ndarray] | None,
                    beta: float, unbiased: bool) -> tuple[list[np.ndarray], float]:

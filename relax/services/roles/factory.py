@@ -3,7 +3,7 @@
 A role is an object with ``step(timeout)`` (one unit of work, returning its metrics record),
 ``close()`` and a way to tell that it has finished the run (:func:`role_done`). Which roles a
 run has depends on its config: the critic only with PPO+GAE, the reference and the reward
-roles only when the config gives them a role of their own.
+roles only when the config gives them a role of their own, the teacher with on-policy distillation.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from relax.services.roles.critic import CriticAndAdvantage, CriticRole
 from relax.services.roles.reference import ReferenceRole
 from relax.services.roles.reward import RewardRole
 from relax.services.roles.rollout import RolloutRole
+from relax.services.roles.teacher import TeacherRole
 
 ROLE_NAMES = ROLES  # every role a run can have
-COLUMN_ROLES = ("advantage", "reference", "critic", "reward")
+COLUMN_ROLES = ("advantage", "reference", "critic", "reward", "teacher")
 
 
 class Role(Protocol):
@@ -37,7 +38,8 @@ def role_names(cfg: RelaxConfig) -> tuple[str, ...]:
     order: the actor publishes version 0 that the others wait for."""
     return (("actor", "advantage", "rollout") + (("critic",) if cfg.algorithm.advantage == "gae" else ())
             + (("reference",) if cfg.algorithm.reference_role else ())
-            + (("reward",) if cfg.data.reward_role else ()))
+            + (("reward",) if cfg.data.reward_role else ())
+            + (("teacher",) if cfg.algorithm.distill_coef > 0 else ()))
 
 
 def make_role(role: str, ctx: RunContext, *, engine_urls: list[str] | None = None, wait_s: float | None = 600.0,
@@ -56,6 +58,8 @@ def make_role(role: str, ctx: RunContext, *, engine_urls: list[str] | None = Non
         return CriticRole(ctx, wait_s=wait_s)
     if role == "reward":
         return RewardRole(ctx)
+    if role == "teacher":
+        return TeacherRole(ctx)
     raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLE_NAMES)}")
 
 

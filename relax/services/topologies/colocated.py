@@ -1,7 +1,7 @@
 """The ``colocated`` topology: every role in this process, time-sharing its CPUs/GPU.
 
 Whichever role can make progress without waiting does, downstream first (actor, then the
-advantage stage, then the reference and reward roles, then the rollout), so a resumed run first
+advantage stage, then the reference, reward and teacher roles, then the rollout), so a resumed run first
 finishes the work already in the queue. With PPO+GAE the critic is stepped beside the advantage
 role as one stage.
 """
@@ -58,8 +58,9 @@ def _step(name: str, role: Any, timeout: float) -> dict[str, Any]:
 def _run_roles(ctx: RunContext, progress: bool, engine_urls: list[str] | None, max_steps: int | None) -> None:
     cfg = ctx.cfg
     actor = make_role("actor", ctx)
-    # roles of their own (reference, reward), stepped after the advantage stage
-    own = [role for role, on in (("reference", cfg.algorithm.reference_role), ("reward", cfg.data.reward_role)) if on]
+    # roles of their own (reference, reward, teacher), stepped after the advantage stage
+    own = [role for role, on in (("reference", cfg.algorithm.reference_role), ("reward", cfg.data.reward_role),
+                                 ("teacher", cfg.algorithm.distill_coef > 0)) if on]
     extra: list[Any] = [make_role(role, ctx) for role in own]
     adv = advantage_stage(ctx)
     rollout = make_role("rollout", ctx, engine_urls=engine_urls)

@@ -1,0 +1,100 @@
+"""On-policy distillation in a run: the teacher role scores every sampled token, the advantage role
+turns the scores into the negative reverse KL per token, lineage names the teacher, and a teacher
+killed mid-run heals with every trained row scored exactly once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from relax.cli.train_cmd import run_status
+from relax.config_loader import ConfigError, load_config
+from relax.models import build_tokenizer
+from relax.services.context import RunContext
+from relax.services.roles.teacher import build_teacher
+from relax.services.schema import ACTOR_GROUP, ADVANTAGE_GROUP, TEACHER_GROUP
+from relax.services.train import train
+from relax.trainers.torch.batch import RolloutBatch
+from relax.transfer.consumer import load_group_state
+from relax.transfer.lineage import list_records
+from tests.relax.services.manifest_checks import check_run
+from tests.relax.services.runtime_helpers import tiny_config
+
+TEACHER = ("teacher.name_or_path=tiny-qwen2", "teacher.hidden_size=96", "teacher.num_layers=3",
+           "algorithm.distill_coef=2.0", "trainer.total_steps=2", "trainer.checkpoint_every=2")
+
+
+def _rows(ctx: RunContext, fields: list[str]) -> tuple[list[str], dict]:
+    queue = ctx.queue()
+    queue.refresh()
+    ids = sorted(sid for sid, m in queue.state.samples.items() if "advantages" in m.locs)
+    return ids, queue.read(ids, fields)
+
+
+@pytest.mark.slow
+def test_distillation_alone_trains_on_the_teachers_scores_of_each_sampled_token(tmp_path):
+    cfg = tiny_config(f"file://{tmp_path}", "distill", *TEACHER, "algorithm.mode=distill")
+    result = train(cfg, progress=False)
+    assert result.steps == 2 and [m["step"] for m in result.metrics("teacher")] == [0, 1]
+    ctx = RunContext(cfg)
+    ids, rows = _rows(ctx, ["tokens", "loss_mask", "logprobs", "teacher_logprobs", "advantages"])
+    assert ids
+    # the column is the teacher's log-probability of each token (recomputed here from the same teacher)
+    teacher, _ = build_teacher(ctx)
+    batch = RolloutBatch(ids=ids, input_ids=[torch.tensor(t) for t in rows["tokens"]],
+                         loss_mask=[torch.tensor(m, dtype=torch.float32) for m in rows["loss_mask"]])
+    for lp, got in zip(teacher.logprobs(batch), rows["teacher_logprobs"], strict=True):
+        np.testing.assert_allclose(got, lp.numpy(), atol=1e-5)
+    # mode=distill: the advantage is 2 * (teacher - behaviour) on the trained tokens, 0 elsewhere
+    for mask, behav, tlp, adv in zip(rows["loss_mask"], rows["logprobs"], rows["teacher_logprobs"],
+                                     rows["advantages"], strict=True):
+        np.testing.assert_allclose(adv, 2.0 * (tlp - behav) * mask, atol=1e-6)
+    assert all(np.any(a != 0) for a in rows["advantages"])
+    assert "distill_reverse_kl" in result.metrics("advantage")[0]
+    # the checkpoint's lineage names the teacher it was distilled from
+    [record] = list_records(cfg.root, cfg.run_id)
+    assert record.extra["teacher"]["name_or_path"] == "tiny-qwen2" and record.extra["teacher"]["hidden_size"] == 96
+
+
+@pytest.mark.slow
+def test_a_killed_teacher_heals_with_every_trained_row_scored_once(tmp_path, monkeypatch):
+    cfg = tiny_config(f"file://{tmp_path}", "killed", *TEACHER, "topology=disaggregated", "supervisor.backoff_s=0.1")
+    monkeypatch.setenv("RELAX_FAULT", "teacher:recorded:1:1")  # dies after recording step 1, before its column
+    assert train(cfg, progress=False).steps == 2
+    ctx = RunContext(cfg)
+    check_run(ctx, 2)
+    queue = ctx.queue()
+    queue.refresh()
+    trained = {sid for rec in load_group_state(queue, ACTOR_GROUP).steps.values() for sid in rec["ids"]}
+    for group in (TEACHER_GROUP, ADVANTAGE_GROUP):
+        taken = [sid for rec in load_group_state(queue, group).steps.values() for sid in rec["ids"]]
+        assert len(taken) == len(set(taken)) and trained <= set(taken), group
+    assert all("teacher_logprobs" in queue.state.samples[sid].locs for sid in trained)
+    assert run_status(cfg.root, "killed")["restarts"] == {"teacher": 1}
+
+
+@pytest.mark.parametrize("overrides, error", [
+    (("algorithm.distill_coef=1",), "distils from a teacher: set teacher.name_or_path"),
+    (("teacher.name_or_path=tiny-qwen2",), "scores tokens nobody uses"),
+    (("algorithm.mode=distill",), "set algorithm.distill_coef > 0"),
+    (("algorithm.mode=distill", "algorithm.distill_coef=1", "teacher.name_or_path=tiny-qwen2",
+      "algorithm.advantage=gae", "model.value_head=true"), "a critic \\(advantage=gae\\) would train for nothing"),
+])
+def test_distillation_settings_that_would_be_ignored_are_refused(overrides, error):
+    with pytest.raises(ConfigError, match=error):
+        load_config("tiny-cpu", list(overrides))
+
+
+def test_a_teacher_of_another_vocabulary_or_no_checkpoint_is_refused_before_the_run(tmp_path):
+    other = tmp_path / "other-tok"
+    tok = build_tokenizer("bpe-tiny")
+    tok.add_tokens(["<extra-token>"])
+    tok.save_pretrained(other)
+    cfg = tiny_config(f"file://{tmp_path}", "vocab", *TEACHER, f"teacher.tokenizer={other}")
+    with pytest.raises(ConfigError, match=r"teacher.tokenizer=.*\(513 tokens\) is not the student's "
+                                          r"model.tokenizer='bpe-tiny' \(512 tokens\)"):
+        RunContext(cfg).check_trainable()
+    cfg = tiny_config(f"file://{tmp_path}", "ckpt", *TEACHER, f"teacher.checkpoint=file://{tmp_path}/nowhere")
+    with pytest.raises(ConfigError, match="is not a Relax checkpoint"):
+        RunContext(cfg).check_trainable()
