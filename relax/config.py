@@ -174,6 +174,20 @@ class RolloutConfig:
     stop: list[str] = opt(
         ["</answer>"], "Stop strings: a response ends right after the first one it generates, which stays in the "
         "response (docs/tasks.md). [] generates to end-of-turn or max_new_tokens.")
+    agents: str = opt(
+        "builtin", "Who runs the episodes: 'builtin' = the rollout's own loop (single-turn, or the task's env); "
+        "'external' = outside programs through the session gateway (docs/agents.md).", choices=("builtin", "external"))
+    gateway_host: str = opt("127.0.0.1", "Address the session gateway binds (agents=external); 0.0.0.0 to reach it "
+                            "from other hosts.")
+    gateway_port: int = opt(
+        0, "Port of the session gateway (agents=external); 0 = a free port. Its URL is logged and written to "
+        "<run>/gateway.json.", range=(0, 65535))
+    session_timeout_s: float = opt(
+        60.0, "Seconds an open gateway session may stay idle before it is dropped (no sample) and its episode "
+        "offered to another agent.", range=(0.1, 86400.0))
+    session_max_retries: int = opt(
+        3, "Times one episode is offered again after its sessions were dropped before the batch fails with an "
+        "error.", range=(0, 1000))
 
 
 @dataclass

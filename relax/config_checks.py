@@ -342,6 +342,18 @@ def cross_checks(cfg: Any) -> None:
                               f"as it generates (to filter groups, from the env) or the critic's stage expects them; "
                               f"turn those off or set data.reward_role=false")
     ro = cfg.rollout
+    if ro.agents == "external":
+        clash = {"rollout.env_fn": "the agents are the environment", "data.reward_role=true": "a session is scored "
+                 "when it closes (the agent's reward, else the verifier)", "rollout.partial_rollout=abort": "weights "
+                 "change only between batches, never under an open session"}
+        on = [k for k, v in (("rollout.env_fn", ro.env_fn), ("data.reward_role=true", cfg.data.reward_role),
+                             ("rollout.partial_rollout=abort", ro.partial_rollout == "abort")) if v]
+        if on:
+            raise ConfigError(f"rollout.agents=external cannot run with {on[0]} ({clash[on[0]]}): unset it, or use "
+                              f"rollout.agents=builtin")
+    elif ro.gateway_port:
+        raise ConfigError(f"rollout.gateway_port={ro.gateway_port} serves external agents' sessions, and "
+                          f"rollout.agents=builtin starts no gateway: set rollout.agents=external, or gateway_port=0")
     engine_checks(cfg)
     if ro.max_engine_processes and ro.max_engine_processes < ro.engine_processes:
         raise ConfigError(f"rollout.max_engine_processes ({ro.max_engine_processes}) is below rollout.engine_processes "

@@ -111,7 +111,7 @@ class EpisodeRunner:
             params = [SamplingParams(max_new_tokens=left[i], temperature=self.params.temperature,
                                      top_p=self.params.top_p, top_k=self.params.top_k, stop=self.params.stop,
                                      stop_token_ids=self.params.stop_token_ids,
-                                     sampling_seed=_seed(trajs[i], len(trajs[i].tokens))) for i in todo]
+                                     sampling_seed=turn_seed(trajs[i], len(trajs[i].tokens))) for i in todo]
             rids = [f"{trajs[i].sample.id}@{trajs[i].position}:{trajs[i].index}:{len(trajs[i].tokens)}" for i in todo]
             abort = self.new_weights if self.partial_rollout == "abort" else None
             results = self.pool.generate(prompts, params, rids, should_abort=abort)
@@ -205,12 +205,20 @@ class EpisodeRunner:
             content, images, audios = obs.get("content", ""), obs.get("images", []), obs.get("audios", [])
         else:
             content, images, audios = str(obs), [], []
-        closed = t.tokens and t.tokens[-1] == self.tokenizer.convert_tokens_to_ids(IM_END)
-        turn = self.tokenizer.apply_chat_template([{"role": "tool", "content": content}], tokenize=False,
-                                                  add_generation_prompt=True)
-        text = ("" if closed else IM_END) + "\n" + turn
-        enc = encode_prompt(text, images, audios, self.tokenizer, self.processor)
+        enc = observation_tokens(t.tokens, [{"role": "tool", "content": content}], images, audios,
+                                 self.tokenizer, self.processor)
         return enc.input_ids, enc.mm_inputs, enc.images, enc.audios
+
+
+def observation_tokens(tokens: list[int], messages: list[dict[str, str]], images: list[bytes], audios: list[bytes],
+                       tokenizer: Any, processor: Any) -> EncodedPrompt:
+    """The tokens that follow a policy turn ending in ``tokens``: the turn's end if the policy did not
+    close it, then ``messages`` (tool results, a user's reply) and the next generation prompt. The agent
+    loop and the session gateway (relax.rollout.sessions) both append observations this way."""
+    closed = tokens and tokens[-1] == tokenizer.convert_tokens_to_ids(IM_END)
+    turn = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = ("" if closed else IM_END) + "\n" + turn
+    return encode_prompt(text, images, audios, tokenizer, processor)
 
 
 def default_env_factory(max_turns: int) -> Callable[[Sample], Env] | None:
@@ -236,7 +244,7 @@ def _start(sample: Sample, position: int, index: int, enc: EncodedPrompt) -> Tra
                       images=list(enc.images), audios=list(enc.audios))
 
 
-def _seed(t: Trajectory, length: int) -> int:
+def turn_seed(t: Trajectory, length: int) -> int:
     # the sampling stream of a turn depends on the prompt, the sample index and how far it got:
     # the same run replays the same tokens, and a resumed partial does not repeat its first draws
     return derive_seed(t.sample.id, t.position, t.index, length) >> 1

@@ -83,6 +83,9 @@ COVERED_ELSEWHERE = {
         "tests/relax/services/launchers/test_ray_actors.py::test_a_rollout_owns_its_engines_as_ray_actors",
     ("rollout.weight_sync", "broadcast"): "tests/relax/services/test_sglang_rollout.py::"
                                           "test_weight_versions_broadcast_to_the_servers_are_the_ones_they_serve",
+    # episodes need agent processes beside the run
+    ("rollout.agents", "external"): "tests/relax/services/roles/test_external_agents.py::"
+                                    "test_a_run_played_by_external_agents_trains_on_their_sessions",
 }
 
 MEGATRON = importlib.util.find_spec("megatron") is not None
@@ -98,6 +101,7 @@ EXPECTED: dict[tuple[str, Any], str] = {
     ("rollout.engine_launcher", "process"): RUNS, ("rollout.engine_launcher", "ray"): ELSEWHERE,
     ("rollout.weight_sync", "disk"): RUNS, ("rollout.weight_sync", "broadcast"): ELSEWHERE,
     ("rollout.partial_rollout", "wait"): RUNS,
+    ("rollout.agents", "builtin"): RUNS, ("rollout.agents", "external"): ELSEWHERE,
     ("rollout.partial_rollout", "abort"): LOAD,  # colocated: no weights arrive mid-generation (see below)
     **{("algorithm.advantage", v): RUNS
        for v in ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")},

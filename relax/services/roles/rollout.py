@@ -36,9 +36,11 @@ from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factor
 from relax.rollout.prompts import PromptStream
 from relax.rollout.remote_engines import RemoteEngines
 from relax.rollout.rewards import RewardDispatcher, reward_metrics
+from relax.rollout.sessions import SessionHub
 from relax.services.api.elastic import ElasticRollout
 from relax.services.api.server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import RunContext
+from relax.services.gateway import Gateway, GatewayStartError
 from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.launchers.process import LocalProcessLauncher
 from relax.services.launchers.sglang_process import SGLangEngines
@@ -63,6 +65,14 @@ def trajectory_row(t: Trajectory, group_size: int, scored: bool = True) -> dict[
     if not scored:
         del row["reward"], row["error"]
     return row
+
+
+def _groups(trajs: list[Trajectory], prompts: list) -> list[list[Trajectory]]:
+    """Trajectories grouped by prompt, in the prompts' order."""
+    groups: dict[int, list[Trajectory]] = {}
+    for t in trajs:
+        groups.setdefault(t.position, []).append(t)
+    return [groups[pos] for pos, _ in prompts]
 
 
 class RolloutRole:
@@ -133,6 +143,20 @@ class RolloutRole:
         # a custom env (rollout.env_fn) drives every sample; otherwise tasks with an env use it
         self.make_env = load_env_fn(r.env_fn) if r.env_fn else default_env_factory(r.max_turns)
         self.needs_env = (lambda _sample: True) if r.env_fn else needs_env
+        self.hub, self.gateway = None, None
+        if r.agents == "external":  # outside programs run every episode through the gateway (docs/agents.md)
+            self.hub = SessionHub(self.pool, tok, processor, self.rewards, params, max_seq_len=cfg.model.max_seq_len,
+                                  max_turns=r.max_turns, timeout_s=r.session_timeout_s,
+                                  max_retries=r.session_max_retries, media=ctx.snapshot.load_media)
+            try:
+                self.gateway = Gateway(self.hub, r.gateway_host, r.gateway_port, run_url=ctx.run_url,
+                                       media=ctx.snapshot.load_media).start()
+            except GatewayStartError as e:  # the port: a setting to change
+                self.pool.close()
+                raise ConfigError(str(e)) from None
+            except BaseException:
+                self.pool.close()
+                raise
         self.api, self.elastic = None, None
         if r.api_port and self.api_mode == "ingress":  # Serve's proxy serves it (relax.services.topologies.asynchronous)
             self.elastic = ElasticRollout(self.pool, self.store, self.pool.launcher)
@@ -140,6 +164,8 @@ class RolloutRole:
             try:
                 self.api = RolloutAPIServer(self.pool, self.store, r.api_host, r.api_port).start()
             except BaseException:
+                if self.gateway is not None:
+                    self.gateway.stop()
                 self.pool.close()  # stops the engine processes started above
                 raise
 
@@ -256,6 +282,8 @@ class RolloutRole:
                    "samples_per_s": len(rows) / max(elapsed, 1e-9), "epoch": self.stream.epoch}
         if isinstance(self.pool, RemoteEngines):
             metrics.update(self.pool.fault_counts())  # engine retries, unhealthy marks, replacements
+        if self.hub is not None:  # sessions opened, closed, dropped (timed out, agent died) and their turns
+            metrics.update(self.hub.take_counts())
         if not self.scores:  # the reward role reports them (merged by batch in the run's report)
             for key in ("reward", "reward_errors"):
                 metrics.pop(key)
@@ -265,17 +293,18 @@ class RolloutRole:
 
     def _run(self, prompts: list) -> list[list[Trajectory]]:
         n = self.cfg.rollout.n_samples_per_prompt
+        if self.hub is not None:  # sessions are opened only here, so weights never change under one
+            return _groups(self.hub.run_batch(prompts, n), prompts)
         single = [p for p in prompts if not self.needs_env(p[1])]
         multi = [p for p in prompts if self.needs_env(p[1])]
         trajs = self.runner.single_turn(single, n) if single else []
         if multi:
             trajs += self.runner.agent(multi, n, self.make_env)
-        groups: dict[int, list[Trajectory]] = {}
-        for t in trajs:
-            groups.setdefault(t.position, []).append(t)
-        return [groups[pos] for pos, _ in prompts]
+        return _groups(trajs, prompts)
 
     def close(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
         if self.api is not None:
             self.api.stop()
         self.producer.close()

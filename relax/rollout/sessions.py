@@ -1,0 +1,400 @@
+"""Episodes run by outside agents: sessions whose chat calls the rollout generates, recording every token.
+
+A :class:`SessionHub` turns a batch of prompts into episode *slots* (``n`` per prompt). An agent
+(through the HTTP gateway, :mod:`relax.services.gateway`) claims a slot by opening a session, chats
+through it, may post a reward, and closes it. Token in, token out: the first call's messages are
+chat-templated into the prompt; each later call repeats the recorded conversation and adds only
+non-assistant messages, tokenized as an observation (masked out of the loss) as the built-in agent
+loop does; the assistant's tokens and logprobs are the engine's own, never re-tokenised. A session
+closed without a reward is scored by the task's verifier on its transcript.
+
+HTTP handlers only queue work and wait on futures; :meth:`SessionHub.run_batch`, on the rollout's
+thread, generates every pending turn in one ``pool.generate`` call per round (an in-process engine
+runs on the calling thread), scores closed sessions and drops sessions idle past ``timeout_s``: a
+dropped session leaves no trajectory and its slot is offered again, ``max_retries`` times at most.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax.data.schema import Sample
+from relax.engines.openai_routes import chat_prompt, check_chat_request
+from relax.engines.types import EngineError, SamplingParams
+from relax.models.processors import merge_media
+from relax.rollout.engine_pool import EnginePool
+from relax.rollout.episodes import Trajectory, observation_tokens, turn_seed
+from relax.rollout.prompts import EncodedPrompt, encode_prompt
+from relax.rollout.rewards import RewardDispatcher
+
+_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # read here; the engine routes' check refuses them
+_KEEP_ENDED = 4096  # ended sessions remembered (for 409s and GET) before the oldest are forgotten
+
+
+class SessionError(Exception):
+    """A request the hub refuses: ``status`` is its HTTP code, the message names the problem and the fix."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class BatchFailed(RuntimeError):
+    """The batch cannot finish: a slot was dropped past ``max_retries``, or the gateway stopped."""
+
+
+@dataclass
+class _Slot:
+    position: int
+    sample: Sample
+    index: int
+    drops: int = 0
+    done: Trajectory | None = None
+
+
+@dataclass
+class Session:
+    id: str
+    slot: _Slot
+    last_active: float
+    state: str = "open"  # open -> closed | dropped | aborted
+    traj: Trajectory | None = None  # from the first chat call
+    messages: list[tuple[str, str]] = field(default_factory=list)  # the recorded conversation, comparable
+    busy: bool = False  # a chat or close is queued or running
+    reward: float | None = None
+    turn_rewards: list[float] | None = None
+    why: str = ""  # why it was dropped or aborted
+
+
+@dataclass
+class _Work:
+    session: Session
+    kind: str  # "chat" | "close"
+    body: dict[str, Any]
+    future: Future
+
+
+class SessionHub:
+    """Episode slots for one batch at a time, and the sessions agents run them in (thread-safe)."""
+
+    def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher | None,
+                 params: SamplingParams, *, max_seq_len: int, max_turns: int = 4, timeout_s: float = 60.0,
+                 max_retries: int = 3, media: Callable[[Any], bytes] | None = None, gather_s: float = 0.02):
+        self.pool, self.tokenizer, self.processor, self.rewards = pool, tokenizer, processor, rewards
+        self.params, self.max_seq_len, self.max_turns = params, max_seq_len, max_turns
+        self.timeout_s, self.max_retries, self.gather_s = timeout_s, max_retries, gather_s
+        self.media = media or (lambda ref: ref.data)
+        self.base_url = ""  # the gateway's URL, set by the gateway: a session's base_url lives under it
+        self.counts: Counter[str] = Counter()  # sessions_opened/closed/dropped, session_turns since take_counts()
+        self._cv = threading.Condition()
+        self._open: deque[_Slot] = deque()  # slots waiting for an agent
+        self._sessions: dict[str, Session] = {}
+        self._work: list[_Work] = []
+        self.stopped = False  # the gateway is stopping: no new sessions, no new batch
+
+    # -- the HTTP side (any thread) ---------------------------------------------------------------
+    def open_session(self) -> tuple[str, Sample] | None:
+        """Claim the next open slot: (session id, its sample); None when no slot is open."""
+        with self._cv:
+            if self.stopped or not self._open:
+                return None
+            slot = self._open.popleft()
+            s = Session(secrets.token_hex(8), slot, time.monotonic())
+            self._sessions[s.id] = s
+            self.counts["sessions_opened"] += 1
+            return s.id, slot.sample
+
+    def chat(self, sid: str, body: dict[str, Any]) -> Future:
+        """Queue one chat turn (an OpenAI chat request); the future gets :meth:`_commit`'s dict or a SessionError."""
+        return self._submit(sid, "chat", body)
+
+    def close(self, sid: str) -> Future:  # the future gets the session's final state (with its reward)
+        return self._submit(sid, "close", {})
+
+    def post_reward(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
+        reward, turns = body.get("reward"), body.get("turn_rewards")
+        if not _number(reward):
+            raise SessionError(400, f"reward must be a finite number, got {reward!r}")
+        if turns is not None and not (isinstance(turns, list) and all(_number(x) for x in turns)):
+            raise SessionError(400, f"turn_rewards must be a list of finite numbers, got {turns!r}")
+        with self._cv:
+            s = self._sessions.get(sid)
+            if s is None or s.state != "open":
+                what = "unknown" if s is None else s.state
+                raise SessionError(409, f"session {sid} is {what}: a reward is taken only for an open session "
+                                        f"(post it before /close)")
+            taken = s.traj.turns if s.traj else 0
+            if turns is not None and len(turns) != taken:
+                raise SessionError(400, f"turn_rewards has {len(turns)} values, one per policy turn: {taken}")
+            s.reward, s.turn_rewards = float(reward), None if turns is None else [float(x) for x in turns]
+            s.last_active = time.monotonic()
+            return self._describe(s)
+
+    def describe(self, sid: str) -> dict[str, Any]:
+        with self._cv:
+            return self._describe(self._get(sid))
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self.stopped = True
+
+    def take_counts(self) -> dict[str, int]:
+        with self._cv:
+            out = {k: self.counts[k] for k in ("sessions_opened", "sessions_closed", "sessions_dropped",
+                                               "session_turns")}
+            self.counts.clear()
+            return out
+
+    def _submit(self, sid: str, kind: str, body: dict[str, Any]) -> Future:
+        with self._cv:
+            s = self._get(sid)
+            if s.state != "open":
+                raise SessionError(409, f"session {sid} is {s.state}{f' ({s.why})' if s.why else ''}; "
+                                        f"open a new session (POST /v1/sessions)")
+            if s.busy:
+                raise SessionError(409, f"session {sid} already has a request in flight; send one at a time")
+            s.busy, fut = True, Future()
+            self._work.append(_Work(s, kind, body, fut))
+            self._cv.notify_all()
+            return fut
+
+    def _get(self, sid: str) -> Session:
+        s = self._sessions.get(sid)
+        if s is None:
+            raise SessionError(404, f"no session {sid!r} (unknown, or ended long ago); open one with POST /v1/sessions")
+        return s
+
+    def _describe(self, s: Session) -> dict[str, Any]:
+        return {"id": s.id, "state": s.state, "sample_id": s.slot.sample.id, "why": s.why,
+                "turns": s.traj.turns if s.traj else 0, "tokens": len(s.traj.tokens) if s.traj else 0,
+                "reward": s.traj.reward if s.state == "closed" and s.traj else s.reward,
+                "turn_rewards": s.turn_rewards, "messages": len(s.messages)}
+
+    # -- the rollout side (the rollout's thread) -------------------------------------------------------
+    def run_batch(self, prompts: list[tuple[int, Sample]], n: int) -> list[Trajectory]:
+        """Offer ``n`` episodes of each prompt to agents; serve their turns until every episode is closed.
+        Trajectories come back in (prompt, index) order, as the built-in runner returns them."""
+        slots = [_Slot(pos, sample, i) for pos, sample in prompts for i in range(n)]
+        with self._cv:
+            if self.stopped:
+                raise BatchFailed("the session gateway is stopped; no agent can run this batch")
+            self._open.extend(slots)
+        try:
+            while True:
+                with self._cv:
+                    if self.stopped:
+                        raise BatchFailed("the session gateway stopped while this batch was running")
+                    self._expire(time.monotonic())
+                    if all(s.done is not None for s in slots):
+                        break
+                    if not self._work:
+                        self._cv.wait(timeout=0.05)
+                    self._gather()
+                    work, self._work = self._work, []
+                if work:
+                    self._serve(work)
+        except BaseException as e:
+            self._abort(f"the rollout stopped this batch: {type(e).__name__}: {e}")
+            raise
+        with self._cv:
+            self._forget_old()
+        return [s.done for s in slots]  # type: ignore[misc]
+
+    def _gather(self) -> None:
+        """Wait briefly for the turns of other agents, so a round generates them together."""
+        deadline = time.monotonic() + self.gather_s
+        while self._work:
+            waiting = sum(1 for s in self._sessions.values() if s.state == "open" and not s.busy)
+            left = deadline - time.monotonic()
+            if not waiting or left <= 0:
+                return
+            self._cv.wait(timeout=left)
+
+    def _expire(self, now: float) -> None:
+        for s in self._sessions.values():
+            if s.state == "open" and not s.busy and now - s.last_active > self.timeout_s:
+                self._drop(s, f"idle for more than {self.timeout_s:g} s (rollout.session_timeout_s)")
+
+    def _drop(self, s: Session, why: str) -> None:
+        """The session ends without a trajectory; its slot is offered again (or the batch fails)."""
+        s.state, s.why = "dropped", why
+        self.counts["sessions_dropped"] += 1
+        slot = s.slot
+        slot.drops += 1
+        if slot.drops > self.max_retries:
+            raise BatchFailed(f"episode {slot.index} of sample {slot.sample.id} (prompt position {slot.position}) "
+                              f"was dropped {slot.drops} times, last: {why}; check that the agents finish their "
+                              f"sessions, or raise rollout.session_max_retries / rollout.session_timeout_s")
+        self._open.appendleft(slot)
+
+    def _abort(self, why: str) -> None:
+        with self._cv:
+            for w in self._work:
+                w.future.set_exception(SessionError(503, why))
+            self._work = []
+            for s in self._sessions.values():
+                if s.state == "open":
+                    s.state, s.why = "aborted", why
+            self._open.clear()
+
+    def _forget_old(self) -> None:
+        for sid in [sid for sid, s in self._sessions.items() if s.state != "open"][:-_KEEP_ENDED]:
+            del self._sessions[sid]
+
+    def _serve(self, work: list[_Work]) -> None:
+        """One round: closes are scored, chat turns prepared and generated together. On a failure (the
+        engine, a slot past its retries) every request of the round is answered 503 before it propagates."""
+        try:
+            ready = []
+            for w in work:
+                try:
+                    if w.kind == "close":
+                        self._finish(w.session)
+                        with self._cv:
+                            state = self._describe(w.session)
+                        self._resolve(w, state)
+                    else:
+                        ready.append((w, *self._prepare(w.session, w.body)))
+                except SessionError as e:
+                    self._resolve(w, e)
+            if not ready:
+                return
+            prompts = [enc for _, enc, _, _, _ in ready]
+            params = [dataclasses.replace(self.params, max_new_tokens=k, sampling_seed=turn_seed(t, len(e.input_ids)))
+                      for _, e, t, k, _ in ready]
+            rids = [f"{t.sample.id}@{t.position}:{t.index}:{len(e.input_ids)}/{w.session.id}" for w, e, t, _, _ in ready]
+            results = self.pool.generate(prompts, params, rids)
+            for (w, enc, traj, _, new), cs in zip(ready, results, strict=True):
+                self._resolve(w, self._commit(w.session, enc, traj, new, cs[0]))
+        except Exception as e:
+            for w in work:
+                if not w.future.done():
+                    self._resolve(w, SessionError(503, f"the rollout failed this batch: {type(e).__name__}: {e}"))
+            raise
+
+    def _prepare(self, s: Session, body: dict[str, Any]) -> tuple[EncodedPrompt, Trajectory, int, tuple]:
+        """(the whole context to generate from, the trajectory it extends, max new tokens, what to record);
+        a SessionError (400) leaves the session as it was."""
+        try:
+            check_chat_request({k: v for k, v in body.items() if k not in _TOOL_FIELDS})
+            if body.get("n", 1) != 1:
+                raise SessionError(400, "n must be 1: a session is one episode")
+            messages = body["messages"]
+            start = self._check_history(s, messages)
+            msgs, images, audios = chat_prompt(messages[start:])
+            # what the history check compares later, and the transcript text the verifier reads
+            new = ([_comparable(m) for m in messages[start:]], "".join(f"\n[{m['role']}] {m['content']}\n" for m in msgs))
+        except EngineError as e:
+            raise SessionError(400, str(e)) from None
+        if s.traj is not None and s.traj.turns >= self.max_turns:
+            raise SessionError(400, f"session {s.id} has taken rollout.max_turns={self.max_turns} policy turns; "
+                                    f"close it (POST /v1/sessions/{s.id}/close)")
+        if s.traj is None:
+            tools = body.get("tools") or None
+            text = self.tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
+            enc = encode_prompt(text, images, audios, self.tokenizer, self.processor)
+            slot, k = s.slot, len(enc.input_ids)
+            traj = Trajectory(slot.sample, slot.position, slot.index, list(enc.input_ids), [0] * k, [0.0] * k, k,
+                              enc.mm_inputs, images=list(enc.images), audios=list(enc.audios))
+            context = EncodedPrompt(traj.tokens, traj.mm_inputs, traj.images, traj.audios)
+        else:
+            traj = s.traj
+            enc = observation_tokens(traj.tokens, msgs, images, audios, self.tokenizer, self.processor)
+            context = EncodedPrompt(traj.tokens + enc.input_ids, merge_media(traj.mm_inputs, enc.mm_inputs),
+                                    traj.images + enc.images, traj.audios + enc.audios)
+        room = self.max_seq_len - len(context.input_ids)
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
+            raise SessionError(400, f"max_tokens must be an integer >= 1, got {asked!r}")
+        if room <= 0 or (asked is not None and asked > room):
+            raise SessionError(400, f"this turn's context is {len(context.input_ids)} tokens and "
+                                    f"model.max_seq_len is {self.max_seq_len}, leaving {max(room, 0)} for the reply"
+                                    f"{f' (asked max_tokens={asked})' if asked is not None else ''}; the session is "
+                                    f"unchanged: send shorter messages, ask fewer tokens, or close it")
+        max_new = min(self.params.max_new_tokens, room, asked or room)
+        return context, traj, max_new, new
+
+    def _check_history(self, s: Session, messages: list[dict[str, Any]]) -> int:
+        """Where the new messages start: the request must repeat the recorded conversation exactly."""
+        if s.traj is None:
+            return 0
+        for i, recorded in enumerate(s.messages):
+            if i >= len(messages) or _comparable(messages[i]) != recorded:
+                raise SessionError(400, f"messages[{i}] does not match what session {s.id} recorded: resend the "
+                                        f"conversation so far (with the assistant replies as returned), then the "
+                                        f"new messages")
+        start = len(s.messages)
+        if len(messages) == start:
+            raise SessionError(400, f"no new message after the {start} recorded ones: add a tool result or a user "
+                                    f"message")
+        for j in range(start, len(messages)):
+            if messages[j].get("role") == "assistant":
+                raise SessionError(400, f"messages[{j}] is an assistant message the gateway did not generate; "
+                                        f"only tool, user or system messages may follow the recorded conversation")
+        return start
+
+    def _commit(self, s: Session, context: EncodedPrompt, traj: Trajectory, new: tuple, c: Any) -> dict[str, Any]:
+        """Record the observation and the sampled turn; the turn's text, finish reason and token counts."""
+        if s.traj is None:
+            s.traj = traj
+        else:
+            traj.observe(context.input_ids[len(traj.tokens):])
+            traj.mm_inputs, traj.images, traj.audios = context.mm_inputs, context.images, context.audios
+            traj.response += new[1]
+        traj.extend(c)
+        text = self.tokenizer.decode(c.output_ids, skip_special_tokens=True)
+        traj.response += text
+        traj.turns += 1
+        traj.finish = str(c.finish_reason.get("type", ""))
+        s.messages += [*new[0], ("assistant", text)]
+        self.counts["session_turns"] += 1
+        return {"id": f"chatcmpl-{s.id}-{traj.turns}", "text": text, "finish": traj.finish,
+                "prompt_tokens": len(context.input_ids), "completion_tokens": len(c.output_ids)}
+
+    def _finish(self, s: Session) -> None:
+        """Close ``s``: its trajectory, scored by the posted reward or the verifier, fills the slot."""
+        with self._cv:
+            if s.traj is None:  # nothing was generated: nothing to train, the episode goes to another agent
+                self._drop(s, "closed before any chat turn")
+                return
+            s.state = "closed"
+            self.counts["sessions_closed"] += 1
+        t = s.traj
+        if s.reward is not None:
+            t.reward = s.reward
+        elif self.rewards is not None:
+            scored = self.rewards.score(t.response, t.sample)
+            t.reward, t.error = scored.reward, scored.error
+        s.slot.done = t
+
+    def _resolve(self, w: _Work, result: Any) -> None:
+        with self._cv:
+            w.session.busy = False
+            w.session.last_active = time.monotonic()
+        if isinstance(result, BaseException):
+            w.future.set_exception(result)
+        else:
+            w.future.set_result(result)
+
+
+def _comparable(m: Any) -> tuple[str, str]:
+    """A message as the history check compares it: role and content (other fields, e.g. tool_calls, are
+    derived from the content the gateway returned)."""
+    if not isinstance(m, dict):
+        return ("?", repr(m))
+    content = m.get("content")
+    return (str(m.get("role", "user")), content if isinstance(content, str) else json.dumps(content or "",
+                                                                                            sort_keys=True))
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")

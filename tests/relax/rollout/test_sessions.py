@@ -1,0 +1,234 @@
+"""The session hub with a real in-process engine on the tiny model: agents (threads here, calling the
+hub as the gateway's handlers do) chat through sessions while the rollout's thread runs the batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from relax.config_loader import load_config
+from relax.data.suite import generate_suite
+from relax.engines.types import SamplingParams
+from relax.models import build_policy, build_tokenizer
+from relax.rollout.engine_pool import LocalEngines
+from relax.rollout.episodes import Trajectory, observation_tokens
+from relax.rollout.prompts import encode_prompt
+from relax.rollout.rewards import RewardDispatcher
+from relax.rollout.sessions import BatchFailed, SessionError, SessionHub
+
+MAX_SEQ_LEN = 256
+
+
+class RecordingPool:
+    """The real engine pool, keeping what it returned per request id (what the engine sampled)."""
+
+    def __init__(self, pool: LocalEngines):
+        self.pool, self.sampled = pool, {}
+
+    @property
+    def weight_version(self) -> int:
+        return self.pool.weight_version
+
+    def generate(self, prompts, params, rids, should_abort=None):
+        out = self.pool.generate(prompts, params, rids, should_abort)
+        for rid, p, cs in zip(rids, prompts, out, strict=True):
+            self.sampled[rid] = (list(p.input_ids), cs[0])
+        return out
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = build_tokenizer("bpe-tiny")
+    model, _ = build_policy(load_config("tiny-cpu", []).model, tok, seed=0)
+    samples = generate_suite(["tool_lookup"], seed=0, train_per_task=4, eval_per_task=2)["train"]
+    pool = LocalEngines(model, tok, max_batch_size=8, max_seq_len=MAX_SEQ_LEN, seed=0)
+    yield tok, pool, samples
+    pool.close()
+
+
+def _hub(setup, **kw: Any) -> tuple[SessionHub, RecordingPool]:
+    tok, pool, _ = setup
+    rec = RecordingPool(pool)
+    hub = SessionHub(rec, tok, None, RewardDispatcher(), SamplingParams(max_new_tokens=12, stop=["</answer>"]),
+                     max_seq_len=MAX_SEQ_LEN, **kw)
+    return hub, rec
+
+
+def _run(hub: SessionHub, prompts: list, n: int, agents: list[Callable[[threading.Event], None]]) -> list[Trajectory]:
+    """run_batch on this thread while each agent runs on its own; an agent's exception fails the test."""
+    stop, errors = threading.Event(), []
+
+    def guarded(agent):
+        try:
+            agent(stop)
+        except BaseException as e:  # reported below, on the test's thread; the batch cannot finish without it
+            errors.append(e)
+            hub.shutdown()
+
+    threads = [threading.Thread(target=guarded, args=(a,), daemon=True) for a in agents]
+    for t in threads:
+        t.start()
+    try:
+        trajs = hub.run_batch(prompts, n)
+    except BatchFailed:
+        if not errors:
+            raise
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    if errors:
+        raise errors[0]
+    return trajs
+
+
+def _claim(hub: SessionHub, stop: threading.Event) -> tuple[str, Any] | None:
+    while not stop.is_set():
+        claimed = hub.open_session()
+        if claimed is not None:
+            return claimed
+        time.sleep(0.005)
+    return None
+
+
+def _msgs(sample) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in sample.messages]
+
+
+def tool_agent(hub: SessionHub, log: dict[str, Any], turns: int = 2) -> Callable[[threading.Event], None]:
+    """Plays sessions until stopped: a tool result after each turn, then close."""
+    def play(stop: threading.Event) -> None:
+        while (claimed := _claim(hub, stop)) is not None:
+            sid, sample = claimed
+            messages = _msgs(sample)
+            for k in range(turns):
+                if k:
+                    messages.append({"role": "tool", "content": f"golden plum: {10 + k}"})
+                turn = hub.chat(sid, {"messages": messages}).result(timeout=60)
+                messages.append({"role": "assistant", "content": turn["text"]})
+            log.setdefault("closed", []).append((sid, hub.close(sid).result(timeout=60)))
+    return play
+
+
+def test_recorded_tokens_are_the_engines_and_observations_are_masked(setup):
+    tok, _, samples = setup
+    hub, rec = _hub(setup)
+    log: dict[str, Any] = {}
+    prompts = [(0, samples[0]), (1, samples[1])]
+    trajs = _run(hub, prompts, 2, [tool_agent(hub, log), tool_agent(hub, log)])
+    assert [(t.position, t.index) for t in trajs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    by_rid = sorted(rec.sampled.items(), key=lambda kv: len(kv[1][0]))
+    for t in trajs:
+        # the prompt is the chat template of the agent's messages: the same ids the built-in runner uses
+        assert t.tokens[:t.prompt_len] == encode_prompt(t.sample, [], [], tok, None).input_ids
+        assert t.turns == 2 and t.mask[:t.prompt_len] == [0] * t.prompt_len
+        turns = [(ids, c) for _, (ids, c) in by_rid if t.tokens[:len(ids)] == ids and
+                 t.tokens[len(ids):len(ids) + len(c.output_ids)] == c.output_ids]
+        assert len(turns) == 2, "each turn's context is the trajectory so far"
+        (ids1, c1), (ids2, c2) = turns
+        end1 = len(ids1) + len(c1.output_ids)
+        assert t.tokens[len(ids1):end1] == c1.output_ids and t.logprobs[len(ids1):end1] == list(c1.logprobs)
+        assert t.mask[len(ids1):end1] == [1] * len(c1.output_ids)
+        # between the turns: the tool message, tokenized as the built-in agent loop does, never trained
+        obs = observation_tokens(t.tokens[:end1], [{"role": "tool", "content": "golden plum: 11"}], [], [], tok, None)
+        assert t.tokens[end1:len(ids2)] == obs.input_ids
+        assert t.mask[end1:len(ids2)] == [0] * len(obs.input_ids) and "<|im_start|>tool" in tok.decode(obs.input_ids)
+        assert t.tokens[len(ids2):] == c2.output_ids and t.mask[len(ids2):] == [1] * len(c2.output_ids)
+        assert len(t.tokens) == len(t.mask) == len(t.logprobs) and t.versions == [-1, -1]
+        # the transcript the verifier scores, as the built-in loop builds it
+        text1, text2 = (tok.decode(c.output_ids, skip_special_tokens=True) for c in (c1, c2))
+        assert t.response == f"{text1}\n[tool] golden plum: 11\n{text2}"
+    closed = log["closed"]
+    assert len(closed) == 4 and all(state["state"] == "closed" for _, state in closed)
+    assert hub.take_counts() == {"sessions_opened": 4, "sessions_closed": 4, "sessions_dropped": 0,
+                                 "session_turns": 8}
+
+
+def test_bad_requests_are_400s_and_leave_the_session_usable(setup):
+    _, _, samples = setup
+    hub, _ = _hub(setup)
+    seen: dict[str, Any] = {}
+
+    def agent(stop: threading.Event) -> None:
+        sid, sample = _claim(hub, stop)
+        messages = _msgs(sample)
+        first = hub.chat(sid, {"messages": messages}).result(timeout=60)
+        messages.append({"role": "assistant", "content": first["text"]})
+        altered = [messages[0], {"role": "user", "content": "another question"}, *messages[2:],
+                   {"role": "tool", "content": "x"}]
+        too_long = [*messages, {"role": "tool", "content": "golden plum " * 200}]
+        extra_assistant = [*messages, {"role": "assistant", "content": "made up"}]
+        for name, body in (("history", altered), ("context", too_long), ("assistant", extra_assistant),
+                           ("nothing new", messages)):
+            with pytest.raises(SessionError) as e:
+                hub.chat(sid, {"messages": body}).result(timeout=60)
+            seen[name] = e.value
+        before = hub.describe(sid)
+        ok = hub.chat(sid, {"messages": [*messages, {"role": "tool", "content": "golden plum: 42"}]}).result(60)
+        seen["after"] = (before, ok, hub.describe(sid))
+        hub.post_reward(sid, {"reward": 0.5})
+        hub.close(sid).result(timeout=60)
+        with pytest.raises(SessionError) as e:
+            hub.post_reward(sid, {"reward": 1.0})
+        seen["reward after close"] = e.value
+        with pytest.raises(SessionError) as e:
+            hub.chat("nope", {"messages": messages})
+        seen["unknown"] = e.value
+
+    (traj,) = _run(hub, [(0, samples[0])], 1, [agent])
+    assert seen["history"].status == 400 and "messages[1]" in seen["history"].message
+    assert seen["context"].status == 400 and "model.max_seq_len" in seen["context"].message
+    assert seen["assistant"].status == 400 and "messages[3]" in seen["assistant"].message
+    assert seen["nothing new"].status == 400
+    before, ok, after = seen["after"]
+    assert before["turns"] == 1 and after["turns"] == 2 and ok["text"] is not None  # the refusals changed nothing
+    assert traj.turns == 2 and traj.reward == 0.5  # the posted reward, not the verifier's
+    assert seen["reward after close"].status == 409 and seen["reward after close"].message.startswith(
+        f"session {after['id']} is closed")
+    assert seen["unknown"].status == 404
+
+
+def test_an_idle_session_is_dropped_and_its_episode_offered_again(setup):
+    _, _, samples = setup
+    hub, _ = _hub(setup, timeout_s=0.3)
+    abandoned: dict[str, Any] = {}
+    log: dict[str, Any] = {}
+    started = threading.Event()
+
+    def quitter(stop: threading.Event) -> None:  # one turn, then silence: as an agent that died
+        sid, sample = _claim(hub, stop)
+        abandoned["turn"] = hub.chat(sid, {"messages": _msgs(sample)}).result(timeout=60)
+        abandoned["id"], abandoned["traj"] = sid, hub._sessions[sid].traj
+        started.set()
+
+    def late(stop: threading.Event) -> None:
+        started.wait(60)
+        tool_agent(hub, log, turns=1)(stop)
+
+    trajs = _run(hub, [(0, samples[0])], 1, [quitter, late])
+    assert hub.describe(abandoned["id"])["state"] == "dropped"
+    assert len(trajs) == 1 and trajs[0] is not abandoned["traj"]  # the dropped session left nothing
+    assert len(log["closed"]) == 1 and log["closed"][0][0] != abandoned["id"]
+    assert hub.take_counts()["sessions_dropped"] == 1
+    with pytest.raises(SessionError) as e:
+        hub.chat(abandoned["id"], {"messages": []})
+    assert e.value.status == 409 and "dropped" in e.value.message
+
+
+def test_a_slot_dropped_past_max_retries_fails_the_batch(setup):
+    _, _, samples = setup
+    hub, _ = _hub(setup, max_retries=1)
+
+    def closer(stop: threading.Event) -> None:  # closes before chatting: nothing to train, the slot returns
+        while (claimed := _claim(hub, stop)) is not None:
+            try:
+                hub.close(claimed[0]).result(timeout=60)
+            except SessionError:
+                return
+
+    with pytest.raises(BatchFailed, match="dropped 2 times.*session_max_retries"):
+        _run(hub, [(0, samples[0])], 1, [closer])
