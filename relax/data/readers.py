@@ -75,7 +75,7 @@ def _iter_parquet(url: str, name: str) -> Iterator[tuple[dict[str, Any], str]]:
     for batch in pf.iter_batches(batch_size=1024):
         for record in batch.to_pylist():
             # Nested columns may be stored as JSON strings by tools that flatten them.
-            for key in ("messages", "metadata", "images", "audios"):
+            for key in ("messages", "metadata", "images", "audios", "videos"):
                 if isinstance(record.get(key), str) and record[key][:1] in "[{":
                     try:
                         record[key] = json.loads(record[key])
@@ -111,7 +111,8 @@ def _resolve_media(sample: Sample, base: str, where: str, allow_remote: bool) ->
 
     images = tuple(fix(r, f"images[{i}]") for i, r in enumerate(sample.images))
     audios = tuple(fix(r, f"audios[{i}]") for i, r in enumerate(sample.audios))
-    return replace(sample, images=images, audios=audios, origin=where)
+    videos = tuple(fix(r, f"videos[{i}]") for i, r in enumerate(sample.videos))
+    return replace(sample, images=images, audios=audios, videos=videos, origin=where)
 
 
 def resolve_media_path(path: str, base: str, where: str, allow_remote: bool = False) -> str:
@@ -196,6 +197,7 @@ def write_parquet(url: str, samples: Iterable[Sample]) -> None:
     for s in samples:
         row = s.to_json()
         row["metadata"] = json.dumps(row["metadata"], sort_keys=True)
+        row.setdefault("videos", [])  # one schema for every row: pyarrow takes the columns of the first
         rows.append(row)
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows), buf)

@@ -1,6 +1,6 @@
 """The sample format every part of Relax speaks: OpenAI-style chat messages whose text
-carries ``<image>`` / ``<audio>`` placeholders, the media they stand for, a ground-truth
-answer and free-form metadata.
+carries ``<image>`` / ``<audio>`` / ``<video>`` placeholders, the media they stand for, a
+ground-truth answer and free-form metadata.
 
 A row on disk (jsonl line, parquet row) looks like::
 
@@ -12,7 +12,8 @@ A row on disk (jsonl line, parquet row) looks like::
      "metadata": {"difficulty": 1}}
 
 The i-th ``<image>`` placeholder, counted across all messages in order, is ``images[i]``;
-the same holds for ``<audio>`` and ``audios``. Media is referenced by a local path, an
+the same holds for ``<audio>`` and ``audios`` and for ``<video>`` and ``videos`` (an MP4 or
+a folder of frames with an optional ``audio.wav``, see ``relax.data.video``). Media is referenced by a local path, an
 fsspec URL (``s3://...``) or carried inline as bytes; a snapshot rewrites every reference
 to a content-addressed file inside the snapshot.
 """
@@ -29,14 +30,17 @@ from relax.data.errors import DataError
 
 IMAGE_PLACEHOLDER = "<image>"
 AUDIO_PLACEHOLDER = "<audio>"
+VIDEO_PLACEHOLDER = "<video>"
 ROLES = ("system", "user", "assistant", "tool")
-MEDIA_KINDS = ("image", "audio")
-_PLACEHOLDER_RE = re.compile(r"<(image|audio)>")
+MEDIA_KINDS = ("image", "audio", "video")
+_PLACEHOLDER_RE = re.compile(r"<(image|audio|video)>")
+# metadata key of a row whose videos must carry an audio track (a snapshot refuses one without)
+NEEDS_VIDEO_AUDIO = "needs_video_audio"
 
 
 @dataclass(frozen=True)
 class MediaRef:
-    """One image or audio clip. Exactly one of ``path`` and ``data`` is set.
+    """One image, audio clip or video. Exactly one of ``path`` and ``data`` is set.
 
     ``path`` is a local path (relative paths resolve against the file the row came from)
     or any fsspec URL. ``sha256`` is filled in by snapshots and checked on load.
@@ -108,19 +112,22 @@ class Sample:
     images: tuple[MediaRef, ...] = ()
     audios: tuple[MediaRef, ...] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    videos: tuple[MediaRef, ...] = ()
     # Where the row was read from (``train.jsonl:12``), so errors raised later, when its media is
     # fetched and checked for a snapshot, can still name the file and line. Not part of the row.
     origin: str = field(default="", compare=False, repr=False)
 
     @property
     def modality(self) -> str:
-        """``text``, ``image``, ``audio`` or ``omni`` (both kinds of media)."""
-        if self.images and self.audios:
+        """``text``, ``image``, ``audio``, ``video`` or ``omni`` (more than one kind of media)."""
+        if sum(map(bool, (self.images, self.audios, self.videos))) > 1:
             return "omni"
         if self.images:
             return "image"
         if self.audios:
             return "audio"
+        if self.videos:
+            return "video"
         return "text"
 
     @property
@@ -138,6 +145,7 @@ class Sample:
             "messages": [m.to_json() for m in self.messages],
             "images": [r.to_json() for r in self.images],
             "audios": [r.to_json() for r in self.audios],
+            **({"videos": [r.to_json() for r in self.videos]} if self.videos else {}),
             "answer": self.answer,
             "metadata": dict(self.metadata),
         }
@@ -162,10 +170,11 @@ class Sample:
             if m["role"] not in ROLES:
                 raise DataError(f"{where}: messages[{i}].role is {m['role']!r}; expected one of {ROLES}")
             if not isinstance(m["content"], str):
-                raise DataError(f"{where}: messages[{i}].content must be a string with <image>/<audio> placeholders")
+                raise DataError(f"{where}: messages[{i}].content must be a string with <image>/<audio>/<video> placeholders")
             messages.append(Message(role=m["role"], content=m["content"]))
         images = tuple(MediaRef.from_json(v, f"{where}: images[{i}]") for i, v in enumerate(row.get("images") or ()))
         audios = tuple(MediaRef.from_json(v, f"{where}: audios[{i}]") for i, v in enumerate(row.get("audios") or ()))
+        videos = tuple(MediaRef.from_json(v, f"{where}: videos[{i}]") for i, v in enumerate(row.get("videos") or ()))
         metadata = row.get("metadata") or {}
         if not isinstance(metadata, Mapping):
             raise DataError(f"{where}: 'metadata' must be an object")
@@ -177,22 +186,25 @@ class Sample:
             audios=audios,
             answer=str(row["answer"]),
             metadata=dict(metadata),
+            videos=videos,
         )
         sample.check_placeholders(where)
         return sample
 
     def check_placeholders(self, where: str) -> None:
         """Every media item has exactly one placeholder and vice versa."""
-        found = {"image": 0, "audio": 0}
+        found = {"image": 0, "audio": 0, "video": 0}
         for m in self.messages:
             for kind in _PLACEHOLDER_RE.findall(m.content):
                 found[kind] += 1
-        for kind, refs in (("image", self.images), ("audio", self.audios)):
+        for kind, refs in (("image", self.images), ("audio", self.audios), ("video", self.videos)):
             if found[kind] != len(refs):
                 raise DataError(
                     f"{where}: row {self.id!r} has {found[kind]} <{kind}> placeholder(s) but "
                     f"{len(refs)} {kind}(s); put one <{kind}> in the text for each entry of '{kind}s'"
                 )
 
-    def with_media(self, images: tuple[MediaRef, ...], audios: tuple[MediaRef, ...]) -> Sample:
-        return Sample(self.id, self.messages, self.answer, self.task, images, audios, self.metadata, self.origin)
+    def with_media(self, images: tuple[MediaRef, ...], audios: tuple[MediaRef, ...],
+                   videos: tuple[MediaRef, ...] | None = None) -> Sample:
+        return Sample(self.id, self.messages, self.answer, self.task, images, audios, self.metadata,
+                      videos=self.videos if videos is None else videos, origin=self.origin)

@@ -5,7 +5,7 @@ Layout::
     <root>/datasets/<id>/
       manifest.json            written last: a snapshot exists iff its manifest does
       rows/<split>.jsonl       canonical rows; media refs point into media/
-      media/<sha256>.<ext>     every image and audio clip, named by its content hash
+      media/<sha256>.<ext>     every image, audio clip and video, named by its content hash
 
 The id is a hash of the canonical rows of every split, in which each media reference is
 replaced by the hash of its bytes. So the same content always gives the same id (wherever
@@ -38,11 +38,13 @@ from relax import objstore
 from relax.config import DataConfig
 from relax.data.errors import DataError
 from relax.data.readers import encode_jsonl
-from relax.data.schema import MediaRef, Sample
+from relax.data.schema import NEEDS_VIDEO_AUDIO, MediaRef, Sample
+from relax.data.video_snapshot import check_video, is_folder, read_folder
 
 SCHEMA_VERSION = 1
 _MAGIC = ((b"\x89PNG", ".png"), (b"\xff\xd8\xff", ".jpg"), (b"GIF8", ".gif"), (b"RIFF", ".wav"),
-          (b"fLaC", ".flac"), (b"OggS", ".ogg"), (b"ID3", ".mp3"), (b"\xff\xfb", ".mp3"))
+          (b"fLaC", ".flac"), (b"OggS", ".ogg"), (b"ID3", ".mp3"), (b"\xff\xfb", ".mp3"),
+          (b"\x1a\x45\xdf\xa3", ".mkv"))
 
 
 @dataclass
@@ -59,7 +61,8 @@ class SnapshotInfo:
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """What a snapshot accepts as media (``data.max_image_pixels``, ``data.max_audio_seconds``).
+    """What a snapshot accepts as media (``data.max_image_pixels``, ``data.max_audio_seconds``,
+    ``data.max_video_frames``, ``data.max_video_seconds``).
 
     Checked from headers at planning time, so a small file that would decode to gigabytes is
     refused before a snapshot holds it and before a trainer or engine tries to decode it.
@@ -67,10 +70,13 @@ class MediaLimits:
 
     max_image_pixels: int = DataConfig.max_image_pixels
     max_audio_seconds: float = DataConfig.max_audio_seconds
+    max_video_frames: int = DataConfig.max_video_frames
+    max_video_seconds: float = DataConfig.max_video_seconds
 
     @staticmethod
     def from_config(data: DataConfig) -> MediaLimits:
-        return MediaLimits(data.max_image_pixels, data.max_audio_seconds)
+        return MediaLimits(data.max_image_pixels, data.max_audio_seconds, data.max_video_frames,
+                           data.max_video_seconds)
 
 
 @dataclass
@@ -102,7 +108,8 @@ def plan_snapshot(splits: Mapping[str, Iterable[Sample]], source: Mapping[str, A
             seen_ids[sample.id] = split
             images = tuple(_content_ref(r, sample, "images", i, media, limits) for i, r in enumerate(sample.images))
             audios = tuple(_content_ref(r, sample, "audios", i, media, limits) for i, r in enumerate(sample.audios))
-            out.append(sample.with_media(images, audios))
+            videos = tuple(_content_ref(r, sample, "videos", i, media, limits) for i, r in enumerate(sample.videos))
+            out.append(sample.with_media(images, audios, videos))
         if not out:
             raise DataError(f"split {split!r} has no rows; a snapshot needs at least one row per split")
         rows[split] = encode_jsonl(out)
@@ -126,7 +133,7 @@ def write_snapshot(plan: SnapshotPlan, root: str, progress: bool = False) -> Sna
     total = 0
     for name, (where, ref) in tqdm(sorted(plan.media.items()), desc="snapshot media", unit="file",
                                     disable=not progress, leave=False):
-        data = _fetch(ref, where)
+        data = _fetch(ref, where, folder=name.endswith(".tar"))
         if hashlib.sha256(data).hexdigest() != name.split(".")[0]:
             raise DataError(f"{where}: media {ref.path} changed while the snapshot was being written; rerun")
         total += len(data)
@@ -182,9 +189,10 @@ class Snapshot:
         for lineno, line in enumerate(blob.decode("utf-8").splitlines(), start=1):
             where = f"{self.id}/{entry['file']}:{lineno}"
             s = Sample.from_json(json.loads(line), where)
-            for ref in (*s.images, *s.audios):
+            for ref in (*s.images, *s.audios, *s.videos):
                 check_media_ref(ref, where)
-            yield s.with_media(tuple(self._absolute(r) for r in s.images), tuple(self._absolute(r) for r in s.audios))
+            yield s.with_media(tuple(self._absolute(r) for r in s.images), tuple(self._absolute(r) for r in s.audios),
+                               tuple(self._absolute(r) for r in s.videos))
 
     def load_media(self, ref: MediaRef) -> bytes:
         """Bytes of one media item, checked against its content hash."""
@@ -217,13 +225,18 @@ def list_snapshots(root: str) -> list[str]:
 
 def _content_ref(ref: MediaRef, sample: Sample, kind: str, i: int, media: dict, limits: MediaLimits) -> MediaRef:
     where = f"{sample.origin + ': ' if sample.origin else ''}row {sample.id!r} {kind}[{i}]"
-    data = _fetch(ref, where)
+    data = _fetch(ref, where, folder=kind == "videos")
     if not data:
         raise DataError(f"{where}: media {ref.path or '<bytes>'} is empty")
     sha = hashlib.sha256(data).hexdigest()
     if ref.sha256 and ref.sha256 != sha:
         raise DataError(f"{where}: media {ref.path or '<bytes>'} does not match its sha256 {ref.sha256}")
-    (_check_image if kind == "images" else _check_audio)(data, f"{where} ({ref.path or '<bytes>'})", limits)
+    what = f"{where} ({ref.path or '<bytes>'})"
+    if kind == "videos":
+        check_video(data, what, limits.max_video_frames, limits.max_video_seconds,
+                    bool(sample.metadata.get(NEEDS_VIDEO_AUDIO)))
+    else:
+        (_check_image if kind == "images" else _check_audio)(data, what, limits)
     name = sha + _extension(data, ref.path)
     media.setdefault(name, (where, ref))
     return MediaRef(path=f"media/{name}", sha256=sha)
@@ -238,11 +251,14 @@ def _load(ref: MediaRef, where: str) -> bytes:
         raise DataError(f"{where}: media file {ref.path} not found; fix the path in the row or add the file") from None
 
 
-def _fetch(ref: MediaRef, where: str) -> bytes:
+def _fetch(ref: MediaRef, where: str, folder: bool = False) -> bytes:
     """``_load`` while a snapshot is built: any failure to read a row's media, whatever the store's
     client raises (aiohttp, botocore, ssl, OSError), is a DataError naming the row. Reads of a
-    written snapshot keep their own errors, so a run's roles can tell a flaky store from bad data."""
+    written snapshot keep their own errors, so a run's roles can tell a flaky store from bad data.
+    ``folder``: a video slot, where a folder of frames is read and packed into one file."""
     try:
+        if folder and ref.path is not None and is_folder(ref.path):
+            return read_folder(ref.path, where)
         return _load(ref, where)
     except DataError:
         raise
@@ -314,6 +330,10 @@ def _sniff(data: bytes) -> str:
     """The extension the leading bytes announce, or ``""``. RIFF holds both WAV and WEBP."""
     if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
         return ".webp"
+    if data[4:8] == b"ftyp":  # ISO media: MP4, MOV, M4A
+        return ".mp4"
+    if data[257:262] == b"ustar":  # a folder video, packed (relax.data.video.pack_folder)
+        return ".tar"
     return next((ext for magic, ext in _MAGIC if data.startswith(magic)), "")
 
 

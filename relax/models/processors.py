@@ -1,4 +1,4 @@
-"""Turn a chat prompt with ``<image>`` / ``<audio>`` placeholders plus media bytes into
+"""Turn a chat prompt with ``<image>`` / ``<audio>`` / ``<video>`` placeholders plus media bytes into
 model kwargs, offline.
 
 The image processor and audio feature extractor are the families' own transformers
@@ -11,6 +11,9 @@ classes, constructed from a settings dict (never ``from_pretrained`` on a hub na
 * audio: ``WhisperFeatureExtractor`` with as many mel bins as the audio encoder
   (``num_mel_bins``), 16 kHz, hop 160, and a window of ``2 * max_source_positions`` frames
   (2 s for the tiny encoder, Whisper's 30 s for a real one). Longer clips are truncated.
+* video: frames sampled at ``video_fps`` (at most ``video_max_frames``) through the image
+  processor, and for Qwen2.5-Omni the audio track interleaved in time
+  (``relax.models.video_inputs``).
 
 :func:`prepare_inputs` expands the i-th placeholder into as many media tokens as the
 encoder emits for the i-th item, the way the Qwen processors do, so the model's
@@ -29,12 +32,26 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from relax.models.tokenizers import AUDIO_END, AUDIO_START, AUDIO_TOKEN, IMAGE_TOKEN, VISION_END, VISION_START
+from relax.data.video import load_video
+from relax.models.tokenizers import (
+    AUDIO_END,
+    AUDIO_START,
+    AUDIO_TOKEN,
+    IMAGE_TOKEN,
+    VIDEO_TOKEN,
+    VISION_END,
+    VISION_START,
+)
+from relax.models.video_inputs import audio_token_count, video_features
 
 SAMPLE_RATE = 16_000
 HOP_LENGTH = 160
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 224 * 224
+# Video frame sampling: 4 per second (a 2 s built-in clip keeps all 8 of its frames; Qwen's own
+# default of 2 would drop every other frame and with it half the flashes), at most 16 frames.
+VIDEO_FPS = 4.0
+VIDEO_MAX_FRAMES = 16
 
 
 @dataclass
@@ -48,6 +65,15 @@ class MediaProcessor:
     # (start, end) ids wrapped around each expanded media span; None = no wrapper.
     vision_wrap: tuple[int, int] | None = None
     audio_wrap: tuple[int, int] | None = None
+    # video: its placeholder id (None = no video), frame sampling, and for Qwen2.5-Omni the audio
+    # track interleaved in chunks of seconds_per_chunk (position_id_per_seconds rope ids a second)
+    video_token_id: int | None = None
+    video_fps: float = VIDEO_FPS
+    video_max_frames: int = VIDEO_MAX_FRAMES
+    video_seconds_key: str = "second_per_grid_ts"
+    audio_in_video: bool = False
+    position_id_per_seconds: float = 25.0
+    seconds_per_chunk: float = 2.0
 
     @property
     def merge_size(self) -> int:
@@ -109,8 +135,14 @@ def build_media_processor(config: PretrainedConfig, tokenizer: PreTrainedTokeniz
     audio_wrap = None
     if audio is not None and config.model_type != "qwen2_audio":  # Qwen2-Audio uses bare audio tokens
         audio_wrap = (vocab[AUDIO_START], vocab[AUDIO_END])
+    video_id = getattr(config, "video_token_id", None) or getattr(config, "video_token_index", None)
+    omni = config.model_type == "qwen2_5_omni_thinker"
     return MediaProcessor(image_proc, feat, image_id if vision else None, audio_id if audio else None,
-                          vision_wrap, audio_wrap)
+                          vision_wrap, audio_wrap, video_token_id=video_id if vision is not None else None,
+                          video_seconds_key="video_second_per_grid" if omni else "second_per_grid_ts",
+                          audio_in_video=omni and audio is not None,
+                          position_id_per_seconds=float(getattr(config, "position_id_per_seconds", 25)),
+                          seconds_per_chunk=float(getattr(config, "seconds_per_chunk", 2)))
 
 
 def decode_image(data: bytes, index: int) -> Any:
@@ -145,12 +177,6 @@ def decode_wav(data: bytes, index: int) -> np.ndarray:
         n_out = max(1, round(len(x) * SAMPLE_RATE / rate))
         x = np.interp(np.linspace(0, len(x) - 1, n_out), np.arange(len(x)), x).astype(np.float32)
     return x
-
-
-def audio_token_count(n_frames: int) -> int:
-    """Tokens a Qwen2-Audio / Omni encoder emits for ``n_frames`` mel frames (conv /2, pool /2)."""
-    after_conv = (n_frames - 1) // 2 + 1
-    return (after_conv - 2) // 2 + 1
 
 
 def _wrap(ids: list[int], wrap: tuple[int, int] | None) -> list[int]:
@@ -230,41 +256,64 @@ def prepare_inputs(
     tokenizer: PreTrainedTokenizerBase,
     processor: MediaProcessor | None,
     add_generation_prompt: bool = True,
+    videos: Sequence[bytes] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Model kwargs (batch of one) for a prompt with media placeholders.
 
     ``prompt`` is raw text (used as is), a list of chat messages, or a relax ``Sample``
     (rendered with the chat template). The i-th ``<image>`` is ``images[i]``, the i-th
-    ``<audio>`` is ``audios[i]``. Returns ``input_ids``, ``attention_mask`` and, when media
-    is present, ``pixel_values`` + ``image_grid_thw`` and/or ``input_features`` +
-    ``feature_attention_mask``.
+    ``<audio>`` is ``audios[i]``, the i-th ``<video>`` is ``videos[i]``. Returns ``input_ids``,
+    ``attention_mask`` and, when media is present, ``pixel_values`` + ``image_grid_thw``,
+    ``input_features`` + ``feature_attention_mask`` and/or ``pixel_values_videos`` +
+    ``video_grid_thw`` (``relax.models.video_inputs``). ``videos`` default to a Sample's own
+    (read with ``relax.data.video.load_video``), so callers written for images and audio take
+    video samples too.
     """
+    if videos is None:
+        videos = [load_video(r) for r in getattr(prompt, "videos", ())]
     text = _to_text(prompt, tokenizer, add_generation_prompt)
-    n_img, n_aud = text.count(IMAGE_TOKEN), text.count(AUDIO_TOKEN)
-    if n_img != len(images) or n_aud != len(audios):
+    n_img, n_aud, n_vid = text.count(IMAGE_TOKEN), text.count(AUDIO_TOKEN), text.count(VIDEO_TOKEN)
+    if n_img != len(images) or n_aud != len(audios) or n_vid != len(videos):
         raise ValueError(
-            f"the prompt has {n_img} {IMAGE_TOKEN} and {n_aud} {AUDIO_TOKEN} placeholders but "
-            f"{len(images)} image(s) and {len(audios)} audio clip(s) were given"
+            f"the prompt has {n_img} {IMAGE_TOKEN}, {n_aud} {AUDIO_TOKEN} and {n_vid} {VIDEO_TOKEN} placeholders but "
+            f"{len(images)} image(s), {len(audios)} audio clip(s) and {len(videos)} video(s) were given"
         )
     out, image_counts, audio_counts = media_features(images, audios, processor)
+    video_spans: list[list[int]] = []
+    video_audio = None
+    if videos:
+        video_out, video_spans, _ = video_features(videos, processor)
+        video_audio = {k: video_out.pop(k) for k in ("input_features", "feature_attention_mask") if k in video_out}
+        out.update(video_out)
 
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     expanded: list[int] = []
-    img_i = aud_i = 0
+    audio_rows: list[tuple[str, int]] = []  # ("audio" | "video", item): whose features each audio span is
+    img_i = aud_i = vid_i = 0
     for tid in ids:
         if processor is not None and tid == processor.image_token_id and images:
             expanded += _wrap([tid] * image_counts[img_i], processor.vision_wrap)
             img_i += 1
         elif processor is not None and tid == processor.audio_token_id and audios:
             expanded += _wrap([tid] * audio_counts[aud_i], processor.audio_wrap)
+            audio_rows.append(("audio", aud_i))
             aud_i += 1
+        elif processor is not None and tid == processor.video_token_id and videos:
+            expanded += video_spans[vid_i]
+            if video_audio:
+                audio_rows.append(("video", vid_i))
+            vid_i += 1
         else:
             expanded.append(tid)
-    if img_i != len(images) or aud_i != len(audios):
+    if img_i != len(images) or aud_i != len(audios) or vid_i != len(videos):
         raise ValueError(
             "a media placeholder did not tokenize to the model's media token id; build the tokenizer "
-            "with relax.models.build_tokenizer so <image>/<audio> are single special tokens"
+            "with relax.models.build_tokenizer so <image>/<audio>/<video> are single special tokens"
         )
+    if video_audio:  # the model fills audio tokens with feature rows in token order
+        rows = {"audio": {k: out.get(k) for k in video_audio}, "video": video_audio}
+        for k in video_audio:
+            out[k] = torch.cat([rows[kind][k][i:i + 1] for kind, i in audio_rows])
     out["input_ids"] = torch.tensor([expanded], dtype=torch.long)
     out["attention_mask"] = torch.ones_like(out["input_ids"])
     return out

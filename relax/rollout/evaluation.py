@@ -28,8 +28,8 @@ MODALITIES = ("text", "image", "audio")
 
 
 def modality_of(sample: Sample) -> str:
-    """"image" or "audio" for a prompt that carries one, else "text" (images win for both)."""
-    return "image" if sample.images else "audio" if sample.audios else "text"
+    """"video", "image" or "audio" for a prompt that carries one, else "text" (in that order of precedence)."""
+    return "video" if sample.videos else "image" if sample.images else "audio" if sample.audios else "text"
 
 
 @dataclass

@@ -11,13 +11,14 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from relax.data.schema import Sample
 from relax.data.suite.base import derive_seed
+from relax.data.video import load_video
 from relax.models.processors import MediaProcessor, prepare_inputs
 
 
@@ -63,15 +64,20 @@ class EncodedPrompt:
     mm_inputs: dict[str, torch.Tensor] | None
     images: list[bytes]
     audios: list[bytes]
+    videos: list[bytes] = field(default_factory=list)
 
 
 def encode_prompt(prompt: Any, images: list[bytes], audios: list[bytes], tokenizer: Any,
-                  processor: MediaProcessor | None) -> EncodedPrompt:
-    """Chat-template ``prompt`` (a Sample or a message list) and expand its media placeholders."""
-    inputs = prepare_inputs(prompt, images, audios, tokenizer, processor)
+                  processor: MediaProcessor | None, videos: list[bytes] | None = None) -> EncodedPrompt:
+    """Chat-template ``prompt`` (a Sample or a message list) and expand its media placeholders.
+    ``videos`` default to a Sample's own (``relax.data.video.load_video``), so callers written
+    for images and audio encode video samples too."""
+    if videos is None:
+        videos = [load_video(r) for r in getattr(prompt, "videos", ())]
+    inputs = prepare_inputs(prompt, images, audios, tokenizer, processor, videos=videos)
     ids = inputs.pop("input_ids")[0].tolist()
     inputs.pop("attention_mask", None)
-    return EncodedPrompt(ids, inputs or None, list(images), list(audios))
+    return EncodedPrompt(ids, inputs or None, list(images), list(audios), list(videos))
 
 
 class EncodedPromptCache:

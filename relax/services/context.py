@@ -138,7 +138,8 @@ class RunContext:
         train = self.split("train")
         family = self.cfg.model.family
         for kind, has, families in (("images", lambda s: s.images, IMAGE_FAMILIES),
-                                    ("audio", lambda s: s.audios, AUDIO_FAMILIES)):
+                                    ("audio", lambda s: s.audios, AUDIO_FAMILIES),
+                                    ("videos", lambda s: s.videos, IMAGE_FAMILIES)):
             tasks = sorted({s.task for s in train if has(s)})
             if tasks and family not in families:
                 raise ConfigError(f"tasks {tasks} carry {kind}, but model.family={family!r} takes none; use a "
@@ -150,7 +151,7 @@ class RunContext:
                 raise ConfigError(f"data.reward_role=true: tasks {agents} are agent episodes whose reward comes from "
                                   f"their env during the rollout; drop them or set data.reward_role=false")
         self._check_backends(engine_urls)
-        media = sorted({s.task for s in train if s.images or s.audios})
+        media = sorted({s.task for s in train if s.images or s.audios or s.videos})
         if media and self.cfg.trainer.backend != "torch":
             raise ConfigError(f"tasks {media} carry images/audio; trainer.backend={self.cfg.trainer.backend!r} "
                               f"trains text only, use trainer.backend=torch")

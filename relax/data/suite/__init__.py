@@ -11,11 +11,12 @@ import difflib
 
 from relax.data.errors import DataError
 from relax.data.schema import Sample
-from relax.data.suite import arithmetic, largest, shapes, tones, tool_lookup
+from relax.data.suite import arithmetic, flash_beep, largest, shapes, tones, tool_lookup
 from relax.data.suite.base import Env, RewardFn, TaskSpec, load_env_fn, load_reward_fn, random_policy_score
 
 TASKS: dict[str, TaskSpec] = {
-    task.name: task for task in (arithmetic.TASK, largest.TASK, shapes.TASK, tones.TASK, tool_lookup.TASK)
+    task.name: task for task in (arithmetic.TASK, largest.TASK, shapes.TASK, tones.TASK, tool_lookup.TASK,
+                                  flash_beep.TASK)
 }
 
 __all__ = [

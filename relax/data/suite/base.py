@@ -102,9 +102,9 @@ class TaskSpec:
     kind_answer_space: Callable[[int], Mapping[str, list[str]]] | None = None
 
     def __post_init__(self) -> None:
-        if self.modality not in ("text", "image", "audio"):
+        if self.modality not in ("text", "image", "audio", "video"):
             raise DataError(
-                f"task {self.name!r}: modality must be text, image or audio, not {self.modality!r}"
+                f"task {self.name!r}: modality must be text, image, audio or video, not {self.modality!r}"
             )
 
     def is_ordinal(self, sample: Sample) -> bool:

@@ -24,7 +24,7 @@ from relax.engines.native import routes
 from relax.engines.native.forward import decode_logits, prefill_logits
 from relax.engines.native.fused_decode import FusedDecoder
 from relax.engines.native.kv_cache import cache_for
-from relax.engines.native.media_tokens import input_only_token_ids, same_media_prompts
+from relax.engines.native.media_tokens import by_video_audio, input_only_token_ids, same_media_prompts
 from relax.engines.native.sampling import UniformStream, sample, top_logprobs
 from relax.engines.types import Completion, EngineError, GenerateRequest
 from relax.models.moe_routing import RouteRecorder
@@ -259,7 +259,7 @@ class NativeEngine:
                 # one row per distinct prompt: a text request, or a media prompt's n requests
                 text = [[(p, slots)] for p, slots in admitted if not p.req.mm_inputs]
                 media = same_media_prompts([(p, slots) for p, slots in admitted if p.req.mm_inputs])
-                for rows in (text, media):
+                for rows in (text, *by_video_audio(media)):
                     for start in range(0, len(rows), 16):  # batched prefill, bounded memory
                         self._prefill(rows[start:start + 16])
                 if self._running:

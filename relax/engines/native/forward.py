@@ -15,6 +15,7 @@ import torch
 from relax.engines.native.fused_decode import FusedDecoder
 from relax.engines.native.fused_decode import prefill as fused_prefill
 from relax.engines.native.kv_cache import SlotCache
+from relax.models.video_inputs import model_media_kwargs
 
 
 def prefill_logits(model: torch.nn.Module, fused: FusedDecoder | None, cache: SlotCache, prompts: list[list[int]],
@@ -40,8 +41,9 @@ def prefill_logits(model: torch.nn.Module, fused: FusedDecoder | None, cache: Sl
         for inputs in mm_inputs:
             for key, value in inputs.items():
                 mm.setdefault(key, []).append(value)
+        # (a video's audio flag, one tensor per row, becomes the model's one bool; rows are grouped by it)
         logits = model(input_ids=ids, attention_mask=valid.long(), cache=view, use_cache=True,
-                       **{key: torch.cat(values) for key, values in mm.items()}).logits
+                       **model_media_kwargs({key: torch.cat(values) for key, values in mm.items()})).logits
         last = logits[torch.arange(len(prompts)), torch.tensor(lengths) - 1]
         deltas = getattr(getattr(model, "model", None), "rope_deltas", None)
         return last, deltas.flatten() if isinstance(deltas, torch.Tensor) else None

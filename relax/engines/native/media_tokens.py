@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from relax.models.video_inputs import audio_in_video
+
 MEDIA_TOKEN_ATTRS = ("image_token_id", "image_token_index", "audio_token_id", "audio_token_index", "video_token_id",
                      "video_token_index", "vision_start_token_id", "vision_end_token_id", "audio_start_token_id",
                      "audio_end_token_id")
@@ -33,3 +35,10 @@ def same_media_prompts(admitted: list[tuple[Any, list[int]]]) -> list[list[tuple
         key = (tuple(p.req.input_ids), tuple(sorted((k, id(v)) for k, v in p.req.mm_inputs.items())))
         groups.setdefault(key, []).append((p, slots))
     return list(groups.values())
+
+
+def by_video_audio(groups: list[list[tuple[Any, list[int]]]]) -> tuple[list, list]:
+    """Prompt groups without and with video audio tracks: Qwen2.5-Omni takes one
+    ``use_audio_in_video`` flag per forward, so the two kinds prefill in batches of their own."""
+    flagged = [audio_in_video(rows[0][0].req.mm_inputs) for rows in groups]
+    return [g for g, f in zip(groups, flagged, strict=True) if not f], [g for g, f in zip(groups, flagged, strict=True) if f]

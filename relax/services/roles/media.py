@@ -1,4 +1,4 @@
-"""Media inputs for training rows: the images and audio a sample's tokens stand for.
+"""Media inputs for training rows: the images, audio and videos a sample's tokens stand for.
 
 Queue rows carry token ids only (an image is 16-64 placeholder tokens there, its pixels
 would be ~75 KB per sample and per copy). The snapshot already holds every image and clip,
@@ -75,13 +75,13 @@ class MediaInputs:
     """
 
     def __init__(self, samples: Sequence[Sample], tokenizer: Any, processor: Any, load: Callable[[Any], bytes]):
-        self.by_id = {s.id: s for s in samples if s.images or s.audios}
+        self.by_id = {s.id: s for s in samples if s.images or s.audios or s.videos}
         self.tokenizer, self.processor, self.load = tokenizer, processor, load
         self.prompts = EncodedPromptCache(self._encode)
 
     def _encode(self, sample: Sample) -> EncodedPrompt:
         return encode_prompt(sample, [self.load(r) for r in sample.images], [self.load(r) for r in sample.audios],
-                             self.tokenizer, self.processor)
+                             self.tokenizer, self.processor, [self.load(r) for r in sample.videos])
 
     @property
     def any(self) -> bool:

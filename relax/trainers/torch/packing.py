@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from relax.models.video_inputs import audio_in_video, model_media_kwargs
+
 LAYOUTS = ("pack", "bucket", "pad")
 
 
@@ -68,7 +70,7 @@ class MicroBatch:
         inputs: dict[str, object] = {"input_ids": self.input_ids, "position_ids": self.position_ids}
         if self.media:
             # multimodal models derive their (3-D rotary) positions from the media token spans
-            inputs.update(self.media, position_ids=None)
+            inputs.update(model_media_kwargs(self.media), position_ids=None)
         if not self.packed:
             inputs["attention_mask"] = self.attention_mask
         elif segment_kernel:
@@ -169,7 +171,8 @@ def collate_media(input_ids: Sequence[torch.Tensor], indices: Sequence[int],
 def micro_batches(input_ids: Sequence[torch.Tensor], token_budget: int, layout: str = "pack",
                   pad_id: int = 0, media: Sequence[dict[str, torch.Tensor] | None] | None = None) -> list[MicroBatch]:
     """Text samples in ``layout``; samples with ``media`` in padded length buckets (their
-    vision/audio encoders attend bidirectionally, so they are never packed)."""
+    vision/audio encoders attend bidirectionally, so they are never packed), those whose videos
+    carry an audio track apart from the others (the model takes one ``use_audio_in_video``)."""
     media = media or [None] * len(input_ids)
     lengths = [int(t.shape[0]) for t in input_ids]
     text = [i for i, m in enumerate(media) if not m]
@@ -178,9 +181,10 @@ def micro_batches(input_ids: Sequence[torch.Tensor], token_budget: int, layout: 
     if text:
         out += [collate(input_ids, [text[j] for j in g], packed=layout == "pack", pad_id=pad_id)
                 for g in plan([lengths[i] for i in text], token_budget, layout)]
-    if rich:
-        out += [collate_media(input_ids, [rich[j] for j in g], media, pad_id)
-                for g in plan([lengths[i] for i in rich], token_budget, "bucket")]
+    for flag in (False, True):
+        kind = [i for i in rich if audio_in_video(media[i]) == flag]
+        out += [collate_media(input_ids, [kind[j] for j in g], media, pad_id)
+                for g in plan([lengths[i] for i in kind], token_budget, "bucket")] if kind else []
     return out
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from relax.models.video_inputs import audio_in_video, model_media_kwargs
 from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.packing import Span, concat_media, right_pad
 
@@ -98,6 +99,9 @@ def plan_prefix(input_ids: Sequence[torch.Tensor], loss_mask: Sequence[torch.Ten
                 chunk = []
             chunk.append(i)
         parts.append((p, chunk))
+    # Qwen2.5-Omni takes one use_audio_in_video flag per forward: prompts whose videos carry
+    # their audio track run in micro-batches of their own (a stable sort keeps the order otherwise)
+    parts.sort(key=lambda part: audio_in_video(media[part[1][0]]))
     out: list[PrefixMicroBatch] = []
     current: list[tuple[int, list[int]]] = []
 
@@ -106,7 +110,8 @@ def plan_prefix(input_ids: Sequence[torch.Tensor], loss_mask: Sequence[torch.Ten
         return len(groups) * max(p for p, _ in groups) + n * max(lengths[i] - p for p, m in groups for i in m)
 
     for part in parts:
-        if current and cost(current + [part]) > token_budget:
+        flag_changes = bool(current) and audio_in_video(media[part[1][0]]) != audio_in_video(media[current[0][1][0]])
+        if current and (cost(current + [part]) > token_budget or flag_changes):
             out.append(_collect(current, input_ids, media, pad_id))
             current = []
         current.append(part)
@@ -151,7 +156,8 @@ def prefix_logprobs(model: torch.nn.Module, mb: PrefixMicroBatch, temperature: f
     if hasattr(core, "rope_deltas"):
         core.rope_deltas = None  # recomputed for these prompts, never a previous batch's
     prompt_ids, prompt_mask = right_pad(mb.prompts, mb.pad_id)
-    first = model(input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, **concat_media(mb.media))
+    first = model(input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True,
+                  **model_media_kwargs(concat_media(mb.media)))
     # transformers 5 names the cache `cache`, 4.x `past_key_values` (output field and argument alike)
     cache_arg = "cache" if hasattr(first, "cache") else "past_key_values"
     cache = getattr(first, cache_arg)

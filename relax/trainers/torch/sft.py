@@ -110,7 +110,8 @@ def format_warmup(model: torch.nn.Module, tokenizer: Any, samples: Sequence[Samp
 
     A step holds at least ``batch_size`` demonstrations: random prompts, each with
     ``answers_per_prompt`` distinct random answers (all of a smaller answer space)."""
-    usable = [s for s in samples if s.task in TASKS and (processor is not None or not (s.images or s.audios))]
+    usable = [s for s in samples if s.task in TASKS and (processor is not None or not (s.images or s.audios
+                                                                                        or s.videos))]
     if not usable:
         raise ValueError("format warm-start needs samples of built-in tasks (text ones, or media ones with a "
                          "multimodal model); set trainer.sft_steps=0 for custom data")
