@@ -9,6 +9,7 @@ committed by computing it again (:meth:`ColumnStage.repair`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +46,15 @@ class ColumnStage:
         batch = self.consumer.take(self.consumer.next_step, current_version=0, timeout=timeout)
         fault_point(self.group, "recorded", batch.step)  # the crash repair() exists for
         return batch
+
+    def scored_step(self, role: str, commit: Callable[[Batch], Any], timeout: float | None) -> dict[str, Any]:
+        """One step of a role that scores the rows' tokens (reference, teacher): take the next batch,
+        ``commit`` its column, and report the step's size and time."""
+        t0 = time.perf_counter()
+        batch = self.next_batch(timeout)
+        commit(batch)
+        return {"role": role, "step": batch.step, "samples": len(batch),
+                "tokens": int(sum(len(t) for t in batch.fields["tokens"])), "time_s": time.perf_counter() - t0}
 
     def close(self) -> None:
         self.consumer.close()

@@ -20,7 +20,6 @@ computing the recorded step again (as the advantage role does).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -79,11 +78,7 @@ class ReferenceRole:
         return self.stage.done
 
     def step(self, timeout: float | None = None) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        batch = self.stage.next_batch(timeout)
-        self._commit(batch)
-        return {"role": "reference", "step": batch.step, "samples": len(batch),
-                "tokens": int(sum(len(t) for t in batch.fields["tokens"])), "time_s": time.perf_counter() - t0}
+        return self.stage.scored_step("reference", self._commit, timeout)
 
     def close(self) -> None:
         self.stage.close()

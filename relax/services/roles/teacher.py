@@ -16,7 +16,6 @@ start (``ColumnStage.repair``): a killed teacher leaves no step without its colu
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 from relax.config import ModelConfig, RelaxConfig
@@ -79,11 +78,7 @@ class TeacherRole:
         return self.stage.done
 
     def step(self, timeout: float | None = None) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        batch = self.stage.next_batch(timeout)
-        self._commit(batch)
-        return {"role": "teacher", "step": batch.step, "samples": len(batch),
-                "tokens": int(sum(len(t) for t in batch.fields["tokens"])), "time_s": time.perf_counter() - t0}
+        return self.stage.scored_step("teacher", self._commit, timeout)
 
     def close(self) -> None:
         self.stage.close()
