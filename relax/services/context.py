@@ -155,6 +155,12 @@ class RunContext:
         if media and self.cfg.trainer.backend != "torch":
             raise ConfigError(f"tasks {media} carry images/audio; trainer.backend={self.cfg.trainer.backend!r} "
                               f"trains text only, use trainer.backend=torch")
+        videos = sorted({s.task for s in train if s.videos})
+        r = self.cfg.rollout
+        if videos and (engine_urls or r.engine_processes > 0 or r.engine == "sglang"):
+            raise ConfigError(f"tasks {videos} carry videos, which only the in-process native engine takes yet (HTTP "
+                              f"engines are sent images and audio): use rollout.engine=native with "
+                              f"rollout.engine_processes=0 and no --engine-url")
 
     def _check_model_folder(self) -> None:
         """A local model folder's ``config.json`` decides its classes: ``model.family`` must name them

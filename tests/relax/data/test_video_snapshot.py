@@ -130,3 +130,16 @@ def test_sample_schema_counts_video_placeholders():
         Sample.from_json(row, "t.jsonl:1")
     text = Sample.from_json({"id": "t", "messages": "hi", "answer": "1"}, "t.jsonl:2")
     assert "videos" not in text.to_json()  # rows without video keep their canonical bytes (and snapshot ids)
+
+
+def test_video_tasks_are_refused_with_engines_that_would_not_see_the_videos(tmp_path):
+    # HTTP engines are sent a prompt's images and audio only: a video prompt there would lose its clip
+    from relax.config_loader import ConfigError
+    from relax.services.context import RunContext
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    cfg = tiny_config(f"file://{tmp_path}", "v", "model.name_or_path=tiny-omni", "model.family=qwen2_5_omni",
+                      "data.tasks=[flash_beep]", "data.train_per_task=4", "data.eval_per_task=2",
+                      "rollout.engine_processes=1")
+    with pytest.raises(ConfigError, match=r"tasks \['flash_beep'\] carry videos, which only the in-process"):
+        RunContext(cfg).check_trainable()
