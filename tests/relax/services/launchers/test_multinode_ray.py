@@ -97,14 +97,16 @@ def _driver(mode: str, address: str, env: dict[str, str], timeout: float) -> dic
 
 
 def _start_node(temp_root: Path, log_dir: Path, name: str, resources: dict[str, float], env: dict[str, str],
-                head: str | None = None, head_ports: tuple[int, int] | None = None) -> subprocess.Popen:
+                head: str | None = None, head_ports: tuple[int, int] | None = None) -> tuple[subprocess.Popen, int]:
+    """The node's ``ray start --block`` process and its raylet's (node manager's) port."""
+    ports = _free_ports(len(NODE_PORTS))
     args = [RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--num-gpus=0",
             f"--object-store-memory={90 * 1024 * 1024}", f"--resources={json.dumps(resources)}",
             f"--temp-dir={temp_root / name}", "--disable-usage-stats",
             # random worker ports and explicit free ports for every node service: the defaults
             # (10002-19999, 52365, ...) would collide between nodes and with other clusters here
             "--min-worker-port=0", "--max-worker-port=0",
-            *(f"{flag}={port}" for flag, port in zip(NODE_PORTS, _free_ports(len(NODE_PORTS)), strict=True))]
+            *(f"{flag}={port}" for flag, port in zip(NODE_PORTS, ports, strict=True))]
     if head is None:
         gcs, client = head_ports
         args += ["--head", f"--port={gcs}", f"--ray-client-server-port={client}", "--include-dashboard=false"]
@@ -113,7 +115,7 @@ def _start_node(temp_root: Path, log_dir: Path, name: str, resources: dict[str, 
     log = open(log_dir / f"ray-{name}.log", "wb")  # the child gets its own copy of the descriptor
     try:
         # its own session: the whole node (raylet, GCS, agents, workers) is one process group
-        return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), ports[0]
     finally:
         log.close()
 
@@ -189,12 +191,17 @@ class Cluster:
         self.nodes: list[subprocess.Popen] = []
 
     def add(self, name: str, resources: dict[str, float]) -> None:
+        """Start a node and wait until it serves (the head's GCS, a worker's raylet), one at a time: two
+        raylets starting at once on a loaded 2-core machine were seen to lose their registration."""
+        log = self.tmp_path / f"ray-{name}.log"
         if self.nodes:
-            self.nodes.append(_start_node(self.temp_root, self.tmp_path, name, resources, self.env, head=self.head))
+            node, raylet = _start_node(self.temp_root, self.tmp_path, name, resources, self.env, head=self.head)
+            self.nodes.append(node)
+            _wait_port(raylet, node, log)
             return
-        self.nodes.append(_start_node(self.temp_root, self.tmp_path, name, resources, self.env,
-                                      head_ports=tuple(self.ports)))
-        _wait_port(self.ports[0], self.nodes[0], self.tmp_path / f"ray-{name}.log")
+        node, _ = _start_node(self.temp_root, self.tmp_path, name, resources, self.env, head_ports=tuple(self.ports))
+        self.nodes.append(node)
+        _wait_port(self.ports[0], node, log)
 
     def train(self, root: str, run_id: str, *overrides: str) -> None:
         """``relax train`` of a tiny run on this cluster, its engines on ``rollout_node`` nodes."""
