@@ -23,7 +23,6 @@ import json
 import logging
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +33,7 @@ from relax.data.suite.tool_lookup import parse_tool_calls
 from relax.engines.guards import Guard, ensure_token
 from relax.engines.server import error_body
 from relax.rollout.sessions import SessionError, SessionHub
+from relax.services.api.server import ServerThread
 
 log = logging.getLogger(__name__)
 _FINISH = {"stop": "stop", "length": "length"}
@@ -170,8 +170,6 @@ class Gateway:
 
     def __init__(self, hub: SessionHub, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  run_url: str | None = None, media: Callable[[Any], bytes] | None = None):
-        import uvicorn
-
         self.hub, self.run_url = hub, run_url
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -186,18 +184,13 @@ class Gateway:
         self.url = f"http://{shown}:{self._sock.getsockname()[1]}"
         hub.base_url = self.url
         app = create_gateway_app(hub, token or ensure_token(), media)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="relax-session-gateway", daemon=True)
+        self._serving = ServerThread(app, "relax-session-gateway", sockets=[self._sock])
 
     def start(self, timeout_s: float = 30.0) -> Gateway:
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise GatewayStartError(f"the session gateway on {self.url} did not start (see the log above)")
-            time.sleep(0.02)
+        problem = self._serving.start(timeout_s)
+        if problem:
+            self.stop()
+            raise GatewayStartError(f"the session gateway on {self.url} {problem}")
         if self.run_url is not None:
             objstore.write_bytes(objstore.join(self.run_url, "gateway.json"), json.dumps({"url": self.url}).encode())
         log.info("session gateway for external agents on %s (docs/agents.md)", self.url)
@@ -205,9 +198,7 @@ class Gateway:
 
     def stop(self) -> None:
         self.hub.shutdown()
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._serving.stop()
         self._sock.close()
         if self.run_url is not None:  # agents reading it would wait on a gateway that is gone
             objstore.delete(objstore.join(self.run_url, "gateway.json"))

@@ -81,35 +81,57 @@ def lazy_rollout_app(get_elastic: Callable[[], ElasticRollout | None]) -> Callab
     return app
 
 
+class ServerThread:
+    """uvicorn serving ``app`` on a daemon thread of this process: on ``host:port``, or on ``sockets`` the
+    caller bound already (so a taken port is its own error, and port 0 has its number before serving)."""
+
+    def __init__(self, app: Any, name: str, *, host: str | None = None, port: int | None = None,
+                 sockets: list[socket.socket] | None = None):
+        import uvicorn
+
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning") if sockets is None \
+            else uvicorn.Config(app, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets} if sockets else {},
+                                       name=name, daemon=True)
+
+    def start(self, timeout_s: float) -> str | None:
+        """Serve, and wait until uvicorn is up: None, or why it is not (a server that timed out is stopped)."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive():
+                return "exited while starting (see the log above)"
+            if time.monotonic() > deadline:
+                self.stop()
+                return f"did not start within {timeout_s:.0f} s"
+            time.sleep(0.02)
+        return None
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+
+
 class RolloutAPIServer:
     """The API app on ``host:port`` in a daemon thread; :meth:`stop` shuts it down."""
 
     def __init__(self, pool: RemoteEngines, store: WeightStore, host: str, port: int, token: str | None = None,
                  drain_timeout_s: float = 300.0):
-        import uvicorn
-
         token = preflight(host, port, token)
         # engines launched through the API are the same kind the pool owns (and replaces)
         self.elastic = ElasticRollout(pool, store, pool.launcher, drain_timeout_s=drain_timeout_s)
         app = create_rollout_app(self.elastic, token=token)
         self.url = f"http://{host}:{port}"
-        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, name="relax-rollout-api", daemon=True)
+        self._serving = ServerThread(app, "relax-rollout-api", host=host, port=port)
 
     def start(self, timeout_s: float = 30.0) -> RolloutAPIServer:
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise APIStartError(f"the rollout REST API on {self.url} exited while starting (see the log above)")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise APIStartError(f"the rollout REST API on {self.url} did not start within {timeout_s:.0f} s")
-            time.sleep(0.02)
+        problem = self._serving.start(timeout_s)
+        if problem:
+            raise APIStartError(f"the rollout REST API on {self.url} {problem}")
         log.info("rollout REST API on %s (docs: %s/docs)", self.url, self.url)
         return self
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._serving.stop()

@@ -34,10 +34,10 @@ def sample_routes(routes: torch.Tensor, spans: Sequence[Span], longest: int) -> 
     """(R, T, L, k) routes in the trainer's rows -> (longest * n, L, k) in megatron's order: one padded
     row per sample (``spans``, as ``samples.sample_rows`` cut the tokens), sequence-first, -1 filled."""
     k = routes.shape[-1]
-    out = torch.arange(k, dtype=torch.long).expand(len(spans), longest, routes.shape[-2], k).clone()
+    out = torch.full((len(spans), longest, *routes.shape[-2:]), -1, dtype=torch.long)
     for i, (row, start, length) in enumerate(spans):
         out[i, :length] = routes[row, start:start + length]
-    out = torch.where(out >= 0, out, torch.arange(k, dtype=torch.long))
+    out = torch.where(out >= 0, out, torch.arange(k, dtype=torch.long))  # padding and never-fed positions
     return out.transpose(0, 1).reshape(longest * len(spans), *routes.shape[-2:])
 
 
