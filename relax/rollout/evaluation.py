@@ -24,7 +24,7 @@ from relax.rollout.engine_pool import LocalEngines
 from relax.rollout.episodes import EpisodeRunner, default_env_factory, needs_env
 from relax.rollout.rewards import RewardDispatcher
 
-MODALITIES = ("text", "image", "audio")
+MODALITIES = ("text", "image", "audio", "video")
 
 
 def modality_of(sample: Sample) -> str:
