@@ -233,6 +233,9 @@ class AlgorithmConfig:
     distill_coef: float = opt(0.0, "Weight c of on-policy distillation: each sampled token's advantage gains "
                               "c * (teacher logp - behaviour logp), the negative reverse KL to the teacher section's "
                               "model; 0 = off.", range=(0.0, 100.0))
+    distill_topk: int = opt(0, "k > 0: the teacher also commits its k likeliest tokens at every trained position and "
+                            "the actor adds distill_coef * the forward KL[pi_teacher || pi_theta] exact over them "
+                            "(docs/algorithms.md); 0 = the sampled-token advantage alone.", range=(0, 1_000_000))
     entropy_coef: float = opt(0.0, "Entropy bonus weight.", range=(0.0, 10.0))
     near_miss_credit: float = opt(
         0.0, "Training reward for a count one away from the truth in the kinds of question a built-in task marks "

@@ -40,6 +40,9 @@ def distill_checks(cfg: Any) -> None:
     if a.distill_coef > 0 and not teacher:
         raise ConfigError(f"algorithm.distill_coef={a.distill_coef:g} distils from a teacher: set teacher.name_or_path "
                           f"(a model folder or built-in name; teacher.checkpoint for trained weights)")
+    if a.distill_topk and a.distill_coef == 0:
+        raise ConfigError(f"algorithm.distill_topk={a.distill_topk} weights its KL to the teacher by "
+                          f"algorithm.distill_coef, which is 0: set distill_coef > 0 or distill_topk=0")
     if teacher and a.distill_coef == 0:
         raise ConfigError(f"teacher.name_or_path={teacher!r} scores tokens nobody uses: set algorithm.distill_coef > 0 "
                           f"(and algorithm.mode=distill for distillation alone), or unset the teacher")

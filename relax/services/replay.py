@@ -32,7 +32,8 @@ from relax.transfer.lineage import record_url
 from relax.transfer.weights import WeightStore
 
 # the per-step figures shown beside the recorded ones: which loss term made the step's gradient
-TERM_METRICS = ("pg_token_max", "kl_topk_token_max", "kl_sampled_token_max", "is_weight_max", "kept_frac")
+TERM_METRICS = ("pg_token_max", "kl_topk_token_max", "kl_sampled_token_max", "distill_topk_kl_token_max",
+                "is_weight_max", "kept_frac")
 
 
 @dataclass

@@ -46,13 +46,14 @@ ROLLOUT_FIELDS = (
 ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
 
 
-def topk_reference_fields(k: int) -> tuple[Field, Field]:
-    """The reference role's columns with ``algorithm.kl_topk``: its k likeliest tokens and their
-    log-probs, (R, k) each, for the last R positions of the row (``topk_response_start`` on).
+def topk_reference_fields(k: int, scorer: str = "ref") -> tuple[Field, Field]:
+    """The reference role's columns with ``algorithm.kl_topk`` (``scorer`` "ref"; the teacher role's
+    with ``algorithm.distill_topk``: "teacher"): its k likeliest tokens and their log-probs, (R, k)
+    each, for the last R positions of the row (``topk_response_start`` on).
 
     Why not every position: the prompt's rows are never in the loss, and at k = 32 they were
     nine tenths of the queue (2.9 of 3.0 GB in a 1200-step run of the omni preset)."""
-    return Field("ref_topk_ids", "int32", (None, k)), Field("ref_topk_logprobs", "float32", (None, k))
+    return Field(f"{scorer}_topk_ids", "int32", (None, k)), Field(f"{scorer}_topk_logprobs", "float32", (None, k))
 
 
 def topk_response_start(loss_mask: Sequence[Any]) -> int:

@@ -25,7 +25,7 @@ from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.roles.teacher import teacher_identity
 from relax.services.schema import ACTOR_GROUP
 from relax.services.supervision import read_restarts
-from relax.trainers.torch.actor import Reference, kl_loss_term, reference_fields
+from relax.trainers.torch.actor import Reference, kl_loss_term, reference_fields, teacher_fields
 from relax.trainers.torch.checkpoint import load_newest_good, read_meta, write_checkpoint
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, record_url, write_record
@@ -111,7 +111,8 @@ class ActorRole:
         self.queue = ctx.queue()
         fields = (ACTOR_FIELDS + (reference_fields(cfg.algorithm) if actor_reads_reference(cfg) else [])
                   + (["error"] if cfg.data.reward_role else [])  # zero weight for failed rewards
-                  + (["routed_experts"] if cfg.algorithm.routing_replay else []))  # R3: the engine's experts
+                  + (["routed_experts"] if cfg.algorithm.routing_replay else [])  # R3: the engine's experts
+                  + teacher_fields(cfg.algorithm))  # distill_topk: the teacher role's top-k columns
         self.consumer = ConsumerGroup(self.queue, ACTOR_GROUP, fields,
                                       batch_groups=cfg.rollout.prompts_per_step, max_staleness=cfg.queue.max_staleness)
         self.step_index, self.resumed_from = 0, None

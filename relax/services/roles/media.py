@@ -31,8 +31,9 @@ from relax.transfer.consumer import Batch
 # queue field -> RolloutBatch field, for the per-token float fields a batch may carry
 _FLOAT_FIELDS = {"logprobs": "old_logprobs", "advantages": "advantages", "values": "values", "returns": "returns",
                  "ref_logprobs": "ref_logprobs"}
-# the reference's top-k pair (TOPK_FIELDS), stored from each row's first trained token on
-_TOPK_DTYPES = {"ref_topk_ids": torch.long, "ref_topk_logprobs": torch.float32}
+# the reference's and the teacher's top-k pairs (TOPK_FIELDS), stored from each row's first trained token on
+_TOPK_DTYPES = {"ref_topk_ids": torch.long, "ref_topk_logprobs": torch.float32,
+                "teacher_topk_ids": torch.long, "teacher_topk_logprobs": torch.float32}
 
 
 def pack_media(images: Sequence[bytes], audios: Sequence[bytes]) -> bytes:

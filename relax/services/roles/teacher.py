@@ -5,7 +5,10 @@ built-in or local model of the student's family and tokenizer, with ``teacher.ch
 weights). This role is the consumer group ``teacher`` of the ``rollouts`` topic: each step takes
 ``prompts_per_step`` complete groups, scores their tokens (and media) with the frozen teacher and
 commits ``teacher_logprobs`` (float32, one per token, aligned with ``tokens`` like ``logprobs``,
-at the rollout's temperature). The advantage role reads it (relax.algorithms.distill).
+at the rollout's temperature). The advantage role reads it (relax.algorithms.distill). With
+``algorithm.distill_topk`` = k the same forward also gives the teacher's k likeliest tokens and
+their log-probs at every trained position, ``teacher_topk_ids`` / ``teacher_topk_logprobs`` ((R, k)
+each, as the reference's top-k columns), for the actor's exact top-k KL to the teacher.
 
 It runs as every other column role does: in the colocated loop, as its own process
 (disaggregated) or Serve deployment (async); the teacher is frozen and the rows immutable, so the
@@ -22,7 +25,7 @@ from relax.config import ModelConfig, RelaxConfig
 from relax.services.context import RunContext
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, to_rollout_batch
-from relax.services.schema import TEACHER_FIELDS, TEACHER_GROUP
+from relax.services.schema import TEACHER_FIELDS, TEACHER_GROUP, topk_reference_fields, topk_response_start
 from relax.trainers.torch.actor import Reference
 from relax.transfer.consumer import Batch
 
@@ -63,14 +66,27 @@ class TeacherRole:
     def __init__(self, ctx: RunContext, writer_id: str = "teacher"):
         self.teacher, processor = build_teacher(ctx)
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
-        self.stage = ColumnStage(ctx, TEACHER_GROUP, ROW_FIELDS, writer_id, TEACHER_FIELDS, "teacher_logprobs")
+        k = ctx.cfg.algorithm.distill_topk
+        self.topk = self.teacher.topk_width(k) if k else 0
+        fields = TEACHER_FIELDS + (topk_reference_fields(self.topk, "teacher") if self.topk else ())
+        self.stage = ColumnStage(ctx, TEACHER_GROUP, ROW_FIELDS, writer_id, fields, "teacher_logprobs")
         self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
         self.repaired = self.stage.repair(self._commit)
 
     def _commit(self, batch: Batch) -> None:
-        logprobs = self.teacher.logprobs(to_rollout_batch(batch, self.media))
-        rows = {sid: {"teacher_logprobs": lp.detach().cpu().numpy().astype("float32")}
-                for sid, lp in zip(batch.ids, logprobs, strict=True)}
+        rollout_batch = to_rollout_batch(batch, self.media)
+        if not self.topk:
+            rows = {sid: {"teacher_logprobs": lp.detach().cpu().numpy().astype("float32")}
+                    for sid, lp in zip(batch.ids, self.teacher.logprobs(rollout_batch), strict=True)}
+        else:  # one forward: the sampled tokens' log-probs and the top-k, kept from the first trained token on
+            top = self.teacher.topk(rollout_batch, self.topk)
+            rows = {}
+            for sid, ids, lps, sampled, mask in zip(batch.ids, top.ids, top.logprobs, top.sampled,
+                                                    batch.fields["loss_mask"], strict=True):
+                start = topk_response_start(mask)
+                rows[sid] = {"teacher_logprobs": sampled.detach().cpu().numpy().astype("float32"),
+                             "teacher_topk_ids": ids[start:].detach().cpu().numpy().astype("int32"),
+                             "teacher_topk_logprobs": lps[start:].detach().cpu().numpy().astype("float32")}
         self.producer.add_fields(rows, meta={"step": batch.step})
 
     @property

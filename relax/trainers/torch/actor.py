@@ -23,7 +23,7 @@ from relax.algorithms import (
     topk_forward_kl,
 )
 from relax.config import AlgorithmConfig, RelaxConfig
-from relax.trainers.torch.batch import TOPK_FIELDS, RolloutBatch, data_parallel_share
+from relax.trainers.torch.batch import TEACHER_TOPK_FIELDS, TOPK_FIELDS, RolloutBatch, data_parallel_share
 from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.encoders import EncoderSchedule
 from relax.trainers.torch.forward import PositionReader, compute_logprobs, token_logprobs
@@ -58,8 +58,22 @@ def reference_fields(alg: AlgorithmConfig) -> list[str]:
     return (list(TOPK_FIELDS) if alg.kl_topk else []) + (["ref_logprobs"] if sampled_kl_weight(alg) > 0 else [])
 
 
+def teacher_fields(alg: AlgorithmConfig) -> list[str]:
+    """The batch fields the exact top-k KL to the teacher reads (``algorithm.distill_topk``)."""
+    return list(TEACHER_TOPK_FIELDS) if alg.distill_topk else []
+
+
+def topk_terms(alg: AlgorithmConfig) -> list[tuple[str, float]]:
+    """Each exact top-k KL term of the loss as (scorer, weight): the reference's (``kl_topk``, weight
+    kl_coef * kl_topk_weight) and the teacher's (``distill_topk``, weight distill_coef); the batch
+    holds a scorer's pair as ``<scorer>_topk_ids`` / ``<scorer>_topk_logprobs``."""
+    return ([("ref", alg.kl_coef * alg.kl_topk_weight)] if alg.kl_topk and kl_loss_term(alg) else []) + (
+        [("teacher", alg.distill_coef)] if alg.distill_topk else [])
+
+
 def required_fields(alg: AlgorithmConfig) -> list[str]:
-    return ["loss_mask", "old_logprobs", "advantages"] + (reference_fields(alg) if kl_loss_term(alg) else [])
+    return (["loss_mask", "old_logprobs", "advantages"] + (reference_fields(alg) if kl_loss_term(alg) else [])
+            + teacher_fields(alg))
 
 
 class PolicyLoss:
@@ -69,23 +83,29 @@ class PolicyLoss:
         self.alg = alg
 
     def reader(self, batch: RolloutBatch) -> PositionReader | None:
-        """With ``kl_topk``: the forward reads each position's top-k KL to the reference, (n, R).
+        """With ``kl_topk`` or ``distill_topk``: the forward reads each position's exact top-k KL to the
+        reference and/or the teacher (``topk_terms`` order), (n, R, terms).
 
-        The KL is summed over k inside one batched op, so only one scalar per position leaves the
+        The KL is summed over k inside one batched op, so only a scalar per term and position leaves the
         forward: per-sample (L_i, k) tensors would cost k times the backward copies of the padding."""
-        if not (self.alg.kl_topk and kl_loss_term(self.alg)):
+        scorers = [name for name, _ in topk_terms(self.alg)]
+        if not scorers:
             return None
 
-        def read(indices: list[int], starts: list[int], logp: torch.Tensor) -> torch.Tensor:
-            rows, k = logp.shape[1], batch.ref_topk_ids[indices[0]].shape[-1]
+        def kl_to(scorer: str, indices: list[int], starts: list[int], logp: torch.Tensor) -> torch.Tensor:
+            ids, lps = getattr(batch, f"{scorer}_topk_ids"), getattr(batch, f"{scorer}_topk_logprobs")
+            rows, k = logp.shape[1], ids[indices[0]].shape[-1]
             at = torch.zeros(*logp.shape[:2], k, dtype=torch.long)
             ref = torch.zeros(*logp.shape[:2], k, dtype=logp.dtype)
             for n, (i, start) in enumerate(zip(indices, starts, strict=True)):
-                part = batch.ref_topk_ids[i][start:start + rows]
+                part = ids[i][start:start + rows]
                 at[n, :part.shape[0]] = part
-                ref[n, :part.shape[0]] = batch.ref_topk_logprobs[i][start:start + rows]
-            # rows past a sample's end gather token 0 against a reference log-prob of 0; the mask drops them
+                ref[n, :part.shape[0]] = lps[i][start:start + rows]
+            # rows past a sample's end gather token 0 against a scorer log-prob of 0; the mask drops them
             return topk_forward_kl(logp.gather(-1, at.to(logp.device)), ref.to(logp.device), torch.ones_like(ref[..., 0]))
+
+        def read(indices: list[int], starts: list[int], logp: torch.Tensor) -> torch.Tensor:
+            return torch.stack([kl_to(s, indices, starts, logp) for s in scorers], dim=-1)
         return read
 
     def __call__(self, mb: MicroBatch, logprobs: list[torch.Tensor], entropies: list[torch.Tensor] | None,
@@ -110,15 +130,17 @@ class PolicyLoss:
         metrics = {**correction, **metrics}  # is_weight_max / kept_frac show what the correction did
         # each term's largest per-token loss: a gradient spike names the term (and so the cause) that made it
         metrics["pg_token_max"] = masked_max(loss.detach().abs(), mask)
-        if kl_loss_term(a) and a.kl_topk:
-            if reads is None:
-                raise ValueError("algorithm.kl_topk reads its KL off the forward: pass read=PolicyLoss.reader(batch) "
-                                 "to TorchTrainer.step (Actor.train_step does)")
-            kl = pad(reads) * mask  # (n, T): topk_forward_kl per position, from the reader
-            term = a.kl_coef * a.kl_topk_weight * kl
+        terms = topk_terms(a)
+        if terms and reads is None:
+            raise ValueError("algorithm.kl_topk / distill_topk read their KL off the forward: pass "
+                             "read=PolicyLoss.reader(batch) to TorchTrainer.step (Actor.train_step does)")
+        for j, (scorer, weight) in enumerate(terms):
+            kl = pad(reads)[..., j] * mask  # (n, T): topk_forward_kl per position, from the reader
+            term = weight * kl
             loss = loss + term
-            metrics["kl_topk"] = kl.detach().sum() / mask.sum().clamp(min=1)
-            metrics["kl_topk_token_max"] = masked_max(term.detach().abs(), mask)
+            name = "kl_topk" if scorer == "ref" else "distill_topk_kl"
+            metrics[name] = kl.detach().sum() / mask.sum().clamp(min=1)
+            metrics[f"{name}_token_max"] = masked_max(term.detach().abs(), mask)
         if kl_loss_term(a) and sampled_kl_weight(a) > 0:
             ref = pad([batch.ref_logprobs[i] for i in idx]).to(lp.dtype)
             sampled = a.kl_coef * sampled_kl_weight(a) * kl_estimate(lp, ref, a.kl_estimator, a.kl_clamp) * mask

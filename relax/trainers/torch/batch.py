@@ -16,6 +16,7 @@ import torch
 
 TOKEN_FIELDS = ("loss_mask", "old_logprobs", "advantages", "ref_logprobs", "prox_logprobs", "values", "returns")
 TOPK_FIELDS = ("ref_topk_ids", "ref_topk_logprobs")  # (L_i, k) per sample
+TEACHER_TOPK_FIELDS = ("teacher_topk_ids", "teacher_topk_logprobs")  # (L_i, k) per sample
 ROUTE_FIELDS = ("routed_experts",)  # (L_i, layers, k) per sample
 
 
@@ -33,6 +34,9 @@ class RolloutBatch:
     # (int64) and their log-probs (zero rows where nothing was scored)
     ref_topk_ids: list[torch.Tensor] | None = None
     ref_topk_logprobs: list[torch.Tensor] | None = None
+    # algorithm.distill_topk: the same pair from the teacher (on-policy distillation)
+    teacher_topk_ids: list[torch.Tensor] | None = None
+    teacher_topk_logprobs: list[torch.Tensor] | None = None
     prox_logprobs: list[torch.Tensor] | None = None
     # algorithm.routing_replay: the experts the engine routed each position to, (L_i, layers, k)
     # int64 (-1 where none was recorded: the router decides), relax.models.moe_routing
@@ -51,7 +55,7 @@ class RolloutBatch:
             raise ValueError(f"batch has {len(self.ids)} ids but {n} input_ids")
         if self.media is not None and len(self.media) != n:
             raise ValueError(f"field 'media' has {len(self.media)} entries for {n} samples")
-        for name in TOKEN_FIELDS + TOPK_FIELDS + ROUTE_FIELDS:
+        for name in TOKEN_FIELDS + TOPK_FIELDS + TEACHER_TOPK_FIELDS + ROUTE_FIELDS:
             values = getattr(self, name)
             if values is None:
                 continue

@@ -34,18 +34,29 @@ def _rows(ctx: RunContext, fields: list[str]) -> tuple[list[str], dict]:
 
 @pytest.mark.slow
 def test_distillation_alone_trains_on_the_teachers_scores_of_each_sampled_token(tmp_path):
-    cfg = tiny_config(f"file://{tmp_path}", "distill", *TEACHER, "algorithm.mode=distill")
+    # with distill_topk the teacher's top 4 at every trained position travel too, for the actor's exact KL
+    cfg = tiny_config(f"file://{tmp_path}", "distill", *TEACHER, "algorithm.mode=distill", "algorithm.distill_topk=4")
     result = train(cfg, progress=False)
     assert result.steps == 2 and [m["step"] for m in result.metrics("teacher")] == [0, 1]
+    assert all(m["distill_topk_kl"] > 0 for m in result.metrics("actor"))
     ctx = RunContext(cfg)
-    ids, rows = _rows(ctx, ["tokens", "loss_mask", "logprobs", "teacher_logprobs", "advantages"])
+    ids, rows = _rows(ctx, ["tokens", "loss_mask", "logprobs", "teacher_logprobs", "advantages",
+                            "teacher_topk_ids", "teacher_topk_logprobs"])
     assert ids
-    # the column is the teacher's log-probability of each token (recomputed here from the same teacher)
+    # the columns are the teacher's log-probability of each token and its top 4 from the first trained
+    # token on (recomputed here from the same teacher)
     teacher, _ = build_teacher(ctx)
     batch = RolloutBatch(ids=ids, input_ids=[torch.tensor(t) for t in rows["tokens"]],
                          loss_mask=[torch.tensor(m, dtype=torch.float32) for m in rows["loss_mask"]])
     for lp, got in zip(teacher.logprobs(batch), rows["teacher_logprobs"], strict=True):
         np.testing.assert_allclose(got, lp.numpy(), atol=1e-5)
+    top = teacher.topk(batch, 4)
+    for mask, ids4, lps4, got_ids, got_lps in zip(rows["loss_mask"], top.ids, top.logprobs, rows["teacher_topk_ids"],
+                                                  rows["teacher_topk_logprobs"], strict=True):
+        start = int(np.flatnonzero(mask)[0])
+        assert got_ids.shape == (len(mask) - start, 4)
+        np.testing.assert_allclose(got_lps, lps4[start:].numpy(), atol=1e-5)
+        assert np.array_equal(got_ids, ids4[start:].numpy())
     # mode=distill: the advantage is 2 * (teacher - behaviour) on the trained tokens, 0 elsewhere
     for mask, behav, tlp, adv in zip(rows["loss_mask"], rows["logprobs"], rows["teacher_logprobs"],
                                      rows["advantages"], strict=True):
