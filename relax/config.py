@@ -306,6 +306,8 @@ class TrainerConfig:
                           "or 'fail' the run.", choices=("skip", "fail"))
     sft_lr: float = opt(3e-3, "Learning rate of the format warm-start (sft_steps).", range=(0.0, 1.0))
     sft_steps: int = opt(0, "Supervised warm-start steps teaching the answer format; 0 skips it.", range=(0, 10_000_000))
+    sft_batch_size: int = opt(64, "Demonstrations per format warm-start step (a prompt comes with several random "
+                              "answers); fewer make each step cheaper, as for video prompts.", range=(1, 100_000))
     mini_batches: int = opt(1, "Optimizer steps per rollout batch (PPO mini-batches): the batch is split into this "
                             "many equal parts, each one update.", range=(1, 1024))
     critic_lr: float = opt(0.0, "Peak learning rate of the critic (advantage=gae); 0 = trainer.lr. The critic "

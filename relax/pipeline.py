@@ -45,6 +45,8 @@ def warm_start_key(cfg: RelaxConfig, snapshot_id: str) -> str:
     parts = {"model": {k: v for k, v in config_to_dict(cfg)["model"].items() if k != "init_checkpoint"},
              "seed": cfg.seed, "sft_steps": cfg.trainer.sft_steps, "sft_lr": cfg.trainer.sft_lr,
              "difficulty": cfg.data.difficulty, "snapshot": snapshot_id, "recipe": FORMAT_RECIPE}
+    if cfg.trainer.sft_batch_size != 64:  # only when set, so warm-starts stored before the field keep their key
+        parts["sft_batch_size"] = cfg.trainer.sft_batch_size
     if cfg.model.name_or_path in BUILTIN_MODELS:
         parts["builtin_version"] = BUILTIN_VERSION
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -68,7 +70,7 @@ def warm_start(cfg: RelaxConfig, snapshot_id: str) -> str:
     model, processor = ctx.build_model()
     results = format_warmup(model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps, lr=cfg.trainer.sft_lr,
                             seed=cfg.seed, difficulty=cfg.data.difficulty, processor=processor,
-                            media_loader=ctx.snapshot.load_media)
+                            media_loader=ctx.snapshot.load_media, batch_size=cfg.trainer.sft_batch_size)
     return save_checkpoint(url, model, meta={"kind": "format_warm_start", "snapshot": snapshot_id,
                                              "steps": len(results), "final_loss": results[-1].loss})
 

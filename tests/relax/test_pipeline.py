@@ -33,6 +33,8 @@ def test_warm_start_is_keyed_and_reused(cfg):
     assert objstore.read_bytes(objstore.join(url, "meta.json")) == meta
     other = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sft_steps=4))
     assert warm_start(other, sid) != url  # a different warm start lives elsewhere
+    smaller = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sft_batch_size=8))
+    assert warm_start(smaller, sid) not in (url, warm_start(other, sid))  # fewer demonstrations a step: another
     assert warm_start(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sft_steps=0)), sid) == ""
     with pytest.raises(ValueError, match="snapshot"):
         warm_start(cfg, "ds-0000000000000000")
