@@ -29,8 +29,8 @@ from relax.services.report.metrics import read_all_metrics
 
 
 def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int | None, target: float,
-                 extra: list[str], topology: str) -> dict:
-    cfg = load_config("omni-cpu", [f"root={root}", f"run_id=learn-s{staleness}", f"queue.max_staleness={staleness}",
+                 extra: list[str], topology: str, preset: str = "omni-cpu") -> dict:
+    cfg = load_config(preset, [f"root={root}", f"run_id=learn-s{staleness}", f"queue.max_staleness={staleness}",
                                    f"topology={topology}", *([f"trainer.total_steps={steps}"] if steps else []), *extra])
     steps = cfg.trainer.total_steps
     sid = RunContext(cfg).snapshot_info.id
@@ -63,7 +63,7 @@ def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int |
             "reward_first": summary.reward_first, "reward_last": summary.reward_last}
 
 
-def write_table(result: dict, output: Output) -> None:
+def write_table(result: dict, output: Output, name: str) -> None:
     rows = [f"Setup: {result['setup']}", "",
             "| max_staleness | modality | before | after | minutes to " + f"{result['target']} | train time |",
             "|---|---|---|---|---|---|"]
@@ -72,12 +72,15 @@ def write_table(result: dict, output: Output) -> None:
             mins = r["minutes_to_target"][mod]
             rows.append(f"| {r['max_staleness']} | {mod} | {r['before'][mod]:.3f} | {r['after'][mod]:.3f} | "
                         f"{'not reached' if mins is None else f'{mins:.1f}'} | {r['train_s'] / 60:.1f} min |")
-    output.table("learning", rows, "## Learning speed of the main job (`benchmarks/learning.py`)")
+    title = ("## Learning speed of the main job (`benchmarks/learning.py`)" if name == "learning" else
+             f"## Learning speed of the {result['preset']} preset (`benchmarks/learning.py --preset {result['preset']}`)")
+    output.table(name, rows, title)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--preset", default="omni-cpu", help="the preset to train (omni-video-cpu: the four-modality job)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 2])
@@ -93,8 +96,10 @@ def main() -> None:
                                      "trainer.checkpoint_every=2"] if args.quick else [])
     with tempfile.TemporaryDirectory() as tmp:
         runs = [learning_run(f"file://{tmp}/s{s}", s, steps, 4 if args.quick else None, args.target, extra,
-                             args.topology) for s in args.staleness]
-    result = {"setup": f"2-core CPU; omni-cpu preset (tiny-omni, largest + shapes + tones), {runs[0]['steps']} steps "
+                             args.topology, args.preset) for s in args.staleness]
+    tasks = " + ".join(load_config(args.preset, []).data.tasks)
+    result = {"preset": args.preset,
+              "setup": f"2-core CPU; {args.preset} preset (tiny-omni, {tasks}), {runs[0]['steps']} steps "
                        f"x {runs[0]['samples_per_step']} samples, {args.topology}; held-out greedy accuracy per modality "
                        f"({runs[0]['eval_per_task']} prompts per task)"
                        + (f"; {extra}" if extra else ""),
@@ -102,9 +107,10 @@ def main() -> None:
               "minutes_to_target": {f"staleness{r['max_staleness']}": r["minutes_to_target"] for r in runs},
               "accuracy_after": {f"staleness{r['max_staleness']}": r["after"] for r in runs},
               "accuracy_before": {f"staleness{r['max_staleness']}": r["before"] for r in runs}}
-    output.write_json("learning_quick" if args.quick else "learning", result, indent=1)
+    name = "learning" if args.preset == "omni-cpu" else f"learning_{args.preset.replace('-', '_')}"
+    output.write_json(f"{name}_quick" if args.quick else name, result, indent=1)
     if not args.quick:
-        write_table(result, output)
+        write_table(result, output, name)
     for r in runs:
         print(f"staleness {r['max_staleness']}: train {r['train_s']:.0f} s; before {r['before']} after {r['after']}; "
               f"minutes to {args.target}: {r['minutes_to_target']}")
