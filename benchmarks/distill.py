@@ -3,9 +3,11 @@
 1. A teacher: a bigger tiny Qwen2 (``--teacher-hidden``, 3 layers) supervised on ``--task``'s
    correct answers (its train split's oracle responses) until its greedy held-out accuracy reaches
    0.9 (or ``--teacher-steps`` run out; the figure is reported either way).
-2. Two students, the default tiny Qwen2 from the same format warm-start, at the same settings and
-   seed: ``rl`` (GRPO on the verifier's reward) and ``distill`` (``algorithm.mode=distill``: the
-   per-token negative reverse KL to the teacher is the whole advantage; the reward is not used).
+2. Students, a tiny Qwen2 (``--student-hidden`` x ``--student-layers``) from the same format
+   warm-start, at the same settings and seed (``--modes``): ``rl`` (GRPO on the verifier's reward),
+   ``distill`` (``algorithm.mode=distill``: the per-token negative reverse KL to the teacher is the
+   whole advantage; the reward is not used) and ``distill_topk`` (the same, plus the exact forward KL
+   over the teacher's top ``--topk`` tokens at every trained position, ``algorithm.distill_topk``).
    Every checkpoint is evaluated on the held-out split afterwards; the curve is accuracy against
    student samples generated (steps x prompts_per_step x n_samples_per_prompt).
 
@@ -71,11 +73,13 @@ def train_teacher(args: argparse.Namespace, root: str) -> dict:
 
 def student(args: argparse.Namespace, root: str, mode: str, teacher: dict) -> dict:
     extra = [] if mode == "rl" else [
-        "algorithm.mode=distill", "algorithm.distill_coef=1.0", "teacher.name_or_path=tiny-qwen2",
+        "algorithm.mode=distill", f"algorithm.distill_coef={args.distill_coef}", "teacher.name_or_path=tiny-qwen2",
+        f"algorithm.distill_topk={args.topk if mode == 'distill_topk' else 0}",
         f"teacher.hidden_size={teacher['hidden_size']}", f"teacher.num_layers={teacher['num_layers']}",
         f"teacher.checkpoint={teacher['checkpoint']}"]
     cfg = load_config("tiny-cpu", [*common(args, root), f"run_id=student-{mode}", f"trainer.total_steps={args.steps}",
-                                   *extra])
+                                   f"model.hidden_size={args.student_hidden}", f"model.num_layers={args.student_layers}",
+                                   *extra, *args.overrides])
     init = warm_start(cfg, RunContext(cfg).snapshot_info.id)
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
     t0 = time.perf_counter()
@@ -98,10 +102,17 @@ def main() -> None:
     ap.add_argument("--teacher-hidden", type=int, default=96)
     ap.add_argument("--teacher-steps", type=int, default=400, help="most supervised teacher steps")
     ap.add_argument("--teacher-every", type=int, default=50, help="teacher steps between evaluations")
-    ap.add_argument("--steps", type=int, default=150, help="student steps")
-    ap.add_argument("--every", type=int, default=15, help="student steps between evaluated checkpoints")
+    ap.add_argument("--student-hidden", type=int, default=96)
+    ap.add_argument("--student-layers", type=int, default=3)
+    ap.add_argument("--distill-coef", type=float, default=1.0)
+    ap.add_argument("--topk", type=int, default=8, help="algorithm.distill_topk of the distill_topk student")
+    ap.add_argument("--modes", nargs="+", default=["rl", "distill", "distill_topk"],
+                    choices=["rl", "distill", "distill_topk"], help="the students to train")
+    ap.add_argument("--steps", type=int, default=600, help="student steps")
+    ap.add_argument("--every", type=int, default=60, help="student steps between evaluated checkpoints")
     ap.add_argument("--eval", type=int, default=64, help="held-out prompts")
     ap.add_argument("--target", type=float, default=0.8)
+    ap.add_argument("overrides", nargs="*", help="extra config overrides key=value for both students")
     add_arguments(ap)
     args = ap.parse_args()
     if args.quick:
@@ -110,16 +121,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = f"file://{tmp}"
         teacher = train_teacher(args, root)
-        runs = [student(args, root, mode, teacher) for mode in ("rl", "distill")]
+        runs = [student(args, root, mode, teacher) for mode in args.modes]
     result = {"quick": args.quick, "task": args.task, "target": args.target, "teacher": teacher, "students": runs,
               "samples_to_target": {r["mode"]: r["samples_to_target"] for r in runs},
               "setup": (f"2-core CPU; task {args.task}; teacher tiny Qwen2 hidden {args.teacher_hidden} x 3 layers "
                         f"(supervised on correct answers, {teacher['steps']} steps, held-out {teacher['accuracy']:.3f}); "
-                        f"students tiny Qwen2 hidden 64 x 2 layers from the same warm-start, {args.steps} steps x "
+                        f"students tiny Qwen2 hidden {args.student_hidden} x {args.student_layers} layers from the same "
+                        f"warm-start, {args.steps} steps x "
                         f"{runs[0]['samples_per_step']} samples, greedy held-out accuracy on {args.eval} prompts")}
     output.write_json("distill_quick" if args.quick else "distill", result, indent=1)
     if not args.quick:
-        rows = ["| student samples | " + " | ".join(r["mode"] for r in runs) + " |", "|---|---|---|"]
+        rows = ["| student samples | " + " | ".join(r["mode"] for r in runs) + " |", "|---" * (len(runs) + 1) + "|"]
         for points in zip(*(r["curve"] for r in runs), strict=True):
             rows.append(f"| {points[0]['samples']} | " + " | ".join(f"{p['accuracy']:.3f}" for p in points) + " |")
         rows.append(f"| samples to {args.target} | "
