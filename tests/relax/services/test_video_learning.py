@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 # of 8 prompts x 8 samples; the vision tower stays frozen as in the preset's first 500 steps
 SHORT = ["data.tasks=[flash_beep]", "data.train_per_task=64", "data.eval_per_task=4", "topology=colocated",
          "rollout.prompts_per_step=8", "trainer.total_steps=30", "trainer.sft_steps=40", "trainer.sft_batch_size=16",
-         "trainer.mini_batches=2", "trainer.checkpoint_every=30", "algorithm.reference_role=false"]
+         "trainer.mini_batches=2", "trainer.checkpoint_every=30", "algorithm.reference_role=false",
+         "algorithm.near_miss_credit=0.5"]  # a count one off earns 0.5: the short run's signal, measured with it
 
 
 def test_rl_raises_the_video_tasks_reward(tmp_path):
