@@ -54,7 +54,7 @@ def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int |
     last_kinds = report.by_kind  # of the last checkpoint: which kind of question is behind a modality's mean
     after = curve[-1]
     reached = {mod: next((c["minutes"] for c in curve if c[mod] >= target), None) for mod in before.by_modality}
-    return {"max_staleness": staleness, "topology": topology, "steps": steps,
+    return {"max_staleness": staleness, "topology": topology, "steps": steps, "tasks": list(cfg.data.tasks),
             "eval_per_task": eval_limit or cfg.data.eval_per_task,
             "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt,
             "warm_start_s": warm_s, "train_s": train_s,
@@ -97,7 +97,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = [learning_run(f"file://{tmp}/s{s}", s, steps, 4 if args.quick else None, args.target, extra,
                              args.topology, args.preset) for s in args.staleness]
-    tasks = " + ".join(load_config(args.preset, []).data.tasks)
+    tasks = " + ".join(runs[0]["tasks"])
     result = {"preset": args.preset,
               "setup": f"2-core CPU; {args.preset} preset (tiny-omni, {tasks}), {runs[0]['steps']} steps "
                        f"x {runs[0]['samples_per_step']} samples, {args.topology}; held-out greedy accuracy per modality "

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from relax import objstore
-from relax.config import RelaxConfig
+from relax.config import RelaxConfig, TrainerConfig
 from relax.config_loader import config_to_dict
 from relax.data.snapshot import SnapshotInfo
 from relax.data.sources import snapshot_from_config
@@ -45,7 +45,7 @@ def warm_start_key(cfg: RelaxConfig, snapshot_id: str) -> str:
     parts = {"model": {k: v for k, v in config_to_dict(cfg)["model"].items() if k != "init_checkpoint"},
              "seed": cfg.seed, "sft_steps": cfg.trainer.sft_steps, "sft_lr": cfg.trainer.sft_lr,
              "difficulty": cfg.data.difficulty, "snapshot": snapshot_id, "recipe": FORMAT_RECIPE}
-    if cfg.trainer.sft_batch_size != 64:  # only when set, so warm-starts stored before the field keep their key
+    if cfg.trainer.sft_batch_size != TrainerConfig.sft_batch_size:  # so warm-starts stored before it keep their key
         parts["sft_batch_size"] = cfg.trainer.sft_batch_size
     if cfg.model.name_or_path in BUILTIN_MODELS:
         parts["builtin_version"] = BUILTIN_VERSION

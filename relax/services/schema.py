@@ -63,6 +63,20 @@ def topk_response_start(loss_mask: Sequence[Any]) -> int:
     return int(nonzero[0]) if nonzero.size else len(loss_mask)
 
 
+def scored_rows(ids: Sequence[str], loss_masks: Sequence[Any], columns: dict[str, Sequence[Any]],
+                fields: Sequence[Field]) -> dict[str, dict[str, np.ndarray]]:
+    """A scorer role's per-token ``columns`` (name -> one tensor per row) as the rows it commits, each
+    cast to its ``fields`` dtype; the top-k columns ((None, k) fields) kept from each row's first
+    trained token on (``topk_reference_fields``). The reference and the teacher roles commit this way."""
+    starts = [topk_response_start(m) for m in loss_masks]
+    rows: dict[str, dict[str, np.ndarray]] = {sid: {} for sid in ids}
+    for f in fields:
+        topk = len(f.shape) == 2
+        for sid, value, start in zip(ids, columns[f.name], starts, strict=True):
+            rows[sid][f.name] = value[start if topk else 0:].detach().cpu().numpy().astype(f.dtype)
+    return rows
+
+
 def pad_topk_rows(rows: np.ndarray, length: int) -> np.ndarray:
     """A stored (R, k) top-k column back to the row's (length, k), zeros in front: the layout the
     trainer indexes by position. Rows stored whole (R = length) come back unchanged."""

@@ -22,19 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from relax.services.context import RunContext
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, to_rollout_batch
-from relax.services.schema import (
-    REFERENCE_FIELDS,
-    REFERENCE_GROUP,
-    topk_reference_fields,
-    topk_response_start,
-)
+from relax.services.schema import REFERENCE_FIELDS, REFERENCE_GROUP, scored_rows, topk_reference_fields
 from relax.trainers.torch.actor import reference_fields
-from relax.trainers.torch.batch import TOPK_FIELDS
 from relax.transfer.consumer import Batch
 
 ROW_FIELDS = ["tokens", "loss_mask", "prompt_len", "turn_media"]
@@ -64,13 +56,7 @@ class ReferenceRole:
             columns = {"ref_topk_ids": top.ids, "ref_topk_logprobs": top.logprobs, "ref_logprobs": top.sampled}
         else:
             columns = {"ref_logprobs": self.reference.logprobs(rollout_batch)}
-        rows: dict[str, dict[str, np.ndarray]] = {sid: {} for sid in batch.ids}
-        # top-k rows are kept from each row's first trained token on (topk_reference_fields)
-        starts = [topk_response_start(m) if self.topk else 0 for m in batch.fields["loss_mask"]]
-        for f in self.fields:
-            topk = f.name in TOPK_FIELDS
-            for sid, value, start in zip(batch.ids, columns[f.name], starts, strict=True):
-                rows[sid][f.name] = value[start if topk else 0:].detach().cpu().numpy().astype(f.dtype)
+        rows = scored_rows(batch.ids, batch.fields["loss_mask"], columns, self.fields)
         self.producer.add_fields(rows, meta={"step": batch.step})
 
     @property

@@ -25,7 +25,7 @@ from relax.config import ModelConfig, RelaxConfig
 from relax.services.context import RunContext
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, to_rollout_batch
-from relax.services.schema import TEACHER_FIELDS, TEACHER_GROUP, topk_reference_fields, topk_response_start
+from relax.services.schema import TEACHER_FIELDS, TEACHER_GROUP, scored_rows, topk_reference_fields
 from relax.trainers.torch.actor import Reference
 from relax.transfer.consumer import Batch
 
@@ -68,25 +68,19 @@ class TeacherRole:
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
         k = ctx.cfg.algorithm.distill_topk
         self.topk = self.teacher.topk_width(k) if k else 0
-        fields = TEACHER_FIELDS + (topk_reference_fields(self.topk, "teacher") if self.topk else ())
-        self.stage = ColumnStage(ctx, TEACHER_GROUP, ROW_FIELDS, writer_id, fields, "teacher_logprobs")
+        self.fields = TEACHER_FIELDS + (topk_reference_fields(self.topk, "teacher") if self.topk else ())
+        self.stage = ColumnStage(ctx, TEACHER_GROUP, ROW_FIELDS, writer_id, self.fields, "teacher_logprobs")
         self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
         self.repaired = self.stage.repair(self._commit)
 
     def _commit(self, batch: Batch) -> None:
         rollout_batch = to_rollout_batch(batch, self.media)
-        if not self.topk:
-            rows = {sid: {"teacher_logprobs": lp.detach().cpu().numpy().astype("float32")}
-                    for sid, lp in zip(batch.ids, self.teacher.logprobs(rollout_batch), strict=True)}
-        else:  # one forward: the sampled tokens' log-probs and the top-k, kept from the first trained token on
+        if self.topk:  # one forward: the sampled tokens' log-probs and the top-k
             top = self.teacher.topk(rollout_batch, self.topk)
-            rows = {}
-            for sid, ids, lps, sampled, mask in zip(batch.ids, top.ids, top.logprobs, top.sampled,
-                                                    batch.fields["loss_mask"], strict=True):
-                start = topk_response_start(mask)
-                rows[sid] = {"teacher_logprobs": sampled.detach().cpu().numpy().astype("float32"),
-                             "teacher_topk_ids": ids[start:].detach().cpu().numpy().astype("int32"),
-                             "teacher_topk_logprobs": lps[start:].detach().cpu().numpy().astype("float32")}
+            columns = {"teacher_logprobs": top.sampled, "teacher_topk_ids": top.ids, "teacher_topk_logprobs": top.logprobs}
+        else:
+            columns = {"teacher_logprobs": self.teacher.logprobs(rollout_batch)}
+        rows = scored_rows(batch.ids, batch.fields["loss_mask"], columns, self.fields)
         self.producer.add_fields(rows, meta={"step": batch.step})
 
     @property

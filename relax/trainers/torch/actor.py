@@ -63,12 +63,12 @@ def teacher_fields(alg: AlgorithmConfig) -> list[str]:
     return list(TEACHER_TOPK_FIELDS) if alg.distill_topk else []
 
 
-def topk_terms(alg: AlgorithmConfig) -> list[tuple[str, float]]:
-    """Each exact top-k KL term of the loss as (scorer, weight): the reference's (``kl_topk``, weight
-    kl_coef * kl_topk_weight) and the teacher's (``distill_topk``, weight distill_coef); the batch
-    holds a scorer's pair as ``<scorer>_topk_ids`` / ``<scorer>_topk_logprobs``."""
-    return ([("ref", alg.kl_coef * alg.kl_topk_weight)] if alg.kl_topk and kl_loss_term(alg) else []) + (
-        [("teacher", alg.distill_coef)] if alg.distill_topk else [])
+def topk_terms(alg: AlgorithmConfig) -> list[tuple[str, float, str]]:
+    """Each exact top-k KL term of the loss as (scorer, weight, metric): the reference's (``kl_topk``,
+    weight kl_coef * kl_topk_weight) and the teacher's (``distill_topk``, weight distill_coef); the
+    batch holds a scorer's pair as ``<scorer>_topk_ids`` / ``<scorer>_topk_logprobs``."""
+    return ([("ref", alg.kl_coef * alg.kl_topk_weight, "kl_topk")] if alg.kl_topk and kl_loss_term(alg) else []) + (
+        [("teacher", alg.distill_coef, "distill_topk_kl")] if alg.distill_topk else [])
 
 
 def required_fields(alg: AlgorithmConfig) -> list[str]:
@@ -88,7 +88,7 @@ class PolicyLoss:
 
         The KL is summed over k inside one batched op, so only a scalar per term and position leaves the
         forward: per-sample (L_i, k) tensors would cost k times the backward copies of the padding."""
-        scorers = [name for name, _ in topk_terms(self.alg)]
+        scorers = [scorer for scorer, _, _ in topk_terms(self.alg)]
         if not scorers:
             return None
 
@@ -134,11 +134,11 @@ class PolicyLoss:
         if terms and reads is None:
             raise ValueError("algorithm.kl_topk / distill_topk read their KL off the forward: pass "
                              "read=PolicyLoss.reader(batch) to TorchTrainer.step (Actor.train_step does)")
-        for j, (scorer, weight) in enumerate(terms):
-            kl = pad(reads)[..., j] * mask  # (n, T): topk_forward_kl per position, from the reader
+        kls = pad(reads) if terms else None  # (n, T, terms): topk_forward_kl per position, from the reader
+        for j, (_, weight, name) in enumerate(terms):
+            kl = kls[..., j] * mask
             term = weight * kl
             loss = loss + term
-            name = "kl_topk" if scorer == "ref" else "distill_topk_kl"
             metrics[name] = kl.detach().sum() / mask.sum().clamp(min=1)
             metrics[f"{name}_token_max"] = masked_max(term.detach().abs(), mask)
         if kl_loss_term(a) and sampled_kl_weight(a) > 0:

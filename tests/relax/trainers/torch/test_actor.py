@@ -7,21 +7,10 @@ import math
 
 import pytest
 import torch
-from tiny import VOCAB, tiny_batch, tiny_qwen2
+from tiny import VOCAB, actor, full_logprobs, on_policy, tiny_batch, tiny_qwen2
 
 from relax.config_loader import load_config
 from relax.trainers.torch.actor import Actor, Reference
-
-
-def actor(*overrides: str, model=None) -> Actor:
-    cfg = load_config(None, ["trainer.warmup_steps=0", "trainer.lr=0.01", "rollout.max_new_tokens=16", *overrides])
-    return Actor(model or tiny_qwen2(), cfg)
-
-
-def on_policy(a: Actor, seed: int = 1):
-    batch = tiny_batch(seed=seed)
-    batch.old_logprobs = [lp * m for lp, m in zip(a.logprobs(batch), batch.loss_mask, strict=True)]
-    return batch
 
 
 def test_on_policy_ppo_loss_is_minus_the_mean_advantage():
@@ -169,13 +158,6 @@ def test_topk_kl_needs_the_reference_top_k_and_is_zero_at_the_reference():
     assert result.loss == pytest.approx(-18 / 38, abs=1e-6) and result.metrics["kl_topk"] == pytest.approx(0, abs=1e-7)
 
 
-def _full_logprobs(model, batch) -> list[torch.Tensor]:
-    """(L_i, V) log-softmax per sample, row t scoring token t (row 0 unused)."""
-    with torch.no_grad():
-        return [torch.cat([torch.zeros(1, VOCAB), torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1], -1)])
-                for ids in batch.input_ids]
-
-
 @pytest.mark.parametrize("layout", ["bucket", "pack", "prefix"])
 def test_reference_topk_is_the_head_of_the_full_distribution_in_every_layout(layout):
     model = tiny_qwen2()
@@ -184,7 +166,7 @@ def test_reference_topk_is_the_head_of_the_full_distribution_in_every_layout(lay
     ids, lps, sampled = ref.topk(batch, 5)
     for want, got in zip(ref.logprobs(batch), sampled, strict=True):  # the same forward scores the sample
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
-    for full, i, lp, m in zip(_full_logprobs(model, batch), ids, lps, batch.loss_mask, strict=True):
+    for full, i, lp, m in zip(full_logprobs(model, batch), ids, lps, batch.loss_mask, strict=True):
         rows = m > 0
         want_lp, want_ids = torch.topk(full[rows], 5, dim=-1)
         torch.testing.assert_close(lp[rows], want_lp, atol=1e-5, rtol=0)
@@ -203,7 +185,7 @@ def test_topk_kl_over_the_whole_vocabulary_is_the_exact_forward_kl():
     batch.ref_topk_ids, batch.ref_topk_logprobs, _ = Reference(ref_model).topk(batch, VOCAB)
     # token-mean over response tokens of sum_v p_v (log p_v - log q_v), from the two models' full logits
     kl = [((r.exp() * (r - q)).sum(-1) * m).sum() for r, q, m in
-          zip(_full_logprobs(ref_model, batch), _full_logprobs(a.model, batch), batch.loss_mask, strict=True)]
+          zip(full_logprobs(ref_model, batch), full_logprobs(a.model, batch), batch.loss_mask, strict=True)]
     want = float(sum(kl) / sum(m.sum() for m in batch.loss_mask))
     assert want > 1e-3
     assert a.train_step(batch).metrics["kl_topk"] == pytest.approx(want, rel=1e-4)

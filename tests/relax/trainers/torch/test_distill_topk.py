@@ -6,8 +6,7 @@ import copy
 
 import pytest
 import torch
-from test_actor import _full_logprobs, actor, on_policy
-from tiny import VOCAB, tiny_qwen2
+from tiny import VOCAB, actor, full_logprobs, on_policy, tiny_qwen2
 
 from relax.config_errors import ConfigError
 from relax.config_loader import load_config
@@ -34,7 +33,7 @@ def test_topk_over_the_whole_vocabulary_is_the_exact_forward_kl_to_the_teacher()
     batch.teacher_topk_ids, batch.teacher_topk_logprobs, _ = Reference(teacher).topk(batch, VOCAB)
     # token mean over the response tokens of sum_v p_T(v) (log p_T(v) - log p_theta(v)), from both full softmaxes
     kl = [((t.exp() * (t - q)).sum(-1) * m).sum() for t, q, m in
-          zip(_full_logprobs(teacher, batch), _full_logprobs(a.model, batch), batch.loss_mask, strict=True)]
+          zip(full_logprobs(teacher, batch), full_logprobs(a.model, batch), batch.loss_mask, strict=True)]
     want = float(sum(kl) / sum(m.sum() for m in batch.loss_mask))
     assert want > 1e-3
     result = a.train_step(batch)

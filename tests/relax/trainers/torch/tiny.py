@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from relax.config_loader import load_config
+from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.batch import RolloutBatch
 
 VOCAB = 64
@@ -32,3 +34,21 @@ def tiny_batch(n: int = 6, seed: int = 1, prompt: int = 4, lengths: tuple[int, .
     return RolloutBatch(ids=[f"s{i}" for i in range(n)], input_ids=ids, loss_mask=masks, old_logprobs=old,
                         advantages=adv, rewards=torch.tensor([float(i % 2) for i in range(n)]),
                         policy_versions=[0] * n)
+
+
+def actor(*overrides: str, model=None) -> Actor:
+    cfg = load_config(None, ["trainer.warmup_steps=0", "trainer.lr=0.01", "rollout.max_new_tokens=16", *overrides])
+    return Actor(model or tiny_qwen2(), cfg)
+
+
+def on_policy(a: Actor, seed: int = 1):
+    batch = tiny_batch(seed=seed)
+    batch.old_logprobs = [lp * m for lp, m in zip(a.logprobs(batch), batch.loss_mask, strict=True)]
+    return batch
+
+
+def full_logprobs(model, batch) -> list[torch.Tensor]:
+    """(L_i, V) log-softmax per sample, row t scoring token t (row 0 unused)."""
+    with torch.no_grad():
+        return [torch.cat([torch.zeros(1, VOCAB), torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1], -1)])
+                for ids in batch.input_ids]
