@@ -2,9 +2,12 @@
 
 Exercises the video path of the RL loop (MP4 bytes -> PyAV -> sampled frames and the audio
 track -> the vision and audio towers, interleaved in time) with answers fixed by
-construction: a clip is ``frames`` frames at ``fps`` (2 s at level 1) on white; the square
-shows for one frame per flash, in a colour of its own, with at least one blank frame between
-flashes, and one beep sounds while exactly one of the flashes is showing. "How many times"
+construction: a clip is ``frames`` frames at ``fps`` (3 s at level 1) on white; the square
+shows for ``flash_frames`` frames per flash, in a colour of its own, with at least as long a
+blank between flashes, and one beep sounds while exactly one of the flashes is showing. A flash
+spans two frames because the vision tower merges each pair of frames into one temporal patch: a
+one-frame flash would be blended with white inside its tokens, while a two-frame flash fills its
+tokens the way a still image does, so the colour is read as in the image task. "How many times"
 needs the frames over time; "which colour at the beep" needs the frames and the sound
 together. The MP4s are written with PyAV (H.264 + AAC), so generation needs no system codecs.
 """
@@ -40,32 +43,42 @@ QUESTIONS = {
 @dataclass(frozen=True)
 class FlashBeepConfig:
     """Knobs of one difficulty level: ``frames`` frames of ``size`` x ``size`` pixels at ``fps``,
-    1..``max_flashes`` flashes of a ``square``-pixel square, a beep of ``beep_ms`` and audio noise
-    of std ``noise`` (relative to full scale)."""
+    1..``max_flashes`` flashes of a ``square``-pixel square, each ``flash_frames`` frames long and
+    starting on a multiple of it (a slot), a beep of ``beep_ms`` and audio noise of std ``noise``
+    (relative to full scale)."""
 
     size: int = 56
-    frames: int = 8
+    frames: int = 12
     fps: int = 4
     square: int = 20
     max_flashes: int = 3
     beep_ms: int = 150
     noise: float = 0.005
+    flash_frames: int = 2
+
+    @property
+    def slots(self) -> int:
+        return self.frames // self.flash_frames
 
     def __post_init__(self) -> None:
-        if self.max_flashes < 1 or 2 * self.max_flashes - 1 > self.frames:
-            raise DataError(f"flash_beep: {self.max_flashes} flashes with a blank frame between each need "
-                            f"{2 * self.max_flashes - 1} frames; raise frames or lower max_flashes")
+        if self.flash_frames < 1 or self.frames % self.flash_frames:
+            raise DataError(f"flash_beep: frames ({self.frames}) must be a multiple of flash_frames ({self.flash_frames})")
+        if self.max_flashes < 1 or 2 * self.max_flashes - 1 > self.slots:
+            raise DataError(f"flash_beep: {self.max_flashes} flashes of {self.flash_frames} frames with a blank as "
+                            f"long between each need {(2 * self.max_flashes - 1) * self.flash_frames} frames; "
+                            "raise frames or lower max_flashes")
         if self.max_flashes > len(COLOURS):
             raise DataError(f"flash_beep: each flash has its own colour, so max_flashes is at most {len(COLOURS)}")
         if self.size % 2 or self.square >= self.size:
             raise DataError("flash_beep: size must be even (H.264 4:2:0) and larger than the square")
-        if self.beep_ms * self.fps > 1000:
-            raise DataError(f"flash_beep: a {self.beep_ms} ms beep outlasts one frame at {self.fps} fps")
+        if self.beep_ms * self.fps > 1000 * self.flash_frames:
+            raise DataError(f"flash_beep: a {self.beep_ms} ms beep outlasts a {self.flash_frames}-frame flash "
+                            f"at {self.fps} fps")
 
 
 CONFIGS: dict[int, FlashBeepConfig] = {
     1: FlashBeepConfig(),
-    2: FlashBeepConfig(frames=12, max_flashes=4, square=14, noise=0.02),
+    2: FlashBeepConfig(frames=14, max_flashes=4, square=14, noise=0.02),
     3: FlashBeepConfig(frames=16, max_flashes=4, square=10, beep_ms=100, noise=0.04),
 }
 
@@ -73,7 +86,7 @@ CONFIGS: dict[int, FlashBeepConfig] = {
 @dataclass(frozen=True)
 class Clip:
     question: str
-    flashes: tuple[tuple[int, str], ...]  # (frame, colour name)
+    flashes: tuple[tuple[int, str], ...]  # (first frame, colour name)
     beep_flash: int  # index into flashes
     x: int
     y: int
@@ -91,10 +104,11 @@ class Clip:
 
 def draw_clip(rng: random.Random, config: FlashBeepConfig) -> Clip:
     count = rng.randint(1, config.max_flashes)
-    while True:  # frames with a blank frame between consecutive flashes
-        frames = sorted(rng.sample(range(config.frames), count))
-        if all(b - a >= 2 for a, b in zip(frames, frames[1:], strict=False)):
+    while True:  # slots with a blank slot between consecutive flashes
+        slots = sorted(rng.sample(range(config.slots), count))
+        if all(b - a >= 2 for a, b in zip(slots, slots[1:], strict=False)):
             break
+    frames = [slot * config.flash_frames for slot in slots]
     colours = rng.sample(list(COLOURS), count)
     return Clip(
         question=rng.choice(tuple(QUESTIONS)),
@@ -110,17 +124,18 @@ def render_frames(clip: Clip, config: FlashBeepConfig) -> np.ndarray:
     """(frames, size, size, 3) uint8: white, with the square in its colour on its flash frames."""
     video = np.full((config.frames, config.size, config.size, 3), 255, dtype=np.uint8)
     for frame, colour in clip.flashes:
-        video[frame, clip.y:clip.y + config.square, clip.x:clip.x + config.square] = COLOURS[colour]
+        video[frame:frame + config.flash_frames, clip.y:clip.y + config.square,
+              clip.x:clip.x + config.square] = COLOURS[colour]
     return video
 
 
 def synthesize_audio(clip: Clip, config: FlashBeepConfig) -> np.ndarray:
-    """The track as float samples at 16 kHz: noise, and a beep centred in the beep flash's frame."""
+    """The track as float samples at 16 kHz: noise, and a beep centred in the beep flash's frames."""
     n = config.frames * SAMPLE_RATE // config.fps
     audio = np.random.default_rng(clip.noise_seed).normal(0.0, config.noise, n)
     frame_len = SAMPLE_RATE // config.fps
     length = config.beep_ms * SAMPLE_RATE // 1000
-    start = clip.flashes[clip.beep_flash][0] * frame_len + (frame_len - length) // 2
+    start = clip.flashes[clip.beep_flash][0] * frame_len + (config.flash_frames * frame_len - length) // 2
     t = np.arange(length) / SAMPLE_RATE
     ramp = np.minimum(1.0, np.minimum(np.arange(length), np.arange(length)[::-1]) / 80)
     audio[start:start + length] += 0.5 * ramp * np.sin(2 * np.pi * BEEP_HZ * t)
@@ -204,8 +219,8 @@ TASK = TaskSpec(
     name=NAME,
     modality="video",
     description=(
-        "Synthetic 2 s MP4 (8 frames of 56x56 at 4 fps, H.264 + AAC) of a square flashing 1..N times in "
-        "different colours, with one beep during one flash; asks for the flash count (answer '2') or the "
+        "Synthetic 3 s MP4 (12 frames of 56x56 at 4 fps, H.264 + AAC) of a square flashing 1..N times "
+        "(2 frames each) in different colours, with one beep during one flash; asks for the flash count (answer '2') or the "
         "colour showing at the beep (answer 'red'). Reward: exact match."
     ),
     generate=generate,

@@ -93,7 +93,7 @@ def _wav() -> bytes:
     ("garbage", "not a video Relax can decode"),
     ("empty_folder", "holds no frames"),
     ("too_many_frames", "more than data.max_video_frames=5 frames"),
-    ("too_long", "2.0 s long, over data.max_video_seconds=1.5"),
+    ("too_long", "3.0 s long, over data.max_video_seconds=1.5"),
     ("no_track", "has no audio track, but its row needs one"),
     ("stray_file", "holds 'notes.txt'"),
 ])

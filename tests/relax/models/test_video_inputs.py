@@ -56,7 +56,7 @@ def test_a_still_video_is_its_image(tokenizer):
 def test_omni_interleaves_audio_like_hf_processor(tokenizer, frames, fps):
     # 16 frames at 2 fps = 8 s: video positions 0, 25, 50, ... span several 2 s chunks
     proc = processor(tokenizer, "tiny-omni")
-    config = flash_beep.FlashBeepConfig(frames=frames, fps=fps)
+    config = flash_beep.FlashBeepConfig(frames=frames, fps=fps, max_flashes=2)
     sample = flash_beep.generate_with_config(0, "train", 1, config)[0]
     out, spans, counts = video_features([sample.videos[0].data], proc)
     hf = SimpleNamespace(audio_bos_token=AUDIO_START, audio_eos_token=AUDIO_END, video_token=VIDEO_TOKEN,
@@ -115,10 +115,11 @@ def test_mp4_decodes_to_the_frames_and_track_it_was_made_from():
     data = flash_beep.encode_mp4(flash_beep.render_frames(clip, config), config.fps, flash_beep.synthesize_audio(clip,
                                                                                                                   config))
     decoded = decode_video(data, 4.0, 16)
-    assert decoded.frames.shape == (8, 56, 56, 3) and decoded.seconds_per_frame == 0.25
-    for frame, colour in clip.flashes:  # the square's centre keeps its colour through H.264
-        centre = decoded.frames[frame, clip.y + config.square // 2, clip.x + config.square // 2].astype(int)
-        assert np.abs(centre - np.array(flash_beep.COLOURS[colour])).max() < 40
-    # the beep sits in its flash's frame: AAC's priming is hidden by the edit list
-    energy = [float(np.abs(decoded.audio[i * 4000:(i + 1) * 4000]).max()) for i in range(8)]
-    assert int(np.argmax(energy)) == clip.flashes[clip.beep_flash][0]
+    assert decoded.frames.shape == (12, 56, 56, 3) and decoded.seconds_per_frame == 0.25
+    for frame, colour in clip.flashes:  # the square's centre keeps its colour through H.264, in both frames
+        for f in (frame, frame + 1):
+            centre = decoded.frames[f, clip.y + config.square // 2, clip.x + config.square // 2].astype(int)
+            assert np.abs(centre - np.array(flash_beep.COLOURS[colour])).max() < 40
+    # the beep sits in its flash's two frames (8000 samples): AAC's priming is hidden by the edit list
+    energy = [float(np.abs(decoded.audio[i * 8000:(i + 1) * 8000]).max()) for i in range(6)]
+    assert 2 * int(np.argmax(energy)) == clip.flashes[clip.beep_flash][0]

@@ -25,11 +25,14 @@ def test_the_answer_is_in_the_frames_and_the_track(train):
     for sample in train:
         clip = decode_video(sample.videos[0].data, 4.0, 16)
         lit = [i for i, f in enumerate(clip.frames) if (f.astype(int).sum(-1) < 600).sum() > 100]  # non-white square
-        assert lit == [f for f, _ in sample.metadata["flashes"]], sample.id
-        beep = int(np.argmax([np.abs(clip.audio[i * 4000:(i + 1) * 4000]).max() for i in range(8)]))
-        assert beep == sample.metadata["beep_frame"] in lit
+        starts = [f for f, _ in sample.metadata["flashes"]]
+        assert lit == [f + k for f in starts for k in (0, 1)], sample.id  # each flash fills a pair of frames
+        assert all(f % 2 == 0 for f in starts)  # ... the pair the vision tower merges into one temporal patch
+        # the beep sits inside its flash's 2 frames (0.5 s = 8000 samples at 16 kHz)
+        beep = 2 * int(np.argmax([np.abs(clip.audio[i * 8000:(i + 1) * 8000]).max() for i in range(6)]))
+        assert beep == sample.metadata["beep_frame"] in starts
         colour = dict((f, c) for f, c in sample.metadata["flashes"])[beep]
-        assert sample.answer == (str(len(lit)) if kind_of(sample) == "count" else colour)
+        assert sample.answer == (str(len(starts)) if kind_of(sample) == "count" else colour)
 
 
 def test_held_out_split_and_balanced_kinds(train):

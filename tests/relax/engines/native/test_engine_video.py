@@ -68,7 +68,7 @@ def hf_logprobs(model, ids, mm, out_ids):
 def test_video_prompt_logprobs_equal_an_hf_forward(tokenizer, models, clips, name, video):
     model, processor = models[name]
     ids, mm = encode(tokenizer, processor, clips[video])
-    assert mm["video_grid_thw"].tolist() == [[4, 4, 4]]  # 8 frames of 56x56: 4 temporal patches of 4x4
+    assert mm["video_grid_thw"].tolist() == [[6, 4, 4]]  # 12 frames of 56x56: 6 temporal patches of 4x4
     # Omni interleaves the clip's track (50 audio tokens for 2 s); VL and a silent clip do not
     with_track = name == "tiny-omni" and video == "track"
     assert (AUDIO_IN_VIDEO in mm) == with_track == ("input_features" in mm)
