@@ -282,6 +282,8 @@ class TeacherConfig:
                           "step-000099) whose weights the teacher loads; empty = the model's own weights.")
     tokenizer: str = opt("", "The teacher's tokenizer (as model.tokenizer); empty = model.tokenizer. Another "
                          "vocabulary is refused before the run starts.")
+    url: str = opt("", "An engine server holding the teacher (Relax's or SGLang's /generate, the student's tokenizer), "
+                   "used instead of name_or_path: it scores the tokens as prompt log-probs, text rows only.")
 
 
 @dataclass

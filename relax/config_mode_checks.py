@@ -33,18 +33,21 @@ def routing_replay_checks(cfg: Any) -> None:
 
 def distill_checks(cfg: Any) -> None:
     """On-policy distillation needs a teacher, and a teacher needs distillation: neither is accepted and ignored."""
-    a, teacher = cfg.algorithm, cfg.teacher.name_or_path
+    a, t = cfg.algorithm, cfg.teacher
+    teacher = t.name_or_path or t.url
+    if t.url:
+        remote_teacher_checks(cfg)
     if a.mode == "distill" and a.distill_coef == 0:
         raise ConfigError("algorithm.mode=distill trains on the distill term alone: set algorithm.distill_coef > 0 "
                           "(1.0 is the plain reverse KL)")
     if a.distill_coef > 0 and not teacher:
         raise ConfigError(f"algorithm.distill_coef={a.distill_coef:g} distils from a teacher: set teacher.name_or_path "
-                          f"(a model folder or built-in name; teacher.checkpoint for trained weights)")
+                          f"(a model folder or built-in name; teacher.checkpoint for trained weights) or teacher.url")
     if a.distill_topk and a.distill_coef == 0:
         raise ConfigError(f"algorithm.distill_topk={a.distill_topk} weights its KL to the teacher by "
                           f"algorithm.distill_coef, which is 0: set distill_coef > 0 or distill_topk=0")
     if teacher and a.distill_coef == 0:
-        raise ConfigError(f"teacher.name_or_path={teacher!r} scores tokens nobody uses: set algorithm.distill_coef > 0 "
+        raise ConfigError(f"teacher {teacher!r} scores tokens nobody uses: set algorithm.distill_coef > 0 "
                           f"(and algorithm.mode=distill for distillation alone), or unset the teacher")
     if a.mode == "distill" and a.advantage == "gae":
         raise ConfigError("algorithm.mode=distill takes the distill term as the advantage: a critic (advantage=gae) "
@@ -52,3 +55,18 @@ def distill_checks(cfg: Any) -> None:
     if a.mode == "distill" and cfg.data.reward_role:
         raise ConfigError("algorithm.mode=distill trains without the reward, and data.reward_role=true gives it a "
                           "role of its own: set data.reward_role=false")
+
+
+def remote_teacher_checks(cfg: Any) -> None:
+    """teacher.url: an http(s) engine server alone (no local model beside it), scoring at temperature 1 as
+    SGLang's prompt log-probs are (relax.engines.native.scoring), so the rollout must sample at 1."""
+    t = cfg.teacher
+    if not t.url.startswith(("http://", "https://")):
+        raise ConfigError(f"teacher.url={t.url!r} must be an http:// or https:// engine server URL")
+    if t.name_or_path or t.checkpoint:
+        raise ConfigError(f"teacher.url={t.url!r} serves the teacher, and teacher.name_or_path/checkpoint would build "
+                          f"another one here: set one of them, not both")
+    if cfg.rollout.temperature != 1.0:
+        raise ConfigError(f"teacher.url scores tokens at temperature 1 (SGLang's prompt log-probs ignore the sampling "
+                          f"temperature) but rollout.temperature={cfg.rollout.temperature:g}: sample at 1, or use a "
+                          f"local teacher (teacher.name_or_path), which scores at the rollout's temperature")

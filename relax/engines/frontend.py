@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Any
 
+from relax.engines.native.scoring import PromptScores, score_prompt
 from relax.engines.streaming import stream_response
 from relax.engines.types import (
     Completion,
@@ -65,9 +66,9 @@ def validate_media(images: list[bytes], audios: list[bytes]) -> None:
             raise EngineError(f"audio_data[{i}] is not a decodable WAV file: {e}") from None
 
 
-# /generate fields beside sampling_params that the native engine does not serve (prompt logprobs, hidden
-# states, embeddings, video, LoRA): only their defaults pass
-UNSERVED = {"logprob_start_len": (None, -1), "return_hidden_states": (None, False), "input_embeds": (None,),
+# /generate fields beside sampling_params that the native engine does not serve (hidden states, embeddings,
+# video, LoRA): only their defaults pass. Prompt logprobs (logprob_start_len) are served for scoring alone.
+UNSERVED = {"return_hidden_states": (None, False), "input_embeds": (None,),
             "routed_experts_start_len": (None, 0),
             "video_data": (None, []), "lora_path": (None,), "custom_logit_processor": (None,)}
 
@@ -229,6 +230,9 @@ class Frontend:
             self.check_length(len(pid), params, explicit=isinstance(sps[i], dict) and
                               sps[i].get("max_new_tokens") is not None)
             reqs.append(GenerateRequest(rid=str(rids[i]), input_ids=pid, params=params, mm_inputs=mm))
+        start = body.get("logprob_start_len")
+        if start is not None and start != -1:
+            return await self.score(reqs, start, body, t0, batched)
         if body.get("stream"):
             if len(reqs) != 1:
                 raise EngineError("stream=true takes one prompt (n may be > 1); send a batch without stream")
@@ -240,6 +244,46 @@ class Frontend:
         out = [self.to_native(c, r.params.n, t0, opts[i]) for i, (r, cs) in enumerate(zip(reqs, results, strict=True))
                for c in cs]
         return out if batched or len(out) > 1 else out[0]
+
+    async def score(self, reqs: list[GenerateRequest], start: Any, body: dict[str, Any], t0: float,
+                    batched: bool) -> Any:
+        """``logprob_start_len`` >= 0 with ``max_new_tokens`` 0: each prompt's ``input_token_logprobs`` (and
+        ``input_top_logprobs``) from that position on, as SGLang answers (``native/scoring.py``)."""
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise EngineError(f"logprob_start_len must be -1 or a position >= 0, not {start!r}")
+        if not body.get("return_logprob") or body.get("stream") or any(
+                r.params.max_new_tokens != 0 or r.params.n != 1 for r in reqs):
+            raise EngineError("logprob_start_len is served for scoring a prompt only: send return_logprob=true, "
+                              "sampling_params max_new_tokens=0 and n=1, without stream")
+        exclusive = getattr(self.engine, "exclusive", None)
+        if exclusive is None:
+            raise EngineError("this engine does not score prompts (logprob_start_len)")
+        for i, r in enumerate(reqs):
+            if start >= len(r.input_ids):
+                raise EngineError(f"logprob_start_len={start} is not below prompt {i}'s length ({len(r.input_ids)})")
+
+        def run(r: GenerateRequest) -> tuple[PromptScores, str]:
+            with exclusive():
+                return score_prompt(self.engine.model, r.input_ids, start, r.params.top_logprobs_num,
+                                    r.mm_inputs), str(self.engine.weight_version)
+
+        with_text = bool(body.get("return_text_in_logprobs"))
+        out = []
+        for r in reqs:
+            scores, version = await asyncio.to_thread(run, r)
+            ids = r.input_ids[start:]
+            meta: dict[str, Any] = {
+                "id": r.rid, "finish_reason": {"type": "length", "length": 0}, "prompt_tokens": len(r.input_ids),
+                "completion_tokens": 0, "cached_tokens": 0, "weight_version": version,
+                "e2e_latency": time.perf_counter() - t0, "output_token_logprobs": [],
+                "input_token_logprobs": [[lp, t, self.tokenizer.decode([t]) if with_text else None]
+                                         for lp, t in zip(scores.logprobs, ids, strict=True)]}
+            if scores.top is not None:
+                meta["output_top_logprobs"] = []
+                meta["input_top_logprobs"] = [None if row is None else [
+                    [lp, t, self.tokenizer.decode([t]) if with_text else None] for lp, t in row] for row in scores.top]
+            out.append({"text": "", "output_ids": [], "meta_info": meta})
+        return out if batched else out[0]
 
     async def update_weights_from_disk(self, body: dict[str, Any], store_root: str | None,
                                        run_id: str | None) -> tuple[int, dict[str, Any]]:

@@ -135,6 +135,8 @@ class RunContext:
         self._check_model_folder()
         if self.cfg.teacher.name_or_path:
             self._check_teacher()
+        if self.cfg.teacher.url:
+            self._check_served_teacher()
         train = self.split("train")
         family = self.cfg.model.family
         for kind, has, families in (("images", lambda s: s.images, IMAGE_FAMILIES),
@@ -198,6 +200,25 @@ class RunContext:
         if t.checkpoint and not objstore.exists(objstore.join(t.checkpoint, "meta.json")):
             raise ConfigError(f"teacher.checkpoint={t.checkpoint!r} is not a Relax checkpoint (no meta.json there); "
                               f"point it at <root>/runs/<run>/checkpoints/step-NNNNNN of a finished run")
+
+    def _check_served_teacher(self) -> None:
+        """teacher.url scores token ids alone: text rows, and a server that knows every id the student emits."""
+        from relax.services.roles.teacher_remote import RemoteTeacher
+
+        url = self.cfg.teacher.url
+        media = next((s for s in self.split("train") if s.images or s.audios or s.videos), None)
+        if media is not None:
+            raise ConfigError(f"teacher.url={url} scores token ids only, and training row {media.id!r} "
+                              f"({media.task}) carries media: distil media tasks from a local teacher "
+                              f"(teacher.name_or_path)")
+        try:
+            size = RemoteTeacher(url).vocab_size()
+        except Exception as e:  # unreachable, refused, not an engine
+            raise ConfigError(f"teacher.url={url} does not answer /get_model_info ({type(e).__name__}: {e}); "
+                              f"start the teacher's engine server first") from None
+        if size is not None and size < len(self.tokenizer):
+            raise ConfigError(f"teacher.url={url} serves a {size}-token vocabulary and the student's tokenizer has "
+                              f"{len(self.tokenizer)} tokens: serve the teacher with the student's tokenizer")
 
     def _check_backends(self, engine_urls: list[str] | None) -> None:
         """The packages and devices the chosen backends need are here (or the run stops naming which)."""

@@ -15,6 +15,8 @@ import hashlib
 import logging
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +90,7 @@ class NativeEngine:
         self._inflight: dict[int, _Pending] = {}  # admitted, not yet resolved
         self._cond = threading.Condition()
         self._paused = False
+        self._exclusive = threading.Lock()  # one exclusive() block at a time
         self._stop = False
         self._thread: threading.Thread | None = None
         self.background = background
@@ -149,9 +152,6 @@ class NativeEngine:
             self.start()
         return [p.future for p in pendings]
 
-    def generate_sync(self, req: GenerateRequest, timeout: float | None = None) -> list[Completion]:
-        return self.submit(req).result(timeout)
-
     def run_forever(self) -> None:
         """Run the scheduler on the calling thread until ``stop()`` (for ``background=False``)."""
         if self.background:
@@ -198,16 +198,26 @@ class NativeEngine:
         if bad or missing:
             raise EngineError(f"weights of version {version} do not fit this model: mismatched {bad[:3]}, "
                               f"missing {missing[:3]}; still serving version {self.weight_version}")
-        with self._cond:
-            self._paused = True
-            while self._running:
-                self._cond.wait(0.05)
+        with self.exclusive():
             self.model.load_state_dict(state_dict)
             if self.fused is not None:
                 self.fused.refresh()  # the fused weights are copies (concatenations) of the old ones
             self.weight_version = str(version)
-            self._paused = False
-            self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The model to the block alone (weight swap, prompt scoring): new requests wait, running ones finish first."""
+        with self._exclusive:
+            with self._cond:
+                self._paused = True
+                while self._running or self._inflight:
+                    self._cond.wait(0.05)
+            try:
+                yield
+            finally:
+                with self._cond:
+                    self._paused = False
+                    self._cond.notify_all()
 
     def flush_cache(self) -> bool:
         with self._cond:
@@ -339,14 +349,11 @@ class NativeEngine:
         if s.pending.listener is not None:
             s.pending.listener(s.index, token, logprob)
         params = s.pending.req.params
-        if token in params.stop_token_ids:
-            s.finish = {"type": "stop", "matched": token}
-        elif token in self.eos_ids and not params.ignore_eos:
+        if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
             s.finish = {"type": "stop", "matched": token}
         elif params.stop and self.tokenizer is not None:
             tail = self.tokenizer.decode(s.out_ids[-32:])
-            hit = next((x for x in params.stop if x in tail), None)
-            if hit is not None:
+            if (hit := next((x for x in params.stop if x in tail), None)) is not None:
                 s.finish = {"type": "stop", "matched": hit}
         if s.finish is None and (len(s.out_ids) >= params.max_new_tokens
                                  or s.last_pos + 1 >= self.max_context_length):

@@ -25,6 +25,7 @@ from relax.config import ModelConfig, RelaxConfig
 from relax.services.context import RunContext
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, to_rollout_batch
+from relax.services.roles.teacher_remote import RemoteTeacher
 from relax.services.schema import TEACHER_FIELDS, TEACHER_GROUP, scored_rows, topk_reference_fields
 from relax.trainers.torch.actor import Reference
 from relax.transfer.consumer import Batch
@@ -43,6 +44,8 @@ def teacher_model_config(cfg: RelaxConfig) -> ModelConfig:
 def teacher_identity(cfg: RelaxConfig) -> dict[str, Any]:
     """What names the teacher in lineage records: its model, sizes and checkpoint."""
     t = cfg.teacher
+    if t.url:  # the server holds the weights; its URL is what names it here
+        return {"url": t.url, "family": cfg.model.family, "tokenizer": t.tokenizer or cfg.model.tokenizer}
     return {"name_or_path": t.name_or_path, "family": cfg.model.family, "checkpoint": t.checkpoint,
             "hidden_size": t.hidden_size, "num_layers": t.num_layers, "num_heads": t.num_heads,
             "tokenizer": t.tokenizer or cfg.model.tokenizer}
@@ -62,25 +65,45 @@ def build_teacher(ctx: RunContext) -> tuple[Reference, Any]:
                      cfg.trainer.micro_batch_layout), processor
 
 
-class TeacherRole:
-    def __init__(self, ctx: RunContext, writer_id: str = "teacher"):
+class LocalTeacher:
+    """The teacher built in this process (teacher.name_or_path): its columns from one forward per micro-batch."""
+
+    def __init__(self, ctx: RunContext, k: int):
         self.teacher, processor = build_teacher(ctx)
         self.media = MediaInputs(ctx.split("train"), ctx.tokenizer, processor, ctx.snapshot.load_media)
-        k = ctx.cfg.algorithm.distill_topk
         self.topk = self.teacher.topk_width(k) if k else 0
+
+    def columns(self, batch: Batch) -> dict[str, list[Any]]:
+        rollout_batch = to_rollout_batch(batch, self.media)
+        if self.topk:  # one forward: the sampled tokens' log-probs and the top-k
+            top = self.teacher.topk(rollout_batch, self.topk)
+            return {"teacher_logprobs": top.sampled, "teacher_topk_ids": top.ids, "teacher_topk_logprobs": top.logprobs}
+        return {"teacher_logprobs": self.teacher.logprobs(rollout_batch)}
+
+
+class ServedTeacher:
+    """The teacher behind teacher.url (``teacher_remote.RemoteTeacher``)."""
+
+    def __init__(self, ctx: RunContext, k: int):
+        self.remote = RemoteTeacher(ctx.cfg.teacher.url, k)
+        self.topk = k
+
+    def columns(self, batch: Batch) -> dict[str, list[Any]]:
+        return self.remote.columns(batch.ids, batch.fields["tokens"], batch.fields["loss_mask"])
+
+
+class TeacherRole:
+    def __init__(self, ctx: RunContext, writer_id: str = "teacher"):
+        k = ctx.cfg.algorithm.distill_topk
+        self.scorer = ServedTeacher(ctx, k) if ctx.cfg.teacher.url else LocalTeacher(ctx, k)
+        self.topk = self.scorer.topk
         self.fields = TEACHER_FIELDS + (topk_reference_fields(self.topk, "teacher") if self.topk else ())
         self.stage = ColumnStage(ctx, TEACHER_GROUP, ROW_FIELDS, writer_id, self.fields, "teacher_logprobs")
         self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
         self.repaired = self.stage.repair(self._commit)
 
     def _commit(self, batch: Batch) -> None:
-        rollout_batch = to_rollout_batch(batch, self.media)
-        if self.topk:  # one forward: the sampled tokens' log-probs and the top-k
-            top = self.teacher.topk(rollout_batch, self.topk)
-            columns = {"teacher_logprobs": top.sampled, "teacher_topk_ids": top.ids, "teacher_topk_logprobs": top.logprobs}
-        else:
-            columns = {"teacher_logprobs": self.teacher.logprobs(rollout_batch)}
-        rows = scored_rows(batch.ids, batch.fields["loss_mask"], columns, self.fields)
+        rows = scored_rows(batch.ids, batch.fields["loss_mask"], self.scorer.columns(batch), self.fields)
         self.producer.add_fields(rows, meta={"step": batch.step})
 
     @property

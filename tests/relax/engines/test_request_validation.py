@@ -19,9 +19,13 @@ GREEDY = {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory):
-    tmp = Path(tmp_path_factory.mktemp("validate"))
-    model_dir = save_tiny_model(tmp / "model")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(Path(tmp_path_factory.mktemp("validate")) / "model")
+
+
+@pytest.fixture(scope="module")
+def url(model_dir: Path):
+    tmp = model_dir.parent
     port = free_port()
     proc, base = start_subprocess(["-m", "relax.engines.server", "--model-path", str(model_dir), "--port", str(port),
                                    "--max-batch-size", "16"], port, tmp / "server.log")
@@ -43,8 +47,10 @@ BAD = [
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "n": 0}}, ["n must be >= 1"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "regex": "a+"}}, ["sampling_params.regex='a+' is not supported"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "min_p": 1.5}}, ["min_p must be in [0, 1]"]),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": GREEDY, "logprob_start_len": 0},
-     ["logprob_start_len=0 is not supported"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": GREEDY, "logprob_start_len": 0, "return_logprob": True},
+     ["logprob_start_len is served for scoring a prompt only", "max_new_tokens=0"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}, "logprob_start_len": 2,
+                   "return_logprob": True}, ["logprob_start_len=2 is not below prompt 0's length (2)"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "stop_token_ids": [99999]}},
      ["stop_token_ids[0] = 99999"]),
     ("/v1/chat/completions", {"messages": "hello"}, ["messages must be a non-empty list"]),
@@ -154,3 +160,32 @@ def test_generate_returns_top_logprobs_in_sglangs_shape(url):
     for (lp, tok, _), row in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True):
         assert len(row) == 2 and row[0][1] == tok and row[0][0] >= row[1][0]
         assert row[0][0] == pytest.approx(lp, abs=1e-6)
+
+
+def test_a_prompt_is_scored_from_logprob_start_len_as_sglang_answers(url, model_dir):
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    ids = [5, 6, 7, 8, 9]
+    body = {"input_ids": [ids, ids], "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+            "logprob_start_len": 2, "top_logprobs_num": 3}
+    status, reply = post(url + "/generate", body)
+    assert status == 200 and len(reply) == 2 and reply[0]["meta_info"]["input_token_logprobs"] == \
+        reply[1]["meta_info"]["input_token_logprobs"]
+    meta = reply[0]["meta_info"]
+    assert reply[0]["output_ids"] == [] and meta["output_token_logprobs"] == [] and meta["completion_tokens"] == 0
+    # position j's entry is log p(ids[j] | ids[:j]) from the raw logits (temperature 1), as SGLang's
+    with torch.no_grad():
+        logp = torch.log_softmax(Qwen2ForCausalLM.from_pretrained(model_dir).eval()(
+            torch.tensor([ids])).logits[0].float(), -1)
+    assert [e[1] for e in meta["input_token_logprobs"]] == [7, 8, 9]
+    for (lp, tok, _), row, j in zip(meta["input_token_logprobs"], meta["input_top_logprobs"], (2, 3, 4), strict=True):
+        assert lp == pytest.approx(float(logp[j - 1, tok]), abs=1e-5)
+        top = torch.topk(logp[j - 1], 3)
+        assert [t for _, t, _ in row] == top.indices.tolist()
+        assert [v for v, _, _ in row] == pytest.approx(top.values.tolist(), abs=1e-5)
+    # from position 0: nothing predicts the first token, so its logprob is null (SGLang's form)
+    status, whole = post(url + "/generate", {**body, "input_ids": ids, "logprob_start_len": 0})
+    entries = whole["meta_info"]["input_token_logprobs"]
+    assert status == 200 and entries[0][0] is None and whole["meta_info"]["input_top_logprobs"][0] is None
+    assert [e[1] for e in entries] == ids and entries[2][0] == pytest.approx(meta["input_token_logprobs"][0][0], abs=1e-6)

@@ -43,7 +43,7 @@ def test_logprobs_equal_a_forward_pass(engine):
 
 
 def test_same_seed_same_tokens_alone_or_in_a_crowd(engine):
-    alone = engine.generate_sync(req("x", 5, max_new_tokens=8, n=3, sampling_seed=7), timeout=60)
+    alone = engine.submit(req("x", 5, max_new_tokens=8, n=3, sampling_seed=7)).result(60)
     crowd = [engine.submit(req(f"c{i}", 2 + i, max_new_tokens=10)) for i in range(6)]
     again = engine.submit(req("x", 5, max_new_tokens=8, n=3, sampling_seed=7))  # joins a running batch
     concurrent.futures.wait(crowd)
@@ -52,7 +52,7 @@ def test_same_seed_same_tokens_alone_or_in_a_crowd(engine):
 
 
 def test_temperature_zero_is_greedy(engine):
-    (c,) = engine.generate_sync(req("g", 4, max_new_tokens=6, temperature=0.0), timeout=60)
+    (c,) = engine.submit(req("g", 4, max_new_tokens=6, temperature=0.0)).result(60)
     ids = list(range(1, 5))
     for _ in range(6):
         with torch.no_grad():
@@ -61,12 +61,12 @@ def test_temperature_zero_is_greedy(engine):
 
 
 def test_stop_ids_and_zero_tokens(engine):
-    (first,) = engine.generate_sync(req("a", 4, max_new_tokens=6, temperature=0.0), timeout=60)
+    (first,) = engine.submit(req("a", 4, max_new_tokens=6, temperature=0.0)).result(60)
     stop = first.output_ids[2]
-    (c,) = engine.generate_sync(req("b", 4, max_new_tokens=6, temperature=0.0, stop_token_ids=[stop]), timeout=60)
+    (c,) = engine.submit(req("b", 4, max_new_tokens=6, temperature=0.0, stop_token_ids=[stop])).result(60)
     assert c.output_ids == first.output_ids[: first.output_ids.index(stop) + 1]
     assert c.finish_reason == {"type": "stop", "matched": stop}
-    (z,) = engine.generate_sync(req("z", 4, max_new_tokens=0), timeout=60)
+    (z,) = engine.submit(req("z", 4, max_new_tokens=0)).result(60)
     assert z.output_ids == [] and z.finish_reason["type"] == "length"
 
 
@@ -83,13 +83,13 @@ def test_abort_and_bad_requests(engine):
 
 
 def test_hot_reload_changes_outputs_to_the_new_weights(engine):
-    (before,) = engine.generate_sync(req("h", 4, max_new_tokens=6, temperature=0.0), timeout=60)
+    (before,) = engine.submit(req("h", 4, max_new_tokens=6, temperature=0.0)).result(60)
     other = tiny(seed=1)
     engine.update_weights(other.state_dict(), "1")
-    (after,) = engine.generate_sync(req("h", 4, max_new_tokens=6, temperature=0.0), timeout=60)
+    (after,) = engine.submit(req("h", 4, max_new_tokens=6, temperature=0.0)).result(60)
     fresh = NativeEngine(tiny(seed=1), None, max_batch_size=2).start()
     try:
-        (expected,) = fresh.generate_sync(req("h", 4, max_new_tokens=6, temperature=0.0), timeout=60)
+        (expected,) = fresh.submit(req("h", 4, max_new_tokens=6, temperature=0.0)).result(60)
     finally:
         fresh.stop()
     assert after.output_ids == expected.output_ids != before.output_ids

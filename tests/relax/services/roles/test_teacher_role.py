@@ -4,12 +4,16 @@ killed mid-run heals with every trained row scored exactly once."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
+
 import numpy as np
 import pytest
 import torch
 
 from relax.cli.train_cmd import run_status
 from relax.config_loader import ConfigError, load_config
+from relax.engines.native.engine import NativeEngine
+from relax.engines.server import create_app
 from relax.models import build_tokenizer
 from relax.services.context import RunContext
 from relax.services.roles.teacher import build_teacher
@@ -18,6 +22,7 @@ from relax.services.train import train
 from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import load_group_state
 from relax.transfer.lineage import list_records
+from tests.relax.engines.contract import InProcessServer
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -32,11 +37,31 @@ def _rows(ctx: RunContext, fields: list[str]) -> tuple[list[str], dict]:
     return ids, queue.read(ids, fields)
 
 
+@contextmanager
+def served_teacher(cfg):
+    """The teacher ``build_teacher`` makes for ``cfg``, behind a native engine server in this process."""
+    teacher, _ = build_teacher(RunContext(cfg))
+    engine = NativeEngine(teacher.model, build_tokenizer(cfg.model.tokenizer), max_batch_size=16,
+                          max_seq_len=cfg.model.max_seq_len)
+    try:
+        with InProcessServer(create_app(engine, "teacher")) as server:
+            yield server.url
+    finally:
+        engine.stop()
+
+
 @pytest.mark.slow
-def test_distillation_alone_trains_on_the_teachers_scores_of_each_sampled_token(tmp_path):
-    # with distill_topk the teacher's top 4 at every trained position travel too, for the actor's exact KL
+@pytest.mark.parametrize("where", ["local", "url"])
+def test_distillation_alone_trains_on_the_teachers_scores_of_each_sampled_token(tmp_path, where):
+    # with distill_topk the teacher's top 4 at every trained position travel too, for the actor's exact KL;
+    # "url": the same teacher behind an engine server, which scores the rows as SGLang's prompt log-probs
     cfg = tiny_config(f"file://{tmp_path}", "distill", *TEACHER, "algorithm.mode=distill", "algorithm.distill_topk=4")
-    result = train(cfg, progress=False)
+    with ExitStack() as stack:
+        if where == "url":
+            url = stack.enter_context(served_teacher(cfg))
+            run_cfg = tiny_config(f"file://{tmp_path}", "distill", *TEACHER[3:], "algorithm.mode=distill",
+                                  "algorithm.distill_topk=4", f"teacher.url={url}")
+        result = train(run_cfg if where == "url" else cfg, progress=False)
     assert result.steps == 2 and [m["step"] for m in result.metrics("teacher")] == [0, 1]
     assert all(m["distill_topk_kl"] > 0 for m in result.metrics("actor"))
     ctx = RunContext(cfg)
@@ -65,7 +90,10 @@ def test_distillation_alone_trains_on_the_teachers_scores_of_each_sampled_token(
     assert "distill_reverse_kl" in result.metrics("advantage")[0]
     # the checkpoint's lineage names the teacher it was distilled from
     [record] = list_records(cfg.root, cfg.run_id)
-    assert record.extra["teacher"]["name_or_path"] == "tiny-qwen2" and record.extra["teacher"]["hidden_size"] == 96
+    if where == "url":
+        assert record.extra["teacher"]["url"] == url
+    else:
+        assert record.extra["teacher"]["name_or_path"] == "tiny-qwen2" and record.extra["teacher"]["hidden_size"] == 96
 
 
 @pytest.mark.slow
@@ -87,6 +115,12 @@ def test_a_killed_teacher_heals_with_every_trained_row_scored_once(tmp_path, mon
 
 @pytest.mark.parametrize("overrides, error", [
     (("algorithm.distill_coef=1",), "distils from a teacher: set teacher.name_or_path"),
+    (("algorithm.distill_coef=1", "teacher.url=localhost:30000"), "must be an http:// or https://"),
+    (("algorithm.distill_coef=1", "teacher.url=http://t:1", "teacher.name_or_path=tiny-qwen2"),
+     "set one of them, not both"),
+    (("algorithm.distill_coef=1", "teacher.url=http://t:1", "rollout.temperature=0.7"),
+     "scores tokens at temperature 1 .* but rollout.temperature=0.7"),
+    (("teacher.url=http://t:1",), "scores tokens nobody uses"),
     (("teacher.name_or_path=tiny-qwen2",), "scores tokens nobody uses"),
     (("algorithm.mode=distill",), "set algorithm.distill_coef > 0"),
     (("algorithm.mode=distill", "algorithm.distill_coef=1", "teacher.name_or_path=tiny-qwen2",
@@ -108,4 +142,14 @@ def test_a_teacher_of_another_vocabulary_or_no_checkpoint_is_refused_before_the_
         RunContext(cfg).check_trainable()
     cfg = tiny_config(f"file://{tmp_path}", "ckpt", *TEACHER, f"teacher.checkpoint=file://{tmp_path}/nowhere")
     with pytest.raises(ConfigError, match="is not a Relax checkpoint"):
+        RunContext(cfg).check_trainable()
+
+
+def test_a_served_teacher_is_refused_before_the_run_on_media_rows_or_when_it_does_not_answer(tmp_path):
+    served = ("algorithm.distill_coef=1", "teacher.url=http://127.0.0.1:9")  # port 9: nothing listens
+    cfg = tiny_config(f"file://{tmp_path}", "media", *served, "data.tasks=[shapes]")
+    with pytest.raises(ConfigError, match=r"scores token ids only, and training row .* \(shapes\) carries media"):
+        RunContext(cfg).check_trainable()
+    cfg = tiny_config(f"file://{tmp_path}", "down", *served)
+    with pytest.raises(ConfigError, match=r"teacher.url=http://127.0.0.1:9 does not answer /get_model_info"):
         RunContext(cfg).check_trainable()
