@@ -14,6 +14,7 @@ It imports nothing of Relax: any program that speaks OpenAI's chat API can train
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import sys
@@ -60,7 +61,7 @@ def chat(client: openai.OpenAI, messages: list[dict[str, Any]], tools: list[dict
 
 def episode(gateway: openai.OpenAI, token: str, session: dict[str, Any], max_turns: int, stream: bool) -> None:
     sid, sample = session["id"], session["sample"]
-    client = openai.OpenAI(base_url=session["base_url"], api_key=token, max_retries=0)
+    client = gateway.with_options(base_url=session["base_url"])  # shares the gateway client's connections
     messages = list(sample["messages"])
     table = sample["metadata"].get("table", {})
     print(f"session {sid} opened: sample {sample['id']}", flush=True)
@@ -107,11 +108,22 @@ def main(argv: list[str] | None = None) -> int:
     count.add_argument("--forever", action="store_true", help="play until the gateway goes away")
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--stream", action="store_true", help="ask for streamed replies")
+    p.add_argument("--parallel", type=int, default=1, help="episodes played at once, each on its own thread "
+                   "(--episodes counts per thread)")
     p.add_argument("--wait-s", type=float, default=120.0, help="how long to wait for gateway.json")
     args = p.parse_args(argv)
     if not args.token:
         sys.exit("no token: pass --token or set RELAX_ENGINE_TOKEN to the run's token")
     gateway = openai.OpenAI(base_url=gateway_url(args).rstrip("/") + "/v1", api_key=args.token, max_retries=0)
+    if args.parallel == 1:
+        return play(gateway, args)
+    # several episodes at once: the gateway batches their turns into one generation (the client is thread-safe)
+    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        return max(f.result() for f in [pool.submit(play, gateway, args) for _ in range(args.parallel)])
+
+
+def play(gateway: openai.OpenAI, args: argparse.Namespace) -> int:
+    """Open, play and close episodes one after another (``--episodes`` of them, or until the gateway goes)."""
     played = 0
     while args.forever or played < args.episodes:
         try:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from relax.config_loader import load_config
 from relax.data.suite import generate_suite
@@ -30,37 +29,10 @@ from relax.rollout.engine_pool import LocalEngines
 from relax.rollout.rewards import RewardDispatcher
 from relax.rollout.sessions import SessionHub
 from relax.services.gateway import Gateway
+from tests.relax.services.tool_episodes import AGENT, teach_tool_use
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[3]
-AGENT = REPO / "examples" / "tool_agent.py"
 TOKEN = "gateway-test-token"
-
-
-def teach_tool_use(model: torch.nn.Module, tok: Any, samples: list, steps: int = 80, lr: float = 1e-2) -> None:
-    """Supervised steps on each sample's ideal episode (lookup, tool result, answer): the policy then
-    calls the tool in its own words, which the gateway must turn into OpenAI tool_calls."""
-    rows = []
-    for s in samples:
-        key, code = s.metadata["key"], s.answer
-        call = json.dumps({"name": "lookup", "arguments": {"key": key}})
-        msgs = [{"role": m.role, "content": m.content} for m in s.messages]
-        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        msgs += [{"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
-                 {"role": "tool", "content": f"{key}: {code}"}, {"role": "assistant", "content": f"<answer>{code}</answer>"}]
-        ids = tok(tok.apply_chat_template(msgs, tokenize=False), add_special_tokens=False)["input_ids"]
-        n = len(tok(prompt, add_special_tokens=False)["input_ids"])
-        rows.append((ids, [-100] * n + ids[n:]))
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.tensor([i + [0] * (width - len(i)) for i, _ in rows])
-    labels = torch.tensor([x + [-100] * (width - len(x)) for _, x in rows])
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    for _ in range(steps):
-        opt.zero_grad()
-        model(input_ids=ids, labels=labels).loss.backward()
-        opt.step()
-    model.eval()
 
 
 class GatedPool:

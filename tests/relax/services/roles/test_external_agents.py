@@ -1,12 +1,13 @@
 """A colocated run whose episodes are all played by external agents (examples/tool_agent.py processes
-through the session gateway) trains on exactly their sessions: every batch is the agents' closed
-sessions, their multi-turn samples reach the queue with the tool results masked out, the verifier's
-reward lands, and the actor's updates move the policy.
+through the session gateway) trains on exactly their sessions and raises the tool task's held-out
+accuracy: every batch is the agents' closed sessions, their multi-turn samples reach the queue with
+the tool results masked out, the verifier's reward lands, and the policy learns.
 
-The policy starts half-taught the ideal episodes of the run's few prompts (supervised steps on their
-lookup-then-answer transcripts) so that some episodes succeed. Whether RL through the gateway then
-raises the reward is not asserted: at this scale (4 prompts x 4 samples, a 2-layer model) the built-in
-agent loop's reward does not rise within a test's budget either (docs/agents.md, "Learning")."""
+The policy starts part-taught: supervised steps on the ideal episodes (lookup, result, answer) of the
+256 training prompts, stopped where it looks the right item up but copies the code from the tool's
+answer only some of the time (held-out 0.156 at 330 steps; 0.69 at 360). RL through the gateway
+then has to finish teaching the copy: measured 0.156 -> 0.359 after 25 steps of 16 prompts x 8
+episodes, 0.672 after 100 (docs/agents.md, ``benchmarks/agents.py``)."""
 
 from __future__ import annotations
 
@@ -14,58 +15,61 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from relax.engines.guards import TOKEN_ENV
-from relax.pipeline import train_run
+from relax.pipeline import evaluate, train_run
 from relax.services.context import RunContext
 from relax.trainers.torch.checkpoint import save_checkpoint
 from tests.relax.services.runtime_helpers import tiny_config
-from tests.relax.services.test_gateway import AGENT, teach_tool_use
+from tests.relax.services.tool_episodes import AGENT, teach_tool_use
 
 pytestmark = pytest.mark.slow
 TOKEN = "external-agents-test-token"
-# supervised steps on the 4 prompts' ideal episodes at lr 3e-3: measured with the built-in agent loop
-# (4 samples a prompt, temperature 1), 60 steps score 0.06, 80 steps 0.38, 100 steps 0.56
-STEPS = 80
-RL_STEPS = 4
+SFT_STEPS = 330  # 32 episodes a step at lr 3e-3: held-out 0.047 at 320, 0.156 at 330, 0.453 at 340
+RL_STEPS = 24
 
 
-def test_a_run_played_by_external_agents_trains_on_their_sessions(tmp_path, monkeypatch):
+def test_a_run_played_by_external_agents_trains_on_their_sessions_and_learns(tmp_path, monkeypatch):
     monkeypatch.setenv(TOKEN_ENV, TOKEN)  # the run's token: its gateway checks it, the agents send it
-    cfg = tiny_config(f"file://{tmp_path}", "agents", "data.tasks=[tool_lookup]", "data.train_per_task=4",
-                      "rollout.agents=external", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4",
-                      "rollout.max_new_tokens=32", "rollout.max_turns=3", f"trainer.total_steps={RL_STEPS}",
-                      f"trainer.checkpoint_every={RL_STEPS}", "trainer.lr=1e-3")
+    cfg = tiny_config(f"file://{tmp_path}", "agents", "data.tasks=[tool_lookup]", "data.train_per_task=256",
+                      "data.eval_per_task=64", "rollout.agents=external", "rollout.prompts_per_step=16",
+                      "rollout.n_samples_per_prompt=8", "rollout.max_new_tokens=32", "rollout.max_turns=3",
+                      f"trainer.total_steps={RL_STEPS}", f"trainer.checkpoint_every={RL_STEPS}", "trainer.lr=3e-4")
     ctx = RunContext(cfg)
     model, _ = ctx.build_model()
-    teach_tool_use(model, ctx.tokenizer, ctx.split("train"), steps=STEPS, lr=3e-3)
-    start = save_checkpoint(f"file://{tmp_path}/half-taught", model, meta={"kind": "test"})
+    teach_tool_use(model, ctx.tokenizer, ctx.split("train"), steps=SFT_STEPS, lr=3e-3, batch_size=32)
+    start = save_checkpoint(f"file://{tmp_path}/part-taught", model, meta={"kind": "test"})
+    before = evaluate(cfg, start).accuracy["tool_lookup"]
     run_dir = ctx.run_url.removeprefix("file://")
-    agents = [subprocess.Popen([sys.executable, str(AGENT), "--run-root", run_dir, "--forever", *extra],
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True) for extra in ([], ["--stream"], [])]
+    # two agent programs, one streaming, each playing several episodes at once on threads
+    # (their logs go to files: a pipe nobody reads while the run trains fills up and stalls them)
+    logs = [tmp_path / f"agent-{i}.log" for i in range(2)]
+    agents = [subprocess.Popen([sys.executable, str(AGENT), "--run-root", run_dir, "--forever", "--max-turns", "3",
+                                *extra], env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log.open("w"),
+                               stderr=subprocess.STDOUT)
+              for log, extra in zip(logs, (["--parallel", "24"], ["--stream", "--parallel", "8"]), strict=True)]
     try:
         result = train_run(cfg, init_checkpoint=start, progress=False)
     finally:
-        outs = []
         for p in agents:  # the gateway is gone once the run ends: each agent stops by itself
             try:
-                outs.append(p.communicate(timeout=60)[0])
+                p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
-                outs.append(p.communicate()[0])
+                p.wait()
+    outs = [log.read_text() for log in logs]
     assert result.steps == RL_STEPS
-    assert all(p.returncode == 0 and "the gateway is gone" in out for p, out in zip(agents, outs, strict=True)), outs
+    assert all(p.returncode == 0 and "the gateway is gone" in out[-2000:] for p, out in zip(agents, outs, strict=True))
     rollout = sorted(result.metrics("rollout"), key=lambda m: m["batch"])
-    assert all(m["sessions_closed"] == m["samples"] == 16 for m in rollout)
+    assert all(m["sessions_closed"] == m["samples"] == 128 for m in rollout)
     rewards = [m["reward"] for m in rollout]
-    print(f"rewards per batch: {[round(r, 2) for r in rewards]}")
+    after = evaluate(cfg, f"{ctx.run_url}/checkpoints/step-{RL_STEPS - 1:06d}").accuracy["tool_lookup"]
+    print(f"rewards per batch: {[round(r, 2) for r in rewards]}; held-out {before:.3f} -> {after:.3f}")
     assert rewards[0] > 0  # the verifier scored the agents' transcripts, and some episodes succeed
-    store = ctx.weights()
-    first, last = store.load(0)[0], store.load(RL_STEPS)[0]
-    assert any(not np.array_equal(np.asarray(first[k]), np.asarray(last[k])) for k in first)  # it trained
+    # RL through the gateway raises held-out accuracy (measured 0.156 -> 0.359 at 25 steps; the bound
+    # leaves room for the agents' threads handing the episodes out in another order)
+    assert after > before + 0.08, (before, after)
     queue = ctx.queue()
     queue.refresh()
     rows = queue.read(list(queue.state.samples), ["loss_mask", "prompt_len", "response"])
