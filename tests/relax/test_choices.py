@@ -85,7 +85,7 @@ COVERED_ELSEWHERE = {
                                           "test_weight_versions_broadcast_to_the_servers_are_the_ones_they_serve",
     # episodes need agent processes beside the run
     ("rollout.agents", "external"): "tests/relax/services/roles/test_external_agents.py::"
-                                    "test_a_run_played_by_external_agents_trains_on_their_sessions",
+                                    "test_a_run_played_by_external_agents_trains_on_their_sessions_and_learns",
 }
 
 MEGATRON = importlib.util.find_spec("megatron") is not None

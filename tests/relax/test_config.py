@@ -70,6 +70,14 @@ def test_partial_yaml_file_keeps_other_defaults(tmp_path):
     assert cfg.rollout.temperature == RelaxConfig().rollout.temperature
 
 
+def test_a_file_value_of_the_wrong_type_names_the_field(tmp_path):
+    # what `pyflyte run ... --cfg` shows before any task runs (tests/workflows/test_omni_rl.py runs the typo case)
+    path = tmp_path / "bad-type.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {"total_steps": "many"}}))
+    with pytest.raises(ConfigError, match=r"trainer\.total_steps.*integer"):
+        load_config(str(path))
+
+
 def test_config_hash_changes_with_any_field():
     base = config_hash(RelaxConfig())
     assert config_hash(load_config()) == base
