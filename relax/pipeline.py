@@ -59,7 +59,7 @@ def warm_start(cfg: RelaxConfig, snapshot_id: str) -> str:
     if cfg.trainer.sft_steps == 0:
         return ""
     ctx = RunContext(cfg)
-    ctx.check_trainable()
+    ctx.check_trainable(teacher=False)
     if ctx.snapshot_info.id != snapshot_id:
         raise ValueError(f"the config's dataset is snapshot {ctx.snapshot_info.id}, not {snapshot_id}: "
                          f"snapshot it first (the workflow's snapshot step)")
@@ -96,7 +96,7 @@ def evaluate(cfg: RelaxConfig, checkpoint: str = "", limit: int | None = None) -
     """Greedy held-out accuracy of ``checkpoint`` (a checkpoint folder; "" = the initial policy,
     i.e. ``cfg.model.init_checkpoint`` when set) on the snapshot's eval split, ``limit`` per task."""
     ctx = RunContext(cfg)
-    ctx.check_trainable()  # a text model on image/audio tasks fails here, naming the fix
+    ctx.check_trainable(teacher=False)  # a text model on image/audio tasks fails here, naming the fix
     model, processor = ctx.build_model()
     source = checkpoint or cfg.model.init_checkpoint
     if source:

@@ -164,6 +164,11 @@ class Frontend:
             text = text[: text.index(matched)]
         return text
 
+    def entry(self, logprob: float | None, token: int, with_text: bool) -> list[Any]:
+        """SGLang's logprob triple ``[logprob, id, text|null]`` (a null logprob at position 0 of a prompt)."""
+        return [None if logprob is None else float(logprob), int(token),
+                self.tokenizer.decode([token]) if with_text else None]
+
     def to_native(self, c: Completion, n: int, t0: float, opts: dict[str, Any]) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": c.rid if n == 1 else f"{c.rid}-{c.index}", "finish_reason": c.finish_reason,
@@ -171,13 +176,10 @@ class Frontend:
             "weight_version": c.weight_version, "e2e_latency": time.perf_counter() - t0}
         if opts.get("return_logprob"):
             with_text = bool(opts.get("return_text_in_logprobs"))
-            meta["output_token_logprobs"] = [
-                [float(lp), int(t), self.tokenizer.decode([t]) if with_text else None]
-                for lp, t in zip(c.logprobs, c.output_ids, strict=False)
-            ]
+            meta["output_token_logprobs"] = [self.entry(lp, t, with_text)
+                                             for lp, t in zip(c.logprobs, c.output_ids, strict=False)]
             if c.top_logprobs is not None:
-                meta["output_top_logprobs"] = [[[float(lp), int(t), self.tokenizer.decode([t]) if with_text else None]
-                                                for lp, t in row] for row in c.top_logprobs]
+                meta["output_top_logprobs"] = [[self.entry(lp, t, with_text) for lp, t in row] for row in c.top_logprobs]
         if opts.get("return_routed_experts") and c.routed_experts is not None:  # SGLang's: int32, base64
             meta["routed_experts"] = routes_to_wire(c.routed_experts)
         trim = not opts.get("no_stop_trim", False)
@@ -276,12 +278,11 @@ class Frontend:
                 "id": r.rid, "finish_reason": {"type": "length", "length": 0}, "prompt_tokens": len(r.input_ids),
                 "completion_tokens": 0, "cached_tokens": 0, "weight_version": version,
                 "e2e_latency": time.perf_counter() - t0, "output_token_logprobs": [],
-                "input_token_logprobs": [[lp, t, self.tokenizer.decode([t]) if with_text else None]
-                                         for lp, t in zip(scores.logprobs, ids, strict=True)]}
+                "input_token_logprobs": [self.entry(lp, t, with_text) for lp, t in zip(scores.logprobs, ids, strict=True)]}
             if scores.top is not None:
                 meta["output_top_logprobs"] = []
-                meta["input_top_logprobs"] = [None if row is None else [
-                    [lp, t, self.tokenizer.decode([t]) if with_text else None] for lp, t in row] for row in scores.top]
+                meta["input_top_logprobs"] = [None if row is None else [self.entry(lp, t, with_text) for lp, t in row]
+                                              for row in scores.top]
             out.append({"text": "", "output_ids": [], "meta_info": meta})
         return out if batched else out[0]
 

@@ -127,15 +127,17 @@ class RunContext:
 
         return build_processor(self.cfg.model, self.tokenizer)
 
-    def check_trainable(self, engine_urls: list[str] | None = None) -> None:
+    def check_trainable(self, engine_urls: list[str] | None = None, *, teacher: bool = True) -> None:
         """Fail before any role starts on data the configured engines cannot serve, or on an
-        extension point (``data.reward_fn``, ``rollout.env_fn``) that does not import."""
+        extension point (``data.reward_fn``, ``rollout.env_fn``) that does not import. ``teacher``:
+        also the distillation teacher (False for work that never scores with it: the format warm-start,
+        evaluation, which must not ask a served teacher for its vocabulary each time)."""
         _ = self.cfg.data.reward_fn and load_reward_fn(self.cfg.data.reward_fn)
         _ = self.cfg.rollout.env_fn and load_env_fn(self.cfg.rollout.env_fn)
         self._check_model_folder()
-        if self.cfg.teacher.name_or_path:
+        if teacher and self.cfg.teacher.name_or_path:
             self._check_teacher()
-        if self.cfg.teacher.url:
+        if teacher and self.cfg.teacher.url:
             self._check_served_teacher()
         train = self.split("train")
         family = self.cfg.model.family

@@ -81,21 +81,11 @@ class LocalTeacher:
         return {"teacher_logprobs": self.teacher.logprobs(rollout_batch)}
 
 
-class ServedTeacher:
-    """The teacher behind teacher.url (``teacher_remote.RemoteTeacher``)."""
-
-    def __init__(self, ctx: RunContext, k: int):
-        self.remote = RemoteTeacher(ctx.cfg.teacher.url, k)
-        self.topk = k
-
-    def columns(self, batch: Batch) -> dict[str, list[Any]]:
-        return self.remote.columns(batch.ids, batch.fields["tokens"], batch.fields["loss_mask"])
-
-
 class TeacherRole:
     def __init__(self, ctx: RunContext, writer_id: str = "teacher"):
         k = ctx.cfg.algorithm.distill_topk
-        self.scorer = ServedTeacher(ctx, k) if ctx.cfg.teacher.url else LocalTeacher(ctx, k)
+        url = ctx.cfg.teacher.url
+        self.scorer = RemoteTeacher(url, k) if url else LocalTeacher(ctx, k)  # both: .topk, .columns(batch)
         self.topk = self.scorer.topk
         self.fields = TEACHER_FIELDS + (topk_reference_fields(self.topk, "teacher") if self.topk else ())
         self.stage = ColumnStage(ctx, TEACHER_GROUP, ROW_FIELDS, writer_id, self.fields, "teacher_logprobs")

@@ -26,6 +26,7 @@ import torch
 
 from relax.engines.client import EngineBadResponse, EngineClient
 from relax.services.schema import topk_response_start
+from relax.transfer.consumer import Batch
 
 CONCURRENCY = 16  # rows in flight to the server at once
 
@@ -41,7 +42,7 @@ def run_async(coro: Any) -> Any:
 
 
 class RemoteTeacher:
-    """``columns(ids, tokens, loss_masks)`` -> the teacher role's columns, from the server at ``url``."""
+    """``columns(batch)`` -> the teacher role's columns for a batch of rows, from the server at ``url``."""
 
     def __init__(self, url: str, topk: int = 0, timeout_s: float = 600.0):
         self.url, self.topk, self.timeout_s = url, topk, timeout_s
@@ -56,9 +57,9 @@ class RemoteTeacher:
         size = info.get("vocab_size") if isinstance(info, dict) else None
         return int(size) if isinstance(size, int) else None
 
-    def columns(self, ids: Sequence[str], tokens: Sequence[Any], loss_masks: Sequence[Any]) -> dict[str, list[torch.Tensor]]:
+    def columns(self, batch: Batch) -> dict[str, list[torch.Tensor]]:
         """``teacher_logprobs`` (L,) per row and, with top-k, ``teacher_topk_ids`` / ``teacher_topk_logprobs`` (L, k)."""
-        scored = run_async(self._all(ids, tokens, loss_masks))
+        scored = run_async(self._all(batch.ids, batch.fields["tokens"], batch.fields["loss_mask"]))
         out: dict[str, list[torch.Tensor]] = {"teacher_logprobs": [s[0] for s in scored]}
         if self.topk:
             out["teacher_topk_ids"] = [s[1] for s in scored]
