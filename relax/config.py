@@ -335,7 +335,8 @@ class TrainerConfig:
     tensor_parallel: int = opt(1, "Megatron tensor parallelism.", range=(1, 1024))
     pipeline_parallel: int = opt(1, "Megatron pipeline parallelism.", range=(1, 1024))
     context_parallel: int = opt(1, "Megatron context parallelism.", range=(1, 1024))
-    expert_parallel: int = opt(1, "Megatron expert parallelism.", range=(1, 1024))
+    expert_parallel: int = opt(1, "Megatron expert parallelism: each MoE layer's experts split over this many "
+                                  "data-parallel ranks; must divide data_parallel and the experts.", range=(1, 1024))
 
 
 @dataclass

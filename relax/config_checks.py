@@ -103,7 +103,7 @@ def validate(cfg: Any, prefix: str = "") -> None:
 
 MEGATRON_FAMILIES = ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe")
 PARALLEL_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel")
-UNWIRED_PARALLEL = ("context_parallel", "expert_parallel")  # accepted by the config tree, not by the actor yet
+UNWIRED_PARALLEL = ("context_parallel",)  # accepted by the config tree, not by the actor yet
 
 
 def backend_checks(t: Any, family: str) -> None:
@@ -119,9 +119,17 @@ def backend_checks(t: Any, family: str) -> None:
                           f"model.family={family!r}: use trainer.backend=torch")
     for name in UNWIRED_PARALLEL:
         if getattr(t, name) > 1:
-            raise ConfigError(f"trainer.{name}={getattr(t, name)}: the Megatron actor does not split sequences or "
-                              f"experts yet (docs/megatron.md); set it to 1 and use tensor_parallel, "
-                              f"pipeline_parallel or data_parallel")
+            raise ConfigError(f"trainer.{name}={getattr(t, name)}: the Megatron actor does not split sequences "
+                              f"yet (docs/megatron.md); set it to 1 and use tensor_parallel, pipeline_parallel, "
+                              f"expert_parallel or data_parallel")
+    if t.expert_parallel > 1 and t.data_parallel % t.expert_parallel:
+        raise ConfigError(f"trainer.expert_parallel={t.expert_parallel} splits the experts over data-parallel ranks "
+                          f"and must divide trainer.data_parallel={t.data_parallel}: raise data_parallel to a "
+                          f"multiple of it")
+    if t.expert_parallel > 1 and t.pipeline_parallel > 1:
+        raise ConfigError(f"trainer.expert_parallel={t.expert_parallel} with pipeline_parallel="
+                          f"{t.pipeline_parallel}: expert-parallel ranks run their micro-batches in lockstep, "
+                          f"which megatron's pipeline schedule does not do here; use pipeline_parallel=1")
     if t.micro_batch_layout == "prefix":
         raise ConfigError("trainer.micro_batch_layout=prefix shares a prompt's positions between responses, which "
                           "megatron's GPTModel cannot take: use pack, bucket or pad with trainer.backend=megatron")

@@ -266,6 +266,10 @@ class RunContext:
         if layout.num_experts and t.pipeline_parallel > 1 and not torch.cuda.is_available():
             raise ConfigError(f"trainer.pipeline_parallel={t.pipeline_parallel} with an MoE model needs megatron's "
                               f"alltoall token dispatcher, which needs CUDA: use pipeline_parallel=1 on a CPU")
+        if t.expert_parallel > 1 and (not layout.num_experts or layout.num_experts % t.expert_parallel):
+            raise ConfigError(f"trainer.expert_parallel={t.expert_parallel} splits an MoE model's experts and this "
+                              f"model has {layout.num_experts} per layer: use an MoE family (qwen2_moe, qwen3_moe) "
+                              f"whose expert count it divides, or expert_parallel=1")
         if layout.num_experts and t.tensor_parallel > 1:  # megatron trains MoE + TP only with sequence parallel
             raise ConfigError(f"trainer.tensor_parallel={t.tensor_parallel} with an MoE model needs megatron's "
                               f"sequence parallelism, which the actor does not run yet (docs/megatron.md): use "

@@ -341,7 +341,7 @@ def test_accepted_choice_runs_one_step_and_takes_effect(pair, root, monkeypatch)
         result = train(cfg, progress=False, max_steps=1)
     finally:
         if pair == ("trainer.backend", "megatron") and MEGATRON:  # its process group would outlive the test
-            from relax.trainers.megatron.model import shutdown_distributed
+            from relax.trainers.megatron.cpu import shutdown_distributed
 
             shutdown_distributed()
     assert result.steps == 1

@@ -144,8 +144,16 @@ def test_backend_layouts_are_honoured_or_refused():
         load_config(None, ["trainer.tensor_parallel=2"])
     with pytest.raises(ConfigError, match="trainer.context_parallel=2: the Megatron actor does not split"):
         load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2"])
-    with pytest.raises(ConfigError, match="trainer.expert_parallel=2: the Megatron actor does not split"):
+    # expert parallel splits the experts over data-parallel ranks: it must divide them, and runs at pp = 1
+    with pytest.raises(ConfigError, match="expert_parallel=2 splits the experts .* must divide trainer.data_parallel=1"):
         load_config(None, ["trainer.backend=megatron", "trainer.expert_parallel=2"])
+    with pytest.raises(ConfigError, match="expert_parallel=2 with pipeline_parallel=2: .* use pipeline_parallel=1"):
+        load_config(None, ["trainer.backend=megatron", "trainer.expert_parallel=2", "trainer.data_parallel=2",
+                           "trainer.pipeline_parallel=2"])
+    with pytest.raises(ConfigError, match="trainer.expert_parallel=2 is a Megatron layout"):
+        load_config(None, ["trainer.expert_parallel=2", "trainer.data_parallel=2"])
+    ep = load_config(None, ["trainer.backend=megatron", "trainer.expert_parallel=2", "trainer.data_parallel=4"])
+    assert (ep.trainer.expert_parallel, ep.trainer.data_parallel) == (2, 4)
     # data and tensor parallel ranks are the actor's processes (relax.services.roles.actor_ranks)
     cfg = load_config(None, ["trainer.backend=megatron", "trainer.tensor_parallel=2", "trainer.data_parallel=2"])
     assert (cfg.trainer.tensor_parallel, cfg.trainer.data_parallel) == (2, 2)

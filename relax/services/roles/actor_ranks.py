@@ -51,7 +51,8 @@ class RankFailure(RuntimeError):
 
 
 def actor_world(t: TrainerConfig) -> int:
-    """Processes of the actor: data x tensor x pipeline parallel (context and expert parallel are refused)."""
+    """Processes of the actor: data x tensor x pipeline parallel (expert parallel splits the data-parallel
+    ranks' experts, so it adds none; context parallel is refused)."""
     return t.data_parallel * t.tensor_parallel * t.pipeline_parallel
 
 
@@ -63,9 +64,10 @@ def join_group(cfg: RelaxConfig, rank: int, world: int, port: int) -> dist.Proce
         raise RuntimeError("this process already has a torch.distributed group (another megatron model or actor "
                            "built here first); a multi-rank actor must be the first model its process builds")
     if t.backend == "megatron" and not cuda:
-        from relax.trainers.megatron.model import init_cpu_distributed
+        from relax.trainers.megatron.cpu import init_cpu_distributed
 
-        init_cpu_distributed(rank, world, port, tp=t.tensor_parallel, pp=t.pipeline_parallel, seed=cfg.seed)
+        init_cpu_distributed(rank, world, port, tp=t.tensor_parallel, pp=t.pipeline_parallel, ep=t.expert_parallel,
+                             seed=cfg.seed)
     else:
         if cuda:
             torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -75,7 +77,8 @@ def join_group(cfg: RelaxConfig, rank: int, world: int, port: int) -> dist.Proce
             from megatron.core import parallel_state
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-            parallel_state.initialize_model_parallel(t.tensor_parallel, t.pipeline_parallel)
+            parallel_state.initialize_model_parallel(t.tensor_parallel, t.pipeline_parallel,
+                                                     expert_model_parallel_size=t.expert_parallel)
             model_parallel_cuda_manual_seed(cfg.seed)
     # megatron 0.16 gathers with the name torch 2.13 deprecates, once per process and rank
     warnings.filterwarnings("ignore", category=FutureWarning, message=".*all_gather_into_tensor.*")

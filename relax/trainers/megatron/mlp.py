@@ -16,15 +16,21 @@ HF fuses gate and up per expert in the order megatron's GLU expects, so ``gate_u
 ``linear_fc1`` as it stands. Routing maps onto megatron's softmax router: Qwen2-MoE (raw top-k
 probabilities) is ``moe_router_pre_softmax``; Qwen3-MoE (``norm_topk_prob``: the top k
 renormalised) equals a softmax over the top-k logits, megatron's default.
+
+Expert parallelism (EP) splits each layer's experts over the EP ranks in blocks: rank r holds global
+experts r*E/EP .. (r+1)*E/EP - 1 as its ``local_experts.0 ..`` (megatron's numbering); the router and
+the shared expert stay whole on every rank (``expert_slice`` / ``expert_merge``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 
 Tensor = torch.Tensor
+_LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts\.local_experts\.)(\d+)(\..*)$")
 
 
 def _experts(cfg: Any) -> range:
@@ -130,4 +136,53 @@ def moe_transformer_kwargs(cfg: Any, dispatcher: str, routing_replay: bool = Fal
         "moe_token_dispatcher_type": dispatcher, "moe_enable_routing_replay": routing_replay}
     if cfg.shared_expert_size:
         out.update(moe_shared_expert_intermediate_size=cfg.shared_expert_size, moe_shared_expert_gate=True)
+    return out
+
+
+def local_expert(name: str) -> int | None:
+    """The expert index in a megatron ``...mlp.experts.local_experts.<e>....`` name; None for any other tensor."""
+    match = _LOCAL_EXPERT.match(name)
+    return int(match.group(2)) if match else None
+
+
+def _renamed(name: str, expert: int) -> str:
+    head, _, tail = _LOCAL_EXPERT.match(name).groups()  # type: ignore[union-attr]
+    return f"{head}{expert}{tail}"
+
+
+def experts_per_rank(cfg: Any, ep: int) -> int:
+    """E / EP; a ValueError naming both when EP does not divide the experts."""
+    if cfg.num_experts % ep:
+        raise ValueError(f"expert_parallel={ep} does not divide the model's {cfg.num_experts} experts per layer")
+    return cfg.num_experts // ep
+
+
+def expert_slice(state: dict[str, Tensor], cfg: Any, ep: int, rank: int) -> dict[str, Tensor]:
+    """A megatron state dict holding every expert -> EP rank ``rank``'s part: its block of experts,
+    renumbered from 0, and every other tensor as it is (the identity at ep = 1 or for a dense model)."""
+    if ep == 1 or not cfg.num_experts:
+        return state
+    per = experts_per_rank(cfg, ep)
+    out = {}
+    for name, tensor in state.items():
+        e = local_expert(name)
+        if e is None:
+            out[name] = tensor
+        elif rank * per <= e < (rank + 1) * per:
+            out[_renamed(name, e - rank * per)] = tensor
+    return out
+
+
+def expert_merge(parts: list[dict[str, Tensor]], cfg: Any) -> dict[str, Tensor]:
+    """Inverse of :func:`expert_slice`: the EP ranks' parts (rank order) -> every expert under its global
+    number; the tensors every rank holds whole are taken from rank 0's part."""
+    if len(parts) == 1 or not cfg.num_experts:
+        return parts[0]
+    per = experts_per_rank(cfg, len(parts))
+    out = {name: t for name, t in parts[0].items() if local_expert(name) is None}
+    for rank, part in enumerate(parts):
+        for name, tensor in part.items():
+            e = local_expert(name)
+            if e is not None:
+                out[_renamed(name, rank * per + e)] = tensor
     return out

@@ -6,19 +6,8 @@ mapping follows docs/megatron.md; the fields that silently change the math when 
 megatron's defaults (add_bias_linear=True, dropout 0.1, learned absolute positions,
 LayerNorm, gelu) are all set explicitly.
 
-CPU support (``init_cpu_single_process``) needs three workarounds for megatron-core
-0.16.1, which assumes CUDA in places that have nothing to do with the math:
-
-1. ``tensor_parallel/random.py`` ``model_parallel_cuda_manual_seed`` calls
-   ``torch.cuda.manual_seed`` and forks CUDA RNG states; we install the inference RNG
-   tracker (``initialize_rng_tracker(inference_rng_tracker=True)``) whose ``fork`` is a no-op.
-   Dropout is 0 here, so no RNG stream is lost.
-2. ``utils.py`` ``GlobalMemoryBuffer.get_tensor`` allocates on ``torch.cuda.current_device()``
-   (used by ``DotProductAttention`` for the ``baddbmm`` scores); we swap in a buffer that
-   allocates on the CPU.
-3. ``rotary_pos_embedding.py`` ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to
-   ``torch.cuda.current_device()`` on the first forward; we run it with that call
-   answering "cpu".
+CPU support (the process group, and workarounds 1-3 and 6 for what megatron-core 0.16.1 puts on
+CUDA outside the math) is relax.trainers.megatron.cpu.
 
 Also: with ``attention_mask=None`` the torch softmax path builds its causal mask with
 ``device="cuda"`` (``transformer/utils.py`` ``get_default_causal_mask``), so CPU callers pass
@@ -38,10 +27,6 @@ None``, a name it only defines when TE imports; it is defined as None (workaroun
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
-import socket
-from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
@@ -49,14 +34,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from megatron.core import parallel_state
-from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.tensor_parallel import random as mcore_random
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-from megatron.core.utils import GlobalMemoryBuffer
 
 from relax.trainers.megatron.convert import (
     LayoutConfig,
@@ -69,7 +51,8 @@ from relax.trainers.megatron.convert import (
     stage_merge,
     stage_slice,
 )
-from relax.trainers.megatron.mlp import moe_transformer_kwargs
+from relax.trainers.megatron.cpu import cuda_device_as_cpu
+from relax.trainers.megatron.mlp import expert_merge, expert_slice, local_expert, moe_transformer_kwargs
 from relax.trainers.megatron.samples import causal_attention_mask
 
 _LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -190,9 +173,9 @@ def build_gpt_model(
         raise ValueError(
             f"build_gpt_model(tp={tp}, pp={pp}) but parallel state has tp={have[0]}, pp={have[1]}"
         )
-    config = transformer_config_from_hf(
-        hf_config, tp, pp, params_dtype, use_cpu_initialization, **config_overrides
-    )
+    ep = parallel_state.get_expert_model_parallel_world_size()  # experts split over data-parallel ranks
+    config = transformer_config_from_hf(hf_config, tp, pp, params_dtype, use_cpu_initialization,
+                                        **({"expert_model_parallel_size": ep} if ep > 1 else {}), **config_overrides)
     layout = layout_from_hf_config(hf_config)
     if layout.num_experts and not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None  # workaround 5
@@ -213,90 +196,6 @@ def build_gpt_model(
             share_embeddings_and_output_weights=layout.tie_word_embeddings,
             **rope_settings(hf_config),
         )
-
-
-# ---------------------------------------------------------------- CPU process setup
-
-
-@contextlib.contextmanager
-def cuda_device_as_cpu() -> Iterator[None]:
-    """Within the block, ``torch.cuda.current_device()`` answers "cpu" (workarounds 2 and 3).
-
-    Not thread-safe (it swaps a module attribute); meant for CPU-only test processes."""
-    with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
-        yield
-
-
-class CpuGlobalMemoryBuffer(GlobalMemoryBuffer):
-    """megatron's scratch-buffer pool, allocating on the CPU (workaround 2)."""
-
-    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):  # type: ignore[override]
-        with cuda_device_as_cpu():
-            return super().get_tensor(tensor_shape, dtype, name, mem_alloc_context)
-
-
-def _patch_rope_for_cpu() -> None:
-    """Keep RoPE's ``inv_freq`` on the CPU (workaround 3); idempotent, a no-op when CUDA exists."""
-    original = RotaryEmbedding.get_emb
-    if torch.cuda.is_available() or getattr(original, "_relax_cpu", False):
-        return
-
-    @functools.wraps(original)
-    def get_emb(self: RotaryEmbedding, *args: Any, **kwargs: Any) -> torch.Tensor:
-        with cuda_device_as_cpu():
-            return original(self, *args, **kwargs)
-
-    get_emb._relax_cpu = True  # type: ignore[attr-defined]
-    RotaryEmbedding.get_emb = get_emb  # type: ignore[method-assign]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_cpu_distributed(
-    rank: int = 0,
-    world_size: int = 1,
-    port: int | None = None,
-    *,
-    tp: int = 1,
-    pp: int = 1,
-    cp: int = 1,
-    ep: int = 1,
-    seed: int = 1234,
-) -> None:
-    """gloo process group + megatron parallel state + the CPU workarounds, for one rank.
-
-    With world_size > 1 every rank must pass the same ``port``.
-    """
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port if port is not None else free_port())
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        context_parallel_size=cp,
-        expert_model_parallel_size=ep,
-    )
-    mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)  # workaround 1
-    parallel_state._GLOBAL_MEMORY_BUFFER = CpuGlobalMemoryBuffer()  # workaround 2
-    _patch_rope_for_cpu()  # workaround 3
-    torch.manual_seed(seed)
-
-
-def init_cpu_single_process(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, seed: int = 1234) -> None:
-    """World size 1 on gloo (127.0.0.1, a free port); megatron then accepts only sizes of 1."""
-    init_cpu_distributed(0, 1, None, tp=tp, pp=pp, cp=cp, ep=ep, seed=seed)
-
-
-def shutdown_distributed() -> None:
-    """Undo ``init_cpu_*``: megatron's global parallel state and the process group."""
-    parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------- forward and weights
@@ -332,20 +231,31 @@ def pipeline_stage(model: torch.nn.Module) -> tuple[int, int, bool, bool]:
 def shard_hf(hf_state: dict[str, torch.Tensor], cfg: LayoutConfig,
              stage: tuple[int, int, bool, bool]) -> dict[str, torch.Tensor]:
     """A full HF-named dict (weights, or anything of their shapes: optimizer moments) -> this rank's
-    megatron-named part: its TP shard of its PP ``stage`` (``pipeline_stage``)."""
+    megatron-named part: its TP shard of its PP ``stage`` (``pipeline_stage``), its EP rank's experts."""
     mcore = hf_to_megatron(hf_state, cfg)
     tp = parallel_state.get_tensor_model_parallel_world_size()
     if tp > 1:
         mcore = shard_for_tp(mcore, cfg, tp, parallel_state.get_tensor_model_parallel_rank())
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         mcore = stage_slice(mcore, cfg, *stage)
-    return mcore
+    return expert_slice(mcore, cfg, parallel_state.get_expert_model_parallel_world_size(),
+                        parallel_state.get_expert_model_parallel_rank())
 
 
 def gather_hf(local: dict[str, torch.Tensor], cfg: LayoutConfig, first_layer: int) -> dict[str, torch.Tensor]:
     """Inverse of :func:`shard_hf`, on every rank (collective): stages are merged over the pipeline
     group first (each rank then holds its TP rank's shard of every layer), then TP shards are
-    gathered as at pp = 1. ``first_layer``: the global index of this stage's first layer."""
+    gathered as at pp = 1; the experts of the EP ranks (within a stage) are gathered first.
+    ``first_layer``: the global index of this stage's first layer."""
+    ep = parallel_state.get_expert_model_parallel_world_size()
+    if ep > 1:
+        parts = [dict(local) for _ in range(ep)]  # the router and the rest are whole on every EP rank
+        for name in sorted(n for n in local if local_expert(n) is not None):
+            gathered = [torch.empty_like(local[name]) for _ in range(ep)]
+            dist.all_gather(gathered, local[name].contiguous(), group=parallel_state.get_expert_model_parallel_group())
+            for rank, tensor in enumerate(gathered):
+                parts[rank][name] = tensor
+        local = expert_merge(parts, cfg)
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     if pp > 1:
         device = next(iter(local.values())).device

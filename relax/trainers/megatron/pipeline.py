@@ -39,7 +39,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch.overrides import TorchFunctionMode
 
-from relax.trainers.megatron.model import cuda_device_as_cpu
+from relax.trainers.megatron.cpu import cuda_device_as_cpu
 from relax.trainers.megatron.samples import rows_of, sample_rows
 from relax.trainers.torch.packing import MicroBatch
 

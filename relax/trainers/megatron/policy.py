@@ -20,8 +20,9 @@ on CPU and NCCL on CUDA; at pipeline parallel > 1 the trainer runs megatron's sc
 (relax.trainers.megatron.pipeline). The optimizer is the PyTorch trainer's AdamW; its state is
 checkpointed by Hugging Face name (relax.trainers.megatron.optim_state), so a checkpoint resumes
 at another layout. Qwen2-/Qwen3-MoE models convert too (relax.trainers.megatron.mlp), and replay the
-engine's experts under ``replay_routes`` (replay.py). Context and expert parallelism are refused by
-the config (relax.config_checks).
+engine's experts under ``replay_routes`` (replay.py); expert parallelism splits their experts over the
+data-parallel ranks (``trainer.expert_parallel``), whose forwards then run in lockstep. Context
+parallelism is refused by the config (relax.config_checks).
 """
 
 from __future__ import annotations
@@ -36,12 +37,11 @@ import torch.distributed as dist
 from torch.nn.modules.module import _IncompatibleKeys
 
 from relax.trainers.megatron.convert import LayoutConfig, layout_from_hf_config
+from relax.trainers.megatron.cpu import cuda_device_as_cpu, init_cpu_single_process
 from relax.trainers.megatron.model import (
     build_gpt_model,
-    cuda_device_as_cpu,
     export_hf_weights,
     gather_hf,
-    init_cpu_single_process,
     load_hf_weights,
     pipeline_stage,
     shard_hf,
@@ -49,7 +49,7 @@ from relax.trainers.megatron.model import (
 from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.pipeline import attach_pipeline
 from relax.trainers.megatron.replay import replaying, sample_routes
-from relax.trainers.megatron.samples import rows_of, sample_rows
+from relax.trainers.megatron.samples import rows_of, sample_rows, widened
 
 
 def _padding_row_without_gradient(pad: int) -> Any:
@@ -91,15 +91,47 @@ class MegatronPolicy(torch.nn.Module):
             raise RuntimeError("a pipeline stage has no whole-model forward: run the model through its "
                                "pipeline_schedule (TorchTrainer.step and compute_logprobs do)")
         batch, positions, mask, spans = sample_rows(input_ids, position_ids)  # one padded row per sample
+        group = self._lockstep_group()
+        if group is not None:  # expert parallel: every rank of the group runs the group's largest shape
+            shape = torch.tensor(batch.shape)
+            dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=group)
+            batch, positions, mask = widened(batch, *shape.tolist())
         replay = contextlib.nullcontext()
         if self._routes is not None:  # R3: the engine's experts, cut into the same rows (replay.py)
             shape = (self.layout.num_experts, self.layout.moe_topk)
-            replay = replaying(self.gpt, sample_routes(self._routes, spans, batch.shape[1]), shape)
+            routes = sample_routes(self._routes, spans, batch.shape[1], rows=batch.shape[0])
+            replay = replaying(self.gpt, routes, shape)
         # megatron's tensor-parallel gathers allocate on torch.cuda.current_device(): "cpu" on CPU
         with contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu(), replay:
             logits = self.gpt(batch, positions, mask, runtime_gather_output=True)
         out = rows_of(logits, *input_ids.shape, spans)
         return SimpleNamespace(logits=out)
+
+    def _lockstep_group(self) -> dist.ProcessGroup | None:
+        """The ranks whose forwards exchange tokens (megatron's expert-parallel dispatch: the EP ranks
+        hold different data), which must run forwards of one shape in step; None without EP."""
+        from megatron.core import parallel_state
+
+        if not self.layout.num_experts or parallel_state.get_expert_model_parallel_world_size() == 1:
+            return None
+        return parallel_state.get_expert_tensor_and_model_parallel_group()
+
+    def lockstep_micro_batches(self, n: int) -> int:
+        """How many forwards (micro-batches) this rank runs for its ``n``: the most of any rank of its
+        expert-parallel group (collective there), n without EP. The trainer fills the difference with
+        :meth:`idle_forward`, since each forward's token exchange needs every rank of the group."""
+        group = self._lockstep_group()
+        if group is None:
+            return n
+        most = torch.tensor(n)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
+        return int(most)
+
+    def idle_forward(self) -> torch.Tensor:
+        """A forward that only keeps the expert-parallel group in step (one padding token, widened to the
+        group's shape): a zero loss whose backward keeps the backward exchanges in step too."""
+        param = next(self.parameters())
+        return self(torch.zeros(1, 1, dtype=torch.long, device=param.device)).logits.sum() * 0.0
 
     @contextlib.contextmanager
     def replay_routes(self, routes: torch.Tensor) -> Iterator[None]:
@@ -128,21 +160,38 @@ class MegatronPolicy(torch.nn.Module):
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
         from megatron.core.transformer.module import param_is_not_shared
 
+        experts = [p for p in self.parameters() if not getattr(p, "allreduce", True)]  # megatron's EP mark
+        for p in experts:  # an expert no token reached: a zero gradient, as HF's fused expert tensors get
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         params = [p for p in self.parameters() if p.grad is not None]
         data = parallel_state.get_data_parallel_group()
-        if dist.get_world_size(data) > 1:  # what megatron's DDP does in finish_grad_sync, unbucketed
+        dp = dist.get_world_size(data)
+        if dp > 1:  # what megatron's DDP does in finish_grad_sync, unbucketed
+            expert_data = parallel_state.get_expert_data_parallel_group() if experts else None
             for p in params:  # each rank's gradient is world x its share's (TorchTrainer.step): the mean is the sum
-                dist.all_reduce(p.grad, group=data)
-                p.grad.div_(dist.get_world_size(data))
+                # an expert's gradient already holds the tokens of its whole EP group (the dispatch
+                # gathered them): summed over the replicas of that expert only, still divided by dp
+                group = expert_data if getattr(p, "allreduce", True) is False else data
+                if dist.get_world_size(group) > 1:
+                    dist.all_reduce(p.grad, group=group)
+                p.grad.div_(dp)
         group = parallel_state.get_model_parallel_group()
-        if dist.get_world_size(group) == 1:  # exactly the PyTorch backend's arithmetic
+        if dist.get_world_size(group) == 1 and not experts:  # exactly the PyTorch backend's arithmetic
             return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+        def squares(chosen: list[torch.nn.Parameter], over: dist.ProcessGroup) -> torch.Tensor:
+            total = sum((p.grad.double().pow(2).sum() for p in chosen), torch.zeros((), dtype=torch.float64))
+            dist.all_reduce(total, group=over)
+            return total
+
         # param_is_not_shared: the last pipeline stage's copy of tied embeddings counts once, on the first
-        squares = sum((p.grad.double().pow(2).sum() for p in params
-                       if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)),
-                      torch.zeros((), dtype=torch.float64))
-        dist.all_reduce(squares, group=group)
-        norm = float(squares.sqrt())
+        dense = [p for p in params if getattr(p, "allreduce", True) and param_is_not_tensor_parallel_duplicate(p)
+                 and param_is_not_shared(p)]
+        total = squares(dense, group)
+        if experts:  # each expert on one rank of its expert-model-parallel group (megatron's get_grad_norm_fp32)
+            total += squares(experts, parallel_state.get_expert_tensor_model_pipeline_parallel_group())
+        norm = float(total.sqrt())
         scale = min(1.0, max_norm / (norm + 1e-6))
         for p in params:
             p.grad.mul_(scale)
@@ -193,7 +242,7 @@ def init_megatron(seed: int) -> None:
     if not dist.is_initialized():
         import os
 
-        from relax.trainers.megatron.model import free_port
+        from relax.trainers.megatron.cpu import free_port
 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))

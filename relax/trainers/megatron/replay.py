@@ -30,15 +30,16 @@ def replay_instances(gpt: torch.nn.Module) -> list:
     return [m.router_replay for m in gpt.modules() if getattr(m, "router_replay", None) is not None]
 
 
-def sample_routes(routes: torch.Tensor, spans: Sequence[Span], longest: int) -> torch.Tensor:
+def sample_routes(routes: torch.Tensor, spans: Sequence[Span], longest: int, rows: int = 0) -> torch.Tensor:
     """(R, T, L, k) routes in the trainer's rows -> (longest * n, L, k) in megatron's order: one padded
-    row per sample (``spans``, as ``samples.sample_rows`` cut the tokens), sequence-first, -1 filled."""
+    row per sample (``spans``, as ``samples.sample_rows`` cut the tokens), sequence-first, -1 filled;
+    ``rows`` > n pads with rows of padding (``samples.widened``)."""
     k = routes.shape[-1]
-    out = torch.full((len(spans), longest, *routes.shape[-2:]), -1, dtype=torch.long)
+    out = torch.full((max(rows, len(spans)), longest, *routes.shape[-2:]), -1, dtype=torch.long)
     for i, (row, start, length) in enumerate(spans):
         out[i, :length] = routes[row, start:start + length]
     out = torch.where(out >= 0, out, torch.arange(k, dtype=torch.long))  # padding and never-fed positions
-    return out.transpose(0, 1).reshape(longest * len(spans), *routes.shape[-2:])
+    return out.transpose(0, 1).reshape(longest * out.shape[0], *routes.shape[-2:])
 
 
 @contextmanager

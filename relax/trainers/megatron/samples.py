@@ -54,3 +54,14 @@ def rows_of(per_sample: torch.Tensor, rows: int, width: int, spans: Sequence[Spa
     for k, (row, start, length) in enumerate(spans):
         out[row, start:start + length] = per_sample[k, :length]
     return out
+
+
+def widened(batch: torch.Tensor, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(n, S) sample rows -> (rows, width) >= (n, S), zero-padded below and to the right, with positions
+    and causal mask as :func:`sample_rows` gives them. Expert-parallel ranks exchange their tokens in
+    equal shares (megatron's allgather dispatcher), so each runs the group's largest shape; the
+    added rows and columns are causal padding that no real position attends to."""
+    out = batch.new_zeros(rows, width)
+    out[:batch.shape[0], :batch.shape[1]] = batch
+    positions = torch.arange(width, device=batch.device).expand(rows, -1)
+    return out, positions, causal_attention_mask(width, batch.device)

@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
 from relax.trainers.megatron.convert import ConversionError
-from relax.trainers.megatron.model import cuda_device_as_cpu
+from relax.trainers.megatron.cpu import cuda_device_as_cpu
 from relax.trainers.megatron.policy import MegatronPolicy, megatron_policy
 from relax.trainers.megatron.samples import causal_attention_mask, rows_of, sample_rows
 

@@ -85,6 +85,14 @@ def token_logprobs(model: torch.nn.Module, mb: MicroBatch | PrefixMicroBatch, te
     return span_logprobs(logits_of(model, mb), mb, temperature, with_entropy, read)
 
 
+def lockstep_fillers(model: torch.nn.Module, n: int) -> int:
+    """Idle forwards to run after this rank's ``n`` micro-batches so that ranks exchanging tokens inside
+    every forward (megatron expert parallelism, ``MegatronPolicy.lockstep_micro_batches``) run as many
+    as the busiest of them; 0 for any other model (collective where it is not 0)."""
+    count = getattr(getattr(model, "module", model), "lockstep_micro_batches", None)
+    return 0 if count is None else count(n) - n
+
+
 @torch.no_grad()
 def compute_logprobs(model: torch.nn.Module, batches: Sequence[MicroBatch | PrefixMicroBatch], n: int,
                      temperature: float = 1.0) -> list[torch.Tensor]:
@@ -94,7 +102,10 @@ def compute_logprobs(model: torch.nn.Module, batches: Sequence[MicroBatch | Pref
     if pipeline is not None:  # stages of a megatron model: the last one scores (relax.trainers.megatron.pipeline)
         outs = pipeline.forward_only(batches, lambda mb, logits: span_logprobs(logits, mb, temperature).logprobs)
     else:
+        fillers = lockstep_fillers(model, len(batches))  # before the first forward: counted collectively
         outs = [token_logprobs(model, mb, temperature).logprobs for mb in batches]
+        for _ in range(fillers):
+            getattr(model, "module", model).idle_forward()
     for mb, logprobs in zip(batches, outs, strict=True):
         for s, lp in zip(mb.spans, logprobs, strict=True):
             result[s.index] = lp.detach()

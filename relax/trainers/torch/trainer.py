@@ -21,7 +21,13 @@ import torch.distributed as dist
 from relax.trainers.torch.attention import enable_packed_attention
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
-from relax.trainers.torch.forward import PositionReader, TokenOutputs, span_logprobs, token_logprobs
+from relax.trainers.torch.forward import (
+    PositionReader,
+    TokenOutputs,
+    lockstep_fillers,
+    span_logprobs,
+    token_logprobs,
+)
 from relax.trainers.torch.optim import build_optimizer
 from relax.trainers.torch.packing import MicroBatch, lay_out_routes, micro_batches
 from relax.trainers.torch.prefix import PrefixMicroBatch, plan_prefix
@@ -205,6 +211,7 @@ class TorchTrainer:
                 total += mb_loss
                 parts.append(m)
         else:
+            fillers = lockstep_fillers(self.model, len(mbs))  # before the first forward: counted collectively
             for k, mb in enumerate(mbs):
                 sync = k == len(mbs) - 1
                 ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else _null()
@@ -218,6 +225,9 @@ class TorchTrainer:
                     (mb_loss * world).float().backward()
                 total += mb_loss.detach()
                 parts.append(m)
+            for _ in range(fillers):  # their backward exchanges tokens too
+                with self._precision():
+                    unwrap(self.model).idle_forward().float().backward()
         metrics = combine_metrics(parts)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(total, group=self.data_group)

@@ -43,14 +43,18 @@ def test_routing_replay_is_refused_where_nothing_records_or_replays_routes(overr
         load_config(None, ["algorithm.routing_replay=true", *family, *override.split()])
 
 
-def test_a_megatron_moe_actor_replays_the_engines_experts_in_the_loop(tmp_path):
+def test_an_expert_parallel_megatron_moe_actor_replays_the_engines_experts_in_the_loop(tmp_path):
+    # two training ranks (data_parallel=2), each holding half of every layer's experts (expert_parallel=2)
     pytest.importorskip("megatron.core", exc_type=ImportError)
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    import torch
+
     from relax.services.report.metrics import read_metrics
+    from relax.transfer.weights import WeightStore
 
     repo = Path(__file__).resolve().parents[4]
     env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONWARNINGS": "ignore"}
@@ -60,21 +64,34 @@ def test_a_megatron_moe_actor_replays_the_engines_experts_in_the_loop(tmp_path):
                            "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8", "trainer.total_steps=2",
                            "trainer.checkpoint_every=2", f"root=file://{tmp_path}", "run_id=mr3", "topology=disaggregated",
                            "model.family=qwen3_moe", "trainer.backend=megatron", "algorithm.routing_replay=true",
+                           "trainer.data_parallel=2", "trainer.expert_parallel=2", "trainer.lr=1e-3",
+                           "data.reward_fn=tests.relax.services.runtime_helpers.length_reward",
                            "--no-progress"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     actor = sorted(read_metrics(f"file://{tmp_path}/runs/mr3", "actor"), key=lambda m: m["step"])
-    assert [m["step"] for m in actor] == [0, 1]
-    # megatron's MoE layers, routed through the HF engine's experts, score the engine's samples exactly
+    assert [(m["step"], m["ranks"]) for m in actor] == [(0, 2), (1, 2)]
+    # megatron's MoE layers, split over two ranks and routed through the HF engine's experts, score
+    # the engine's samples exactly; and the step is a real one (length_reward varies in every group)
     assert actor[0]["approx_kl"] < 1e-9 and abs(actor[0]["ratio_mean"] - 1) < 1e-6
+    assert actor[0]["grad_norm"] > 0.01
+    # the published version gathers both ranks' experts back into the HF layout
+    store = WeightStore(f"file://{tmp_path}", "mr3")
+    v0, v1 = store.load(0)[0], store.load(1)[0]
+    experts = [k for k in v0 if "experts" in k]
+    assert v0.keys() == v1.keys() and experts and all(v1[k].shape[0] == 4 for k in experts)  # 4 experts a layer
+    assert all(not torch.equal(v0[k], v1[k]) for k in experts)  # both ranks' experts moved
 
 
 @pytest.mark.parametrize("override, named", [
     ("trainer.tensor_parallel=2", "needs megatron's sequence parallelism"),
     ("trainer.pipeline_parallel=2", "alltoall token dispatcher, which needs CUDA"),
+    ("trainer.data_parallel=3 trainer.expert_parallel=3", "expert_parallel=3 splits .* this model has 4 per layer"),
+    ("model.family=qwen2 trainer.data_parallel=2 trainer.expert_parallel=2", "this model has 0 per layer"),
 ])
 def test_megatron_moe_layouts_that_cannot_train_here_are_refused_before_the_run(tmp_path, override, named):
     from relax.services.context import RunContext
 
-    cfg = tiny_config(f"file://{tmp_path}", "refused", "model.family=qwen3_moe", "trainer.backend=megatron", override)
+    cfg = tiny_config(f"file://{tmp_path}", "refused", "model.family=qwen3_moe", "trainer.backend=megatron",
+                      "rollout.prompts_per_step=3", *override.split())
     with pytest.raises(ConfigError, match=named):
         RunContext(cfg).check_trainable()

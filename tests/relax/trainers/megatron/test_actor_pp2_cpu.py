@@ -128,7 +128,8 @@ def _main(rank: int, tp: int, pp: int, port: str, out: str) -> None:
 
     from megatron.core import parallel_state
 
-    from relax.trainers.megatron.model import init_cpu_distributed, pipeline_stage
+    from relax.trainers.megatron.cpu import init_cpu_distributed
+    from relax.trainers.megatron.model import pipeline_stage
     from relax.trainers.megatron.pipeline import attach_pipeline
     from relax.trainers.megatron.policy import megatron_policy
 

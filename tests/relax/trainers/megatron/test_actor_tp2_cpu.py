@@ -64,7 +64,7 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-    from relax.trainers.megatron.model import init_cpu_distributed
+    from relax.trainers.megatron.cpu import init_cpu_distributed
     from relax.trainers.megatron.policy import megatron_policy
 
     init_cpu_distributed(rank, 2, int(port), tp=2)

@@ -258,3 +258,26 @@ def test_parallel_sizes_come_from_the_trainer_config():
     # the dataclass itself: the config loader refuses these layouts in the RL loop until they are wired
     t = TrainerConfig(backend="megatron", tensor_parallel=2, pipeline_parallel=4, context_parallel=1, expert_parallel=8)
     assert parallel_sizes(t) == {"tp": 2, "pp": 4, "cp": 1, "ep": 8}
+
+
+def test_expert_parallel_slices_blocks_of_experts_and_merges_them_back():
+    from types import SimpleNamespace
+
+    from relax.trainers.megatron.mlp import expert_merge, expert_slice, local_expert
+
+    cfg = SimpleNamespace(num_experts=4)
+    e = "decoder.layers.1.mlp.experts.local_experts."
+    full = {"decoder.layers.1.mlp.router.weight": torch.zeros(4, 2),
+            **{f"{e}{i}.linear_fc1.weight": torch.full((2, 2), float(i)) for i in range(4)}}
+    # EP rank 1 of 2 holds global experts 2 and 3 as its local 0 and 1; the router stays whole
+    part = expert_slice(full, cfg, 2, 1)
+    assert sorted(part) == ["decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight",
+                            "decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight",
+                            "decoder.layers.1.mlp.router.weight"]
+    assert part[f"{e}0.linear_fc1.weight"][0, 0] == 2 and part[f"{e}1.linear_fc1.weight"][0, 0] == 3
+    merged = expert_merge([expert_slice(full, cfg, 2, r) for r in range(2)], cfg)
+    assert merged.keys() == full.keys() and all(torch.equal(merged[k], full[k]) for k in full)
+    assert local_expert(f"{e}3.linear_fc2.weight") == 3 and local_expert("decoder.layers.1.mlp.router.weight") is None
+    assert expert_slice(full, cfg, 1, 0) is full  # ep = 1: nothing to split
+    with pytest.raises(ValueError, match="expert_parallel=3 does not divide the model's 4 experts"):
+        expert_slice(full, cfg, 3, 0)

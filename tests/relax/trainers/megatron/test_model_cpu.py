@@ -72,9 +72,10 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def worker_single() -> dict[str, Any]:
     """tp=1: logits vs HF for each family, a flat-QKV control, one training step."""
     from relax.trainers.megatron import convert
+    from relax.trainers.megatron import cpu as mc
     from relax.trainers.megatron import model as mm
 
-    mm.init_cpu_single_process()
+    mc.init_cpu_single_process()
     out: dict[str, Any] = {}
     ids = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
     for family in FAMILIES:
@@ -99,7 +100,7 @@ def worker_single() -> dict[str, Any]:
                 out["flat_qkv_diff"] = _max_diff(mm.forward_logits(gpt, ids), ref)
     out["train"] = _train_step(mm, convert, ids)
     out["config"] = _config_mapping(mm)
-    mm.shutdown_distributed()
+    mc.shutdown_distributed()
     return out
 
 
@@ -186,10 +187,11 @@ def _config_mapping(mm: Any) -> dict[str, Any]:
 def worker_tp(rank: int, world: int, port: int) -> dict[str, Any]:
     """One rank of a tp=world gloo group: sharded load, forward, gathered export."""
     from relax.trainers.megatron import convert
+    from relax.trainers.megatron import cpu as mc
     from relax.trainers.megatron import model as mm
 
     torch.set_num_threads(1)
-    mm.init_cpu_distributed(rank, world, port, tp=world)
+    mc.init_cpu_distributed(rank, world, port, tp=world)
     out: dict[str, Any] = {}
     ids = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
     for family in ("qwen2", "qwen3"):
@@ -209,7 +211,7 @@ def worker_tp(rank: int, world: int, port: int) -> dict[str, Any]:
             "fc1_shard_ok": torch.equal(local_fc1, expected_fc1),
             "export_exact": all(torch.equal(back[k], v) for k, v in hf.state_dict().items()),
         }
-    mm.shutdown_distributed()
+    mc.shutdown_distributed()
     return out
 
 
@@ -223,9 +225,10 @@ def worker_gpu(ckpt_dir: str) -> dict[str, Any]:
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from relax.trainers.megatron import convert
+    from relax.trainers.megatron import cpu as mc
     from relax.trainers.megatron import model as mm
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(mm.free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(mc.free_port()))
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
@@ -257,7 +260,7 @@ def worker_gpu(ckpt_dir: str) -> dict[str, Any]:
     fresh = mm.build_gpt_model(hf.config)
     fresh.load_state_dict(dist_checkpointing.load(fresh.sharded_state_dict(), ckpt_dir), strict=False)
     reloaded = mm.export_hf_weights(fresh, cfg)
-    mm.shutdown_distributed()
+    mc.shutdown_distributed()
     return {
         "max_abs_diff": diff,
         "step_ok": bool(ok),

@@ -92,7 +92,7 @@ def _setup():
 
 
 def _megatron_actor(cfg, hf, rank: int, world: int, port: str, tp: int):
-    from relax.trainers.megatron.model import init_cpu_distributed
+    from relax.trainers.megatron.cpu import init_cpu_distributed
     from relax.trainers.megatron.policy import megatron_policy
     from relax.trainers.torch.actor import Actor
 
@@ -179,6 +179,6 @@ if __name__ == "__main__":
 
     if dist.is_initialized():  # leave together: a rank exiting with gloo's threads alive aborts
         dist.barrier()
-        from relax.trainers.megatron.model import shutdown_distributed
+        from relax.trainers.megatron.cpu import shutdown_distributed
 
         shutdown_distributed()

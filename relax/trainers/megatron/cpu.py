@@ -1,0 +1,143 @@
+"""megatron-core on a CPU: a gloo process group, megatron's parallel state, and the workarounds
+megatron-core 0.16.1 needs where it assumes CUDA in places that have nothing to do with the math.
+
+1. ``tensor_parallel/random.py`` ``model_parallel_cuda_manual_seed`` calls
+   ``torch.cuda.manual_seed`` and forks CUDA RNG states; we install the inference RNG
+   tracker (``initialize_rng_tracker(inference_rng_tracker=True)``) whose ``fork`` is a no-op.
+   Dropout is 0 here, so no RNG stream is lost.
+2. ``utils.py`` ``GlobalMemoryBuffer.get_tensor`` allocates on ``torch.cuda.current_device()``
+   (used by ``DotProductAttention`` for the ``baddbmm`` scores); we swap in a buffer that
+   allocates on the CPU.
+3. ``rotary_pos_embedding.py`` ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to
+   ``torch.cuda.current_device()`` on the first forward; we run it with that call
+   answering "cpu".
+6. ``tensor_parallel/mappings.py``'s gathers and reduce-scatters allocate their outputs on
+   ``torch.cuda.current_device()``, also inside autograd's backward (the expert-parallel token
+   exchange: a gather's gradient is a reduce-scatter and back), where no block of ours is active;
+   those functions are wrapped to run with that call answering "cpu".
+
+(Workarounds 4 and 5 are build-time ones, in relax.trainers.megatron.model.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.tensor_parallel import mappings
+from megatron.core.tensor_parallel import random as mcore_random
+from megatron.core.utils import GlobalMemoryBuffer
+
+
+@contextlib.contextmanager
+def cuda_device_as_cpu() -> Iterator[None]:
+    """Within the block, ``torch.cuda.current_device()`` answers "cpu" (workarounds 2 and 3).
+
+    Not thread-safe (it swaps a module attribute); meant for CPU-only test processes."""
+    with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
+        yield
+
+
+class CpuGlobalMemoryBuffer(GlobalMemoryBuffer):
+    """megatron's scratch-buffer pool, allocating on the CPU (workaround 2)."""
+
+    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):  # type: ignore[override]
+        with cuda_device_as_cpu():
+            return super().get_tensor(tensor_shape, dtype, name, mem_alloc_context)
+
+
+def _patch_rope_for_cpu() -> None:
+    """Keep RoPE's ``inv_freq`` on the CPU (workaround 3); idempotent, a no-op when CUDA exists."""
+    original = RotaryEmbedding.get_emb
+    if torch.cuda.is_available() or getattr(original, "_relax_cpu", False):
+        return
+
+    @functools.wraps(original)
+    def get_emb(self: RotaryEmbedding, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with cuda_device_as_cpu():
+            return original(self, *args, **kwargs)
+
+    get_emb._relax_cpu = True  # type: ignore[attr-defined]
+    RotaryEmbedding.get_emb = get_emb  # type: ignore[method-assign]
+
+
+def _on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with cuda_device_as_cpu():
+            return fn(*args, **kwargs)
+
+    wrapped._relax_cpu = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _patch_mappings_for_cpu() -> None:
+    """Run megatron's gather/reduce-scatter helpers with outputs on the CPU (workaround 6); idempotent,
+    a no-op when CUDA exists. Their callers (autograd functions) look them up by module name at call time."""
+    if torch.cuda.is_available():
+        return
+    for name in ("_gather_along_first_dim", "_gather_along_last_dim", "_reduce_scatter_along_first_dim"):
+        fn = getattr(mappings, name)
+        if not getattr(fn, "_relax_cpu", False):
+            setattr(mappings, name, _on_cpu(fn))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_cpu_distributed(
+    rank: int = 0,
+    world_size: int = 1,
+    port: int | None = None,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    seed: int = 1234,
+) -> None:
+    """gloo process group + megatron parallel state + the CPU workarounds, for one rank.
+
+    With world_size > 1 every rank must pass the same ``port``.
+    """
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port if port is not None else free_port())
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        expert_model_parallel_size=ep,
+    )
+    mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)  # workaround 1
+    parallel_state._GLOBAL_MEMORY_BUFFER = CpuGlobalMemoryBuffer()  # workaround 2
+    _patch_rope_for_cpu()  # workaround 3
+    _patch_mappings_for_cpu()  # workaround 6
+    torch.manual_seed(seed)
+
+
+def init_cpu_single_process(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, seed: int = 1234) -> None:
+    """World size 1 on gloo (127.0.0.1, a free port); megatron then accepts only sizes of 1."""
+    init_cpu_distributed(0, 1, None, tp=tp, pp=pp, cp=cp, ep=ep, seed=seed)
+
+
+def shutdown_distributed() -> None:
+    """Undo ``init_cpu_*``: megatron's global parallel state and the process group."""
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
