@@ -160,6 +160,11 @@ class MegatronPolicy(torch.nn.Module):
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
         from megatron.core.transformer.module import param_is_not_shared
 
+        tensor = parallel_state.get_tensor_model_parallel_group()
+        if dist.get_world_size(tensor) > 1:  # as megatron's finalize_model_grads: a per-head q/k norm (Qwen3) is
+            for name, p in self.named_parameters():  # whole on every TP rank but sees only that rank's heads
+                if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
+                    dist.all_reduce(p.grad, group=tensor)
         experts = [p for p in self.parameters() if not getattr(p, "allreduce", True)]  # megatron's EP mark
         for p in experts:  # an expert no token reached: a zero gradient, as HF's fused expert tensors get
             if p.grad is None:

@@ -103,7 +103,7 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
 
     from megatron.core import parallel_state
 
-    from relax.trainers.megatron.cpu import init_cpu_distributed
+    from relax.trainers.megatron.cpu import init_cpu_distributed, shutdown_distributed
     from relax.trainers.megatron.policy import megatron_policy
 
     init_cpu_distributed(rank, 2, int(port), ep=2)
@@ -133,6 +133,7 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
             "max_moment_diff": max(float((moments_t[k][m] - moments_m[k][m]).abs().max()) for k in moments_t
                                    for m in ("exp_avg", "exp_avg_sq") if moments_m.get(k))}
     Path(out).write_text(json.dumps(result))
+    shutdown_distributed()  # a gloo group left to the interpreter's exit can abort it
 
 
 if __name__ == "__main__":

@@ -33,21 +33,25 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
 
 
-def test_a_tp2_actor_step_equals_the_pytorch_backend(ranks: list[dict[str, Any]]) -> None:
-    for res in ranks:
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_tp2_actor_step_equals_the_pytorch_backend(ranks: list[dict[str, Any]], family: str) -> None:
+    # qwen3's per-head q/k norms see only this rank's heads: their gradients are summed over the TP ranks
+    for res in (r[family] for r in ranks):
         assert res["tp"] == 2 and res["dp"] == 1
         assert res["loss_megatron"] == pytest.approx(res["loss_torch"], abs=1e-5)
         assert res["grad_norm_megatron"] == pytest.approx(res["grad_norm_torch"], rel=1e-5)
         assert res["grad_norm_torch"] > 1.0  # above trainer.grad_clip=1: the clipped update is what is compared
         assert res["max_weight_diff"] < 1e-5 and res["max_weight_change"] > 1e-4
     # each rank held half of the sharded weights, and the norm of one half alone is smaller
-    assert all(res["local_shard_norm"] < res["grad_norm_torch"] for res in ranks)
+    assert all(r[family]["local_shard_norm"] < r[family]["grad_norm_torch"] for r in ranks)
 
 
 def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
     import copy
 
-    from tiny import tiny_batch, tiny_qwen2
+    import torch
+    from tiny import VOCAB, tiny_batch, tiny_qwen2
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from relax.config_loader import load_config
     from relax.trainers.torch.actor import Actor
@@ -55,33 +59,44 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
     cfg = load_config(None, ["trainer.warmup_steps=0", "trainer.lr=1e-3", "rollout.max_new_tokens=16",
                              "algorithm.off_policy=none", "trainer.micro_batch_layout=pack",
                              "trainer.micro_batch_tokens=40", "trainer.grad_clip=1.0"])
-    hf = tiny_qwen2()
-    batch = tiny_batch()
-    torch_actor = Actor(copy.deepcopy(hf), cfg)  # before any process group: the plain PyTorch step
-    batch.old_logprobs = [lp - 0.05 * m for lp, m in zip(torch_actor.logprobs(batch), batch.loss_mask, strict=True)]
-    a = torch_actor.train_step(batch)
+    torch.manual_seed(0)
+    models = {"qwen2": tiny_qwen2(), "qwen3": Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512))}
+    steps = {}
+    for family, hf in models.items():  # before any process group: the plain PyTorch step
+        batch = tiny_batch()
+        torch_actor = Actor(copy.deepcopy(hf), cfg)
+        batch.old_logprobs = [lp - 0.05 * m for lp, m in zip(torch_actor.logprobs(batch), batch.loss_mask,
+                                                             strict=True)]
+        steps[family] = (batch, torch_actor.train_step(batch), torch_actor.model.state_dict())
 
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-    from relax.trainers.megatron.cpu import init_cpu_distributed
+    from relax.trainers.megatron.cpu import init_cpu_distributed, shutdown_distributed
     from relax.trainers.megatron.policy import megatron_policy
 
     init_cpu_distributed(rank, 2, int(port), tp=2)
-    mcore_actor = Actor(megatron_policy(copy.deepcopy(hf)), cfg)
-    b = mcore_actor.train_step(batch)
-    # the pre-clip norm of this rank's shards alone, from the gradients the clip scaled by min(1, 1/norm)
-    scale = min(1.0, 1.0 / (b.grad_norm + 1e-6))
-    local = sum(float(p.grad.double().pow(2).sum()) for p in mcore_actor.model.parameters()
-                if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)) ** 0.5 / scale
-    after_t, after_m = torch_actor.model.state_dict(), mcore_actor.model.state_dict()  # the export gathers shards
-    result = {"tp": parallel_state.get_tensor_model_parallel_world_size(),
-              "dp": parallel_state.get_data_parallel_world_size(),
-              "loss_torch": a.loss, "loss_megatron": b.loss, "grad_norm_torch": a.grad_norm,
-              "grad_norm_megatron": b.grad_norm, "local_shard_norm": local,
-              "max_weight_diff": max(float((after_t[k] - after_m[k]).abs().max()) for k in after_m),
-              "max_weight_change": max(float((after_t[k] - hf.state_dict()[k]).abs().max()) for k in after_m)}
+    result = {}
+    for family, hf in models.items():
+        batch, a, after_t = steps[family]
+        mcore_actor = Actor(megatron_policy(copy.deepcopy(hf)), cfg)
+        b = mcore_actor.train_step(batch)
+        # the pre-clip norm of this rank's shards alone, from the gradients the clip scaled by min(1, 1/norm)
+        scale = min(1.0, 1.0 / (b.grad_norm + 1e-6))
+        local = sum(float(p.grad.double().pow(2).sum()) for p in mcore_actor.model.parameters()
+                    if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)) ** 0.5 / scale
+        after_m = mcore_actor.model.state_dict()  # the export gathers shards
+        result[family] = {
+            "tp": parallel_state.get_tensor_model_parallel_world_size(),
+            "dp": parallel_state.get_data_parallel_world_size(),
+            "loss_torch": a.loss, "loss_megatron": b.loss, "grad_norm_torch": a.grad_norm,
+            "grad_norm_megatron": b.grad_norm, "local_shard_norm": local,
+            "max_weight_diff": max(float((after_t[k] - after_m[k]).abs().max()) for k in after_m),
+            "max_weight_change": max(float((after_t[k] - hf.state_dict()[k]).abs().max()) for k in after_m)}
     Path(out).write_text(json.dumps(result))
+    shutdown_distributed()  # a gloo group left to the interpreter's exit can abort it
 
 
 if __name__ == "__main__":
