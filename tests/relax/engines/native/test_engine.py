@@ -124,3 +124,23 @@ def test_fused_decode_matches_the_hf_forward(family):
             ref = torch.log_softmax(logits, -1)[c.prompt_tokens - 1:-1].gather(-1, torch.tensor(c.output_ids)[:, None])
             assert torch.allclose(torch.tensor(c.logprobs), ref.squeeze(-1), atol=1e-4), family
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_on_cuda_equal_a_forward_pass(dtype):
+    # float32 without TF32 matches the forward as on a CPU; bf16 only within its rounding (~1e-2 on logprobs)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = tiny().to("cuda", dtype)
+    engine = NativeEngine(model, None, max_batch_size=8, background=False)
+    futures = [engine.submit(req(f"c{i}", 3 + i, max_new_tokens=6, n=2, temperature=1.0)) for i in range(4)]
+    engine.run_until_idle()
+    for f in futures:
+        for c in f.result():
+            prompt = torch.tensor([list(range(1, c.prompt_tokens + 1)) + c.output_ids], device="cuda")
+            with torch.no_grad():
+                logits = model(prompt).logits[0].float()
+            ref = torch.log_softmax(logits, -1)[c.prompt_tokens - 1:-1].gather(
+                -1, torch.tensor(c.output_ids, device="cuda")[:, None]).squeeze(-1).cpu()
+            assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4 if dtype == torch.float32 else 5e-2)
