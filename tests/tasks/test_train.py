@@ -50,6 +50,17 @@ def test_cluster_resources_come_from_the_named_preset(monkeypatch):
     assert cluster_resources() == RelaxConfig().resources
 
 
+def test_without_a_cluster_config_the_package_asks_for_the_tiny_cluster(monkeypatch):
+    # what `pyflyte package` serializes with RELAX_CLUSTER_CONFIG unset (tests/workflows/test_package.py
+    # packages a configured cluster): a 2-CPU head, no GPU, no workers
+    monkeypatch.delenv("RELAX_CLUSTER_CONFIG", raising=False)
+    job = ray_job_config(cluster_resources())
+    head, (worker,) = job.head_node_config, job.worker_node_config
+    assert (head.requests.cpu, head.requests.mem, head.requests.gpu) == ("2", "8Gi", None)
+    assert head.ray_start_params == {"num-cpus": "2", "num-gpus": "0"}
+    assert (worker.group_name, worker.replicas) == ("workers", 0)
+
+
 def compile_train(cfg: RelaxConfig, init_checkpoint: str):
     """What `train` hands Flyte on a cluster: a DynamicJobSpec (nodes + the task templates they run)."""
     train_tasks.train._wf = None  # flytekit compiles a dynamic once per process (a pod runs one); start afresh

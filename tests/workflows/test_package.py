@@ -92,15 +92,6 @@ def test_disaggregated_role_groups_get_their_gpus(cluster_package):
         assert pod(spec["headGroupSpec"], "ray-head")["nvidia.com/gpu"] == "1"
 
 
-def test_default_package_is_the_tiny_cluster(tmp_path):
-    files = package(tmp_path, RELAX_CLUSTER_CONFIG="")
-    spec = ray_spec(files, "train_step")
-    assert pod(spec["headGroupSpec"], "ray-head") == {"cpu": "2", "memory": "8Gi",
-                                                      "start": {"num-cpus": "2", "num-gpus": "0"}}
-    (worker,) = spec["workerGroupSpec"]
-    assert worker["groupName"] == "workers" and "replicas" not in worker  # 0 replicas (a proto default)
-
-
 def test_nightly_launch_plan_schedule_and_defaults(cluster_package):
     lp = launch_plan_pb2.LaunchPlan()
     lp.ParseFromString(cluster_package["omni_rl_nightly_3"])
