@@ -81,23 +81,5 @@ def test_disaggregated_runs_the_reference_as_a_fourth_process(tmp_path):
     assert [m["step"] for m in read_metrics(ctx.run_url, "reference")] == [0, 1, 2]
 
 
-@pytest.mark.slow
-@pytest.mark.ray
-def test_async_serves_the_reference_as_its_own_deployment(tmp_path, ray_session):
-    from ray import serve
-
-    apps_seen: set[str] = set()
-    real_run = serve.run
-
-    def recording_run(app, name: str, **kwargs):
-        apps_seen.add(name)
-        return real_run(app, name=name, **kwargs)
-
-    serve.run = recording_run
-    try:
-        result, ctx, _ = _run(f"file://{tmp_path}", "asyncref", "topology=async", "algorithm.reference_role=true")
-    finally:
-        serve.run = real_run
-    assert result.steps == 3
-    assert "relax-asyncref-reference" in apps_seen
-    assert [m["step"] for m in read_metrics(ctx.run_url, "reference")] == [0, 1, 2]
+# the async topology serving the reference as its own Ray Serve deployment: one run with the
+# async topology test (tests/relax/services/topologies/test_topologies.py::test_async_topology_on_ray_serve)

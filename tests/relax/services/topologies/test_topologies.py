@@ -29,10 +29,26 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.ray
 def test_async_topology_on_ray_serve(tmp_path, ray_session):
+    from ray import serve
+
+    # with the reference as a role of its own: a Serve deployment of its own in this topology
     cfg = tiny_config(f"file://{tmp_path}", "async", "topology=async", "queue.max_staleness=1",
-                      "trainer.total_steps=5")
-    result = train(cfg, progress=False)
+                      "trainer.total_steps=5", "algorithm.kl_coef=0.5", "algorithm.reference_role=true")
+    apps_seen: set[str] = set()
+    real_run = serve.run
+
+    def recording_run(app, name: str, **kwargs):
+        apps_seen.add(name)
+        return real_run(app, name=name, **kwargs)
+
+    serve.run = recording_run
+    try:
+        result = train(cfg, progress=False)
+    finally:
+        serve.run = real_run
     assert result.steps == 5
+    assert "relax-async-reference" in apps_seen
+    assert [m["step"] for m in read_metrics(result.run_url, "reference")] == [0, 1, 2, 3, 4]
     stats = check_run(RunContext(cfg), 5)
     assert stats["max_staleness_seen"] <= 1
     # the rollout ran ahead of the actor: some batch was generated before the previous update landed
