@@ -74,8 +74,10 @@ def run_gpu_tests() -> dict:
 
 
 def model_on(device: str, shape: dict) -> Qwen2ForCausalLM:
+    """A random Qwen2 of ``shape``, initialised where it runs ("meta": shapes only, no memory)."""
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(**shape)).to(device)
+    with torch.device(device):
+        return Qwen2ForCausalLM(Qwen2Config(**shape))
 
 
 def sync(device: str) -> None:

@@ -55,19 +55,16 @@ class CpuGlobalMemoryBuffer(GlobalMemoryBuffer):
             return super().get_tensor(tensor_shape, dtype, name, mem_alloc_context)
 
 
-def _patch_rope_for_cpu() -> None:
-    """Keep RoPE's ``inv_freq`` on the CPU (workaround 3); idempotent, a no-op when CUDA exists."""
-    original = RotaryEmbedding.get_emb
-    if torch.cuda.is_available() or getattr(original, "_relax_cpu", False):
+def _run_on_cpu(owner: Any, names: tuple[str, ...]) -> None:
+    """Replace each ``owner.<name>`` (a module's function or a class's method) by one that runs with
+    ``torch.cuda.current_device()`` answering "cpu" (workarounds 3 and 6); idempotent, a no-op when
+    CUDA exists. Callers look these names up at call time, autograd's backward included."""
+    if torch.cuda.is_available():
         return
-
-    @functools.wraps(original)
-    def get_emb(self: RotaryEmbedding, *args: Any, **kwargs: Any) -> torch.Tensor:
-        with cuda_device_as_cpu():
-            return original(self, *args, **kwargs)
-
-    get_emb._relax_cpu = True  # type: ignore[attr-defined]
-    RotaryEmbedding.get_emb = get_emb  # type: ignore[method-assign]
+    for name in names:
+        fn = getattr(owner, name)
+        if not getattr(fn, "_relax_cpu", False):
+            setattr(owner, name, _on_cpu(fn))
 
 
 def _on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -78,17 +75,6 @@ def _on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapped._relax_cpu = True  # type: ignore[attr-defined]
     return wrapped
-
-
-def _patch_mappings_for_cpu() -> None:
-    """Run megatron's gather/reduce-scatter helpers with outputs on the CPU (workaround 6); idempotent,
-    a no-op when CUDA exists. Their callers (autograd functions) look them up by module name at call time."""
-    if torch.cuda.is_available():
-        return
-    for name in ("_gather_along_first_dim", "_gather_along_last_dim", "_reduce_scatter_along_first_dim"):
-        fn = getattr(mappings, name)
-        if not getattr(fn, "_relax_cpu", False):
-            setattr(mappings, name, _on_cpu(fn))
 
 
 def free_port() -> int:
@@ -124,8 +110,9 @@ def init_cpu_distributed(
     )
     mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)  # workaround 1
     parallel_state._GLOBAL_MEMORY_BUFFER = CpuGlobalMemoryBuffer()  # workaround 2
-    _patch_rope_for_cpu()  # workaround 3
-    _patch_mappings_for_cpu()  # workaround 6
+    _run_on_cpu(RotaryEmbedding, ("get_emb",))  # workaround 3
+    _run_on_cpu(mappings, ("_gather_along_first_dim", "_gather_along_last_dim",
+                           "_reduce_scatter_along_first_dim"))  # workaround 6
     torch.manual_seed(seed)
 
 

@@ -242,20 +242,27 @@ def shard_hf(hf_state: dict[str, torch.Tensor], cfg: LayoutConfig,
                         parallel_state.get_expert_model_parallel_rank())
 
 
+def _gather_by_name(local: dict[str, torch.Tensor], names: list[str], group: Any) -> list[dict[str, torch.Tensor]]:
+    """Every rank's ``local[name]`` for ``names`` (same names and shapes on each rank of ``group``),
+    one dict per rank in rank order (collective)."""
+    parts: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size(group))]
+    for name in names:
+        gathered = [torch.empty_like(local[name]) for _ in parts]
+        dist.all_gather(gathered, local[name].contiguous(), group=group)
+        for rank, tensor in enumerate(gathered):
+            parts[rank][name] = tensor
+    return parts
+
+
 def gather_hf(local: dict[str, torch.Tensor], cfg: LayoutConfig, first_layer: int) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`shard_hf`, on every rank (collective): stages are merged over the pipeline
-    group first (each rank then holds its TP rank's shard of every layer), then TP shards are
-    gathered as at pp = 1; the experts of the EP ranks (within a stage) are gathered first.
+    """Inverse of :func:`shard_hf`, on every rank (collective): the EP ranks' experts are gathered
+    first (within a stage), then stages are merged over the pipeline group (each rank then holds its
+    TP rank's shard of every layer), then TP shards are gathered as at pp = 1.
     ``first_layer``: the global index of this stage's first layer."""
-    ep = parallel_state.get_expert_model_parallel_world_size()
-    if ep > 1:
-        parts = [dict(local) for _ in range(ep)]  # the router and the rest are whole on every EP rank
-        for name in sorted(n for n in local if local_expert(n) is not None):
-            gathered = [torch.empty_like(local[name]) for _ in range(ep)]
-            dist.all_gather(gathered, local[name].contiguous(), group=parallel_state.get_expert_model_parallel_group())
-            for rank, tensor in enumerate(gathered):
-                parts[rank][name] = tensor
-        local = expert_merge(parts, cfg)
+    if parallel_state.get_expert_model_parallel_world_size() > 1:
+        experts = sorted(n for n in local if local_expert(n) is not None)
+        gathered = _gather_by_name(local, experts, parallel_state.get_expert_model_parallel_group())
+        local = expert_merge([{**local, **part} for part in gathered], cfg)  # the rest is whole on every EP rank
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     if pp > 1:
         device = next(iter(local.values())).device
@@ -264,16 +271,9 @@ def gather_hf(local: dict[str, torch.Tensor], cfg: LayoutConfig, first_layer: in
         mine = (first_layer, {k: v.cpu() for k, v in local.items()})
         dist.all_gather_object(stages, mine, group=parallel_state.get_pipeline_model_parallel_group())
         local = {k: v.to(device) for k, v in stage_merge(stages, cfg).items()}
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    if tp > 1:
-        group = parallel_state.get_tensor_model_parallel_group()
-        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
-        for name in sorted(local):
-            parts = [torch.empty_like(local[name]) for _ in range(tp)]
-            dist.all_gather(parts, local[name].contiguous(), group=group)
-            for rank, part in enumerate(parts):
-                shards[rank][name] = part
-        local = gather_tp(shards, cfg)
+    if parallel_state.get_tensor_model_parallel_world_size() > 1:
+        local = gather_tp(_gather_by_name(local, sorted(local), parallel_state.get_tensor_model_parallel_group()),
+                          cfg)
     return megatron_to_hf(local, cfg)
 
 

@@ -66,6 +66,11 @@ def _padding_row_without_gradient(pad: int) -> Any:
     return hook
 
 
+def _is_expert(param: torch.nn.Parameter) -> bool:
+    """An expert's weight split over expert-parallel ranks (megatron marks it ``allreduce=False``)."""
+    return not getattr(param, "allreduce", True)
+
+
 class MegatronPolicy(torch.nn.Module):
     """A ``GPTModel`` with a Hugging Face face (module docstring); ``hf_config`` is the config it
     was built from, ``layout`` the HF <-> megatron mapping."""
@@ -165,7 +170,7 @@ class MegatronPolicy(torch.nn.Module):
             for name, p in self.named_parameters():  # whole on every TP rank but sees only that rank's heads
                 if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
                     dist.all_reduce(p.grad, group=tensor)
-        experts = [p for p in self.parameters() if not getattr(p, "allreduce", True)]  # megatron's EP mark
+        experts = [p for p in self.parameters() if _is_expert(p)]
         for p in experts:  # an expert no token reached: a zero gradient, as HF's fused expert tensors get
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -177,7 +182,7 @@ class MegatronPolicy(torch.nn.Module):
             for p in params:  # each rank's gradient is world x its share's (TorchTrainer.step): the mean is the sum
                 # an expert's gradient already holds the tokens of its whole EP group (the dispatch
                 # gathered them): summed over the replicas of that expert only, still divided by dp
-                group = expert_data if getattr(p, "allreduce", True) is False else data
+                group = expert_data if _is_expert(p) else data
                 if dist.get_world_size(group) > 1:
                     dist.all_reduce(p.grad, group=group)
                 p.grad.div_(dp)
@@ -191,7 +196,7 @@ class MegatronPolicy(torch.nn.Module):
             return total
 
         # param_is_not_shared: the last pipeline stage's copy of tied embeddings counts once, on the first
-        dense = [p for p in params if getattr(p, "allreduce", True) and param_is_not_tensor_parallel_duplicate(p)
+        dense = [p for p in params if not _is_expert(p) and param_is_not_tensor_parallel_duplicate(p)
                  and param_is_not_shared(p)]
         total = squares(dense, group)
         if experts:  # each expert on one rank of its expert-model-parallel group (megatron's get_grad_norm_fp32)
