@@ -337,6 +337,8 @@ class TrainerConfig:
     context_parallel: int = opt(1, "Megatron context parallelism.", range=(1, 1024))
     expert_parallel: int = opt(1, "Megatron expert parallelism: each MoE layer's experts split over this many "
                                   "data-parallel ranks; must divide data_parallel and the experts.", range=(1, 1024))
+    distributed_optimizer: bool = opt(False, "Megatron backend: step with megatron-core's DistributedOptimizer, each "
+                                             "data-parallel rank keeping the AdamW moments of its slice of the weights.")
 
 
 @dataclass

@@ -112,6 +112,9 @@ def backend_checks(t: Any, family: str) -> None:
     if t.backend == "torch" and bigger:
         raise ConfigError(f"trainer.{next(iter(bigger))}={next(iter(bigger.values()))} is a Megatron layout; the "
                           f"torch backend would ignore it: set trainer.backend=megatron or remove it")
+    if t.backend == "torch" and t.distributed_optimizer:
+        raise ConfigError("trainer.distributed_optimizer=true is megatron-core's optimizer; the torch backend would "
+                          "ignore it: set trainer.backend=megatron or remove it")
     if t.backend != "megatron":
         return
     if family not in MEGATRON_FAMILIES:

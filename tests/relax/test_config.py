@@ -152,6 +152,11 @@ def test_backend_layouts_are_honoured_or_refused():
                            "trainer.pipeline_parallel=2"])
     with pytest.raises(ConfigError, match="trainer.expert_parallel=2 is a Megatron layout"):
         load_config(None, ["trainer.expert_parallel=2", "trainer.data_parallel=2"])
+    # megatron's DistributedOptimizer is the Megatron backend's; the torch backend would step plain AdamW
+    with pytest.raises(ConfigError, match="trainer.distributed_optimizer=true is megatron-core's optimizer; the torch "
+                                          "backend would ignore it: set trainer.backend=megatron"):
+        load_config(None, ["trainer.distributed_optimizer=true", "trainer.data_parallel=2"])
+    assert load_config(None, ["trainer.backend=megatron", "trainer.distributed_optimizer=true"]).trainer.distributed_optimizer
     ep = load_config(None, ["trainer.backend=megatron", "trainer.expert_parallel=2", "trainer.data_parallel=4"])
     assert (ep.trainer.expert_parallel, ep.trainer.data_parallel) == (2, 4)
     # data and tensor parallel ranks are the actor's processes (relax.services.roles.actor_ranks)

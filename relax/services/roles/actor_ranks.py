@@ -103,7 +103,8 @@ def parallel_model(model: torch.nn.Module, cfg: RelaxConfig, world: int) -> torc
             warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
             from relax.trainers.megatron.policy import megatron_policy
 
-            return megatron_policy(model, seed=cfg.seed, routing_replay=cfg.algorithm.routing_replay)
+            return megatron_policy(model, seed=cfg.seed, routing_replay=cfg.algorithm.routing_replay,
+                                   distributed_optimizer=cfg.trainer.distributed_optimizer)
     return wrap_ddp(model) if world > 1 else model
 
 

@@ -15,6 +15,11 @@ megatron-core 0.16.1 needs where it assumes CUDA in places that have nothing to 
    ``torch.cuda.current_device()``, also inside autograd's backward (the expert-parallel token
    exchange: a gather's gradient is a reduce-scatter and back), where no block of ours is active;
    those functions are wrapped to run with that call answering "cpu".
+7. megatron's ``DistributedDataParallel`` and ``DistributedOptimizer`` (and the norm and clipping
+   helpers they call) allocate with ``device="cuda"``, move tensors with ``.cuda()`` and accept only
+   parameters whose ``.type()`` is ``torch.cuda.FloatTensor``; :func:`megatron_calls_on_cpu` runs
+   them under a ``TorchFunctionMode`` that sends those allocations to the CPU and answers the type
+   check with the CUDA name of the same dtype. Only megatron's optimizer calls run inside it.
 
 (Workarounds 4 and 5 are build-time ones, in relax.trainers.megatron.model.)
 """
@@ -36,6 +41,7 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.tensor_parallel import mappings
 from megatron.core.tensor_parallel import random as mcore_random
 from megatron.core.utils import GlobalMemoryBuffer
+from torch.overrides import TorchFunctionMode
 
 
 @contextlib.contextmanager
@@ -75,6 +81,36 @@ def _on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapped._relax_cpu = True  # type: ignore[attr-defined]
     return wrapped
+
+
+class _CudaAsCpu(TorchFunctionMode):
+    """Workaround 7: ``device="cuda"`` (or an index) becomes the CPU, ``.cuda()`` stays put, and
+    ``.type()`` names a CPU float tensor as its CUDA twin (megatron's optimizers check that name)."""
+
+    _CUDA_TYPES = {f"torch.{t}Tensor": f"torch.cuda.{t}Tensor" for t in ("Float", "Half", "BFloat16")}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and (isinstance(device, int) or torch.device(device).type == "cuda"):
+            kwargs = {**kwargs, "device": "cpu"}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return self._CUDA_TYPES.get(name, name)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def megatron_calls_on_cpu() -> Iterator[None]:
+    """Run megatron's DDP and distributed-optimizer calls on a CPU (workaround 7, with
+    ``torch.cuda.current_device()`` answering "cpu"); a no-op where CUDA exists."""
+    if torch.cuda.is_available():
+        yield
+        return
+    with cuda_device_as_cpu(), _CudaAsCpu():
+        yield
 
 
 def free_port() -> int:

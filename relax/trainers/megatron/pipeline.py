@@ -74,6 +74,7 @@ class PipelineSchedule:
     runs it instead of its per-micro-batch loop when the model carries one as ``pipeline_schedule``."""
 
     def __init__(self, policy: torch.nn.Module):
+        self.policy = policy
         self.gpt = policy.gpt
         config = self.gpt.config
         if not config.variable_seq_lengths or config.pipeline_dtype is None:
@@ -144,6 +145,8 @@ class PipelineSchedule:
         """Tied embeddings: the first stage's embedding and the last stage's ``output_layer`` copy each
         got half of the gradient; both need the sum (megatron's ``finalize_model_grads`` does this
         through its DDP buffers, which this trainer does not use)."""
+        if getattr(self.policy, "distributed_adam", None) is not None:
+            return  # megatron's DistributedOptimizer: finalize_model_grads sums them in its buffers
         gpt = self.gpt
         if not gpt.share_embeddings_and_output_weights or not parallel_state.is_rank_in_embedding_group():
             return

@@ -38,6 +38,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 
 from relax.trainers.megatron.convert import LayoutConfig, layout_from_hf_config
 from relax.trainers.megatron.cpu import cuda_device_as_cpu, init_cpu_single_process
+from relax.trainers.megatron.dist_optim import DistributedAdam
 from relax.trainers.megatron.model import (
     build_gpt_model,
     export_hf_weights,
@@ -81,6 +82,7 @@ class MegatronPolicy(torch.nn.Module):
         self.hf_config = hf_config
         self.layout: LayoutConfig = layout_from_hf_config(hf_config)
         self._routes: torch.Tensor | None = None  # set by replay_routes
+        self.distributed_adam: DistributedAdam | None = None  # set when the trainer builds it
         pad = getattr(hf_config, "pad_token_id", None)
         embedding = getattr(getattr(gpt, "embedding", None), "word_embeddings", None)  # first pipeline stage only
         if pad is not None and embedding is not None:
@@ -111,6 +113,15 @@ class MegatronPolicy(torch.nn.Module):
             logits = self.gpt(batch, positions, mask, runtime_gather_output=True)
         out = rows_of(logits, *input_ids.shape, spans)
         return SimpleNamespace(logits=out)
+
+    def use_distributed_optimizer(self) -> None:
+        """Have the trainer step this model with megatron's DistributedOptimizer (dist_optim.py): its
+        ``build_optimizer`` then makes a :class:`DistributedAdam`, which wraps ``gpt`` in megatron's DDP."""
+        self.adamw_class = self._distributed_adam
+
+    def _distributed_adam(self, params: Any, **adamw: Any) -> DistributedAdam:
+        self.distributed_adam = DistributedAdam(params, policy=self, **adamw)
+        return self.distributed_adam
 
     def _lockstep_group(self) -> dist.ProcessGroup | None:
         """The ranks whose forwards exchange tokens (megatron's expert-parallel dispatch: the EP ranks
@@ -160,7 +171,11 @@ class MegatronPolicy(torch.nn.Module):
         before clipping, as ``torch.nn.utils.clip_grad_norm_`` on the unsharded model would:
         sum_p ||g_p||^2 over this rank's tensor-parallel shards plus, on tensor-parallel rank 0
         only, the parameters every rank holds whole (layer norms), summed over the model-parallel
-        group. Megatron's own ``get_grad_norm_fp32`` allocates on CUDA, so it is not used."""
+        group. Under megatron's DistributedOptimizer its buffers hold the gradients, and it does all this
+        (:meth:`DistributedAdam.clip_grad_norm_`)."""
+        distributed = getattr(self, "distributed_adam", None)  # the critic calls this on its own module
+        if distributed is not None:
+            return distributed.clip_grad_norm_(max_norm)
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
         from megatron.core.transformer.module import param_is_not_shared
@@ -261,10 +276,12 @@ def init_megatron(seed: int) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
-def megatron_policy(hf_model: torch.nn.Module, seed: int = 0, routing_replay: bool = False) -> MegatronPolicy:
+def megatron_policy(hf_model: torch.nn.Module, seed: int = 0, routing_replay: bool = False,
+                    distributed_optimizer: bool = False) -> MegatronPolicy:
     """The megatron twin of ``hf_model`` (a Qwen2/Qwen3/Llama causal LM, dense or MoE): same config, same
     weights (converted exactly), on the same device and dtype. ``routing_replay``: MoE routers that can
-    replay the engine's experts (:meth:`MegatronPolicy.replay_routes`, algorithm.routing_replay)."""
+    replay the engine's experts (:meth:`MegatronPolicy.replay_routes`, algorithm.routing_replay);
+    ``distributed_optimizer``: the trainer steps it with megatron's DistributedOptimizer."""
     from megatron.core import parallel_state
 
     param = next(hf_model.parameters())
@@ -276,4 +293,6 @@ def megatron_policy(hf_model: torch.nn.Module, seed: int = 0, routing_replay: bo
     policy.load_state_dict(hf_model.state_dict())
 
     attach_pipeline(policy)  # pp > 1: the trainer runs megatron's schedule instead of forward()
+    if distributed_optimizer:
+        policy.use_distributed_optimizer()
     return policy

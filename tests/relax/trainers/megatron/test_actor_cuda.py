@@ -1,5 +1,6 @@
-"""The Megatron actor on a CUDA GPU (one rank, NCCL): one step equals the PyTorch backend's on the same GPU
-in float32 (TF32 off), and a bf16-autocast step is finite and moves every tensor. Runs where a GPU is
+"""The Megatron actor on a CUDA GPU (one rank, NCCL), with AdamW and with megatron's DistributedOptimizer
+(``trainer.distributed_optimizer``): one step equals the PyTorch backend's on the same GPU in float32 (TF32
+off), and a bf16-autocast step is finite and moves every tensor. Runs where a GPU is
 (``make test-gpu``, benchmarks/gpu_check.py); one child process, as megatron keeps process-wide state."""
 
 from __future__ import annotations
@@ -26,15 +27,22 @@ def child(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_child(HERE, tmp_path_factory.mktemp("mcore-cuda") / "cuda.json")
 
 
-def test_a_megatron_actor_step_on_cuda_equals_the_pytorch_backend(child: dict[str, Any]) -> None:
-    res = child["float32"]
+OPTIMIZERS = ("AdamW", "DistributedAdam")
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_a_megatron_actor_step_on_cuda_equals_the_pytorch_backend(child: dict[str, Any], optimizer: str) -> None:
+    res = child[f"float32 {optimizer}"]
+    assert res["optimizer"] == optimizer
     assert res["loss_megatron"] == pytest.approx(res["loss_torch"], abs=1e-5)
     assert res["grad_norm_megatron"] == pytest.approx(res["grad_norm_torch"], rel=1e-4)
     assert res["max_weight_diff"] < 1e-5 and res["max_weight_change"] > 1e-4
 
 
-def test_a_bf16_megatron_actor_step_on_cuda_trains(child: dict[str, Any]) -> None:
-    res = child["bfloat16"]
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_a_bf16_megatron_actor_step_on_cuda_trains(child: dict[str, Any], optimizer: str) -> None:
+    res = child[f"bfloat16 {optimizer}"]
+    assert res["optimizer"] == optimizer
     assert res["finite"] and res["grad_norm_megatron"] > 0
     assert res["moved"] == res["tensors"]  # float32 master weights: every tensor takes the update
     assert res["loss_megatron"] == pytest.approx(res["loss_torch"], abs=2e-2)  # bf16 rounding, same step
@@ -58,13 +66,15 @@ def _main(out: str) -> None:
     batch.loss_mask = [m.cuda() for m in batch.loss_mask]
     batch.old_logprobs = [o.cuda() for o in batch.old_logprobs]
     batch.advantages = [a.cuda() for a in batch.advantages]
-    for dtype in ("float32", "bfloat16"):
+    for dtype, distributed in [(d, o) for o in (False, True) for d in ("float32", "bfloat16")]:
         cfg = load_config(None, ["trainer.warmup_steps=0", "trainer.lr=1e-3", "rollout.max_new_tokens=16",
                                  "algorithm.off_policy=none", "trainer.micro_batch_tokens=40", f"model.dtype={dtype}"])
-        torch_actor, mcore_actor = Actor(copy.deepcopy(hf), cfg), Actor(megatron_policy(copy.deepcopy(hf)), cfg)
+        torch_actor = Actor(copy.deepcopy(hf), cfg)
+        mcore_actor = Actor(megatron_policy(copy.deepcopy(hf), distributed_optimizer=distributed), cfg)
         a, b = torch_actor.train_step(batch), mcore_actor.train_step(batch)
         after_t, after_m, before = torch_actor.model.state_dict(), mcore_actor.model.state_dict(), hf.state_dict()
-        result[dtype] = {"loss_torch": a.loss, "loss_megatron": b.loss, "grad_norm_torch": a.grad_norm,
+        optimizer = type(mcore_actor.trainer.optimizer).__name__
+        result[f"{dtype} {optimizer}"] = {"optimizer": optimizer, "loss_torch": a.loss, "loss_megatron": b.loss, "grad_norm_torch": a.grad_norm,
                          "grad_norm_megatron": b.grad_norm, "finite": not b.skipped, "tensors": len(after_m),
                          "moved": sum(not torch.equal(after_m[k], before[k]) for k in after_m),
                          "max_weight_diff": max(float((after_t[k] - after_m[k]).abs().max()) for k in after_m),
