@@ -67,14 +67,8 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("backend", [
-    ("trainer.backend=torch",),  # PyTorch DDP
-    ("trainer.backend=megatron", "trainer.distributed_optimizer=true"),  # megatron's DDP and DistributedOptimizer
-], ids=["torch", "megatron-distributed-optimizer"])
-def test_data_parallel_2_takes_the_one_process_step(one_process: Path, tmp_path: Path, backend: tuple[str, ...]) -> None:
-    if "trainer.backend=megatron" in backend:
-        pytest.importorskip("megatron.core", exc_type=ImportError)
-    _train(tmp_path, "trainer.total_steps=2", "trainer.data_parallel=2", *backend)
+def test_data_parallel_2_takes_the_one_process_step(one_process: Path, tmp_path: Path) -> None:
+    _train(tmp_path, "trainer.total_steps=2", "trainer.data_parallel=2")
     one, two = _actor(one_process)[0], _actor(tmp_path)[0]
     assert (one["ranks"], two["ranks"]) == (1, 2)
     assert one["grad_norm"] > 0.01  # a real gradient
