@@ -51,11 +51,12 @@ def rank_main(rank: int, port: int, quick: bool, out: str) -> None:
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)  # two ranks on two cores
+    from trainer import make_batch
+
     from relax.trainers.megatron.cpu import init_cpu_distributed, shutdown_distributed
     from relax.trainers.megatron.policy import megatron_policy
     from relax.trainers.torch.checkpoint import optimizer_state
     from relax.trainers.torch.trainer import TorchTrainer, sft_loss
-    from trainer import make_batch
 
     hidden, layers, vocab = (128, 2, 512) if quick else (256, 4, 2048)
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,

@@ -7,6 +7,9 @@ actor step and native-engine decode, each timed beside its alternative in the sa
 * actor step: one GRPO-shaped update (16 samples of 512 tokens, packed micro-batches of 4096 tokens)
   with bf16 autocast and in float32 (master weights and AdamW in float32 both ways): seconds, tokens/s,
   peak memory, and the bf16 / float32 speed ratio;
+* Megatron backend (where megatron-core imports): the same bf16 step on megatron-core's GPTModel with
+  AdamW and with megatron's DistributedOptimizer (``trainer.distributed_optimizer``), beside the PyTorch
+  backend's bf16 step;
 * decode: 32 prompts x 128 new tokens (EOS ignored) from the native engine and from Hugging Face
   ``generate()`` on the same model: tokens/s and the ratio.
 
@@ -20,6 +23,7 @@ gpu_check.json (output.py decides where) and prints it as one JSON line.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -95,11 +99,18 @@ def grpo_batch(n: int, length: int, vocab: int, device: str) -> RolloutBatch:
                         policy_versions=[0] * n)
 
 
-def time_steps(device: str, shape: dict, autocast: str | None, n: int, length: int, repeats: int) -> dict:
-    """Median seconds of ``repeats`` actor steps after one warm-up, and the peak memory."""
+def time_steps(device: str, shape: dict, autocast: str | None, n: int, length: int, repeats: int,
+               megatron: str | None = None) -> dict:
+    """Median seconds of ``repeats`` actor steps after one warm-up, and the peak memory. ``megatron``:
+    the Megatron backend's actor with "adamw" or the "distributed" optimizer."""
     cfg = load_config(None, [f"model.dtype={autocast or 'float32'}", "trainer.micro_batch_tokens=4096",
                              "trainer.lr=1e-5", "trainer.warmup_steps=0", "algorithm.off_policy=none"])
-    actor = Actor(model_on(device, shape), cfg)  # the GRPO loss; AdamW and master weights in float32
+    model = model_on(device, shape)
+    if megatron is not None:
+        from relax.trainers.megatron.policy import megatron_policy
+
+        model = megatron_policy(model, distributed_optimizer=megatron == "distributed")
+    actor = Actor(model, cfg)  # the GRPO loss; AdamW and master weights in float32
     batch = grpo_batch(n, length, shape["vocab_size"], device)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -174,6 +185,11 @@ def main() -> None:
     fp32 = time_steps(device, shape, None, n, length, 3)
     result["actor_step"] = {"samples": n, "tokens_each": length, "bf16": bf16, "fp32": fp32,
                             "bf16_speedup": round(fp32["seconds"] / bf16["seconds"], 2)}
+    if importlib.util.find_spec("megatron") is not None:
+        steps = {kind: time_steps(device, shape, "bfloat16", n, length, 3, megatron=kind)
+                 for kind in ("adamw", "distributed")}
+        result["megatron_step"] = {**steps, **{f"{kind}_over_torch": round(bf16["seconds"] / r["seconds"], 2)
+                                               for kind, r in steps.items()}}
     result["decode"] = {"batch": batch, "new_tokens": new, **time_decode(device, shape, batch, new)}
     Output.from_args(args).write_json("gpu_check", result)
     print(json.dumps(result))

@@ -23,6 +23,9 @@ def test_the_gpu_check_script_runs_its_tiny_mode_on_a_cpu(tmp_path: Path) -> Non
     assert result["device"].startswith("cpu") and result["model"] == "tiny" and "gpu_tests" not in result
     step = result["actor_step"]
     assert step["bf16"]["tokens_per_s"] > 0 and step["fp32"]["tokens_per_s"] > 0 and step["bf16_speedup"] > 0
+    mcore = result["megatron_step"]  # megatron-core is in the test environment
+    assert mcore["adamw"]["tokens_per_s"] > 0 and mcore["distributed"]["tokens_per_s"] > 0
+    assert mcore["adamw_over_torch"] > 0 and mcore["distributed_over_torch"] > 0
     decode = result["decode"]
     assert decode["native_tokens_per_s"] > 0 and decode["hf_tokens_per_s"] > 0
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == result  # the last line is the same JSON
