@@ -95,7 +95,7 @@ def _main(rank: int, port: str, out_dir: str) -> None:
     from relax.trainers.torch.checkpoint import optimizer_state
 
     def cfg(*extra: str):
-        return load_config(None, ["trainer.warmup_steps=0", "trainer.lr=1e-3", "trainer.weight_decay=0.1",
+        return load_config(None, ["trainer.warmup_steps=2", "trainer.lr=1e-3", "trainer.weight_decay=0.1",
                                   "rollout.max_new_tokens=16", "algorithm.off_policy=none", "trainer.grad_clip=0.005",
                                   "trainer.micro_batch_tokens=40", *extra])
 
