@@ -15,11 +15,14 @@ megatron-core 0.16.1 needs where it assumes CUDA in places that have nothing to 
    ``torch.cuda.current_device()``, also inside autograd's backward (the expert-parallel token
    exchange: a gather's gradient is a reduce-scatter and back), where no block of ours is active;
    those functions are wrapped to run with that call answering "cpu".
-7. megatron's ``DistributedDataParallel`` and ``DistributedOptimizer`` (and the norm and clipping
-   helpers they call) allocate with ``device="cuda"``, move tensors with ``.cuda()`` and accept only
-   parameters whose ``.type()`` is ``torch.cuda.FloatTensor``; :func:`megatron_calls_on_cpu` runs
-   them under a ``TorchFunctionMode`` that sends those allocations to the CPU and answers the type
-   check with the CUDA name of the same dtype. Only megatron's optimizer calls run inside it.
+7. Outside the model's own math megatron assumes CUDA in whole call paths: the pipeline schedule's
+   p2p code allocates on ``torch.cuda.current_device()``, calls ``torch.cuda.synchronize()`` and makes
+   ``total_num_tokens`` with ``device="cuda"``; ``DistributedDataParallel``, ``DistributedOptimizer``
+   and their norm/clip helpers allocate with ``device="cuda"``, call ``.cuda()`` and accept only
+   parameters whose ``.type()`` is ``torch.cuda.FloatTensor``; building a tied last pipeline stage
+   calls ``.cuda()``. :func:`megatron_calls_on_cpu` runs such a path with the current device "cpu",
+   ``synchronize`` a no-op and a ``TorchFunctionMode`` that sends CUDA allocations to the CPU, keeps
+   ``.cuda()`` in place and names a float tensor's type as its CUDA twin (no model code tests it).
 
 (Workarounds 4 and 5 are build-time ones, in relax.trainers.megatron.model.)
 """
@@ -104,12 +107,12 @@ class _CudaAsCpu(TorchFunctionMode):
 
 @contextlib.contextmanager
 def megatron_calls_on_cpu() -> Iterator[None]:
-    """Run megatron's DDP and distributed-optimizer calls on a CPU (workaround 7, with
-    ``torch.cuda.current_device()`` answering "cpu"); a no-op where CUDA exists."""
+    """Run a megatron call path that assumes CUDA (workaround 7: the pipeline schedule, DDP and the
+    distributed optimizer, a tied stage's build) on a CPU; a no-op where CUDA exists."""
     if torch.cuda.is_available():
         yield
         return
-    with cuda_device_as_cpu(), _CudaAsCpu():
+    with cuda_device_as_cpu(), mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None), _CudaAsCpu():
         yield
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -51,7 +50,7 @@ from relax.trainers.megatron.convert import (
     stage_merge,
     stage_slice,
 )
-from relax.trainers.megatron.cpu import cuda_device_as_cpu
+from relax.trainers.megatron.cpu import cuda_device_as_cpu, megatron_calls_on_cpu
 from relax.trainers.megatron.mlp import expert_merge, expert_slice, local_expert, moe_transformer_kwargs
 from relax.trainers.megatron.samples import causal_attention_mask
 
@@ -184,7 +183,7 @@ def build_gpt_model(
     # tied embeddings at pp > 1: megatron moves the last stage's embedding copy with .cuda() before
     # syncing it over the embedding group; on CPU that move is a no-op (workaround 4)
     cpu_tied = pp > 1 and layout.tie_word_embeddings and not torch.cuda.is_available()
-    with mock.patch.object(torch.Tensor, "cuda", lambda t, *a, **k: t) if cpu_tied else contextlib.nullcontext():
+    with megatron_calls_on_cpu() if cpu_tied else contextlib.nullcontext():
         return GPTModel(
             config,
             spec,

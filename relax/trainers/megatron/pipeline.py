@@ -20,7 +20,7 @@ differ in length by the whole response range.
 
 CPU (gloo, megatron-core 0.16.1): gloo runs ``batch_isend_irecv`` (torch 2.13 coalesces
 ``isend``/``irecv`` for it), so megatron's batched p2p is kept. What needs CUDA is worked around
-for the duration of the schedule (``cpu_schedule``): ``p2p_communication.py``
+for the duration of the schedule (``cpu.megatron_calls_on_cpu``, workaround 7): ``p2p_communication.py``
 ``_communicate_shapes`` / ``_communicate`` allocate on ``torch.cuda.current_device()`` and call
 ``torch.cuda.synchronize()``; ``schedules.py`` ``forward_backward_pipelining_without_interleaving``
 creates ``total_num_tokens`` with ``device="cuda"``.
@@ -28,45 +28,20 @@ creates ``total_num_tokens`` with ``device="cuda"``.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from torch.overrides import TorchFunctionMode
 
-from relax.trainers.megatron.cpu import cuda_device_as_cpu
+from relax.trainers.megatron.cpu import megatron_calls_on_cpu
 from relax.trainers.megatron.samples import rows_of, sample_rows
 from relax.trainers.torch.packing import MicroBatch
 
 # (micro-batch, its (R, T, V) logits) -> (micro-batch loss, a 0-dim tensor; its metrics)
 MicroLoss = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
-
-
-class _CudaFactoriesOnCpu(TorchFunctionMode):
-    """Factory calls with ``device="cuda"`` allocate on the CPU (megatron's ``total_num_tokens``)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        device = kwargs.get("device")
-        if isinstance(device, str | torch.device) and torch.device(device).type == "cuda":
-            kwargs = {**kwargs, "device": "cpu"}
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def cpu_schedule() -> Iterator[None]:
-    """megatron's schedule and p2p code on a CPU-only torch (module docstring); a no-op with CUDA."""
-    if torch.cuda.is_available():
-        yield
-        return
-    with cuda_device_as_cpu(), mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None), \
-            _CudaFactoriesOnCpu():
-        yield
 
 
 class PipelineSchedule:
@@ -105,7 +80,7 @@ class PipelineSchedule:
             return output, on_last_stage
 
         longest = max(int(mb.input_ids.shape[1]) for mb in mbs)
-        with cpu_schedule():
+        with megatron_calls_on_cpu():
             get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.gpt],
                 num_microbatches=len(mbs), seq_length=longest, micro_batch_size=1, forward_only=False)
@@ -132,7 +107,7 @@ class PipelineSchedule:
             return output, on_last_stage
 
         longest = max(int(mb.input_ids.shape[1]) for mb in mbs)
-        with cpu_schedule(), torch.no_grad():
+        with megatron_calls_on_cpu(), torch.no_grad():
             get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.gpt],
                 num_microbatches=len(mbs), seq_length=longest, micro_batch_size=1, forward_only=True)
