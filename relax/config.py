@@ -339,6 +339,9 @@ class TrainerConfig:
                                   "data-parallel ranks; must divide data_parallel and the experts.", range=(1, 1024))
     distributed_optimizer: bool = opt(False, "Megatron backend: step with megatron-core's DistributedOptimizer, each "
                                              "data-parallel rank keeping the AdamW moments of its slice of the weights.")
+    checkpoint_format: str = opt("gathered", "How the actor writes checkpoints: 'gathered' (one file by Hugging Face "
+                                 "name, written by rank 0) or 'sharded' (Megatron backend: each model-parallel rank "
+                                 "writes its own part).", choices=("gathered", "sharded"))
 
 
 @dataclass

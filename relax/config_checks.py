@@ -115,6 +115,10 @@ def backend_checks(t: Any, family: str) -> None:
     if t.backend == "torch" and t.distributed_optimizer:
         raise ConfigError("trainer.distributed_optimizer=true is megatron-core's optimizer; the torch backend would "
                           "ignore it: set trainer.backend=megatron or remove it")
+    if t.backend == "torch" and t.checkpoint_format == "sharded":
+        raise ConfigError("trainer.checkpoint_format=sharded writes megatron's model-parallel parts; the torch "
+                          "backend's ranks hold whole replicas: set trainer.checkpoint_format=gathered or "
+                          "trainer.backend=megatron")
     if t.backend != "megatron":
         return
     if family not in MEGATRON_FAMILIES:

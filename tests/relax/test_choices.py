@@ -72,6 +72,8 @@ COMPANIONS: dict[Any, list[str]] = {
     ("algorithm.mode", "distill"): ["teacher.name_or_path=tiny-qwen2", "algorithm.distill_coef=1"],
     # a row format is the format of a file: the built-in suite has none
     ("data.format", "gsm8k"): [f"data.train_url={GSM8K}", "data.eval_fraction=0.25"],
+    # parts are megatron's model-parallel ones (the torch backend refuses it)
+    ("trainer.checkpoint_format", "sharded"): ["trainer.backend=megatron"],
 }
 
 # Values a walk here does not run: the test that does, as path::function (it must set field=value).
@@ -115,6 +117,8 @@ EXPECTED: dict[tuple[str, Any], str] = {
     ("algorithm.mode", "rl"): RUNS, ("algorithm.mode", "distill"): RUNS,
     ("trainer.backend", "torch"): RUNS,
     ("trainer.backend", "megatron"): RUNS if MEGATRON else PREFLIGHT,  # megatron-core is an optional extra
+    ("trainer.checkpoint_format", "gathered"): RUNS,
+    ("trainer.checkpoint_format", "sharded"): RUNS if MEGATRON else PREFLIGHT,  # the Megatron actor's parts
     **{("trainer.micro_batch_layout", v): RUNS for v in ("pack", "bucket", "pad", "prefix")},
     ("trainer.lr_schedule", "constant"): RUNS, ("trainer.lr_schedule", "cosine"): RUNS,
     ("trainer.nan_policy", "skip"): RUNS, ("trainer.nan_policy", "fail"): RUNS,
@@ -315,6 +319,9 @@ def _check_effect(pair, cfg, calls: Calls) -> None:
             assert kwargs["schedule"] == value
         elif field == "trainer.nan_policy":
             assert trainer.nan_policy == value
+        elif field == "trainer.checkpoint_format":  # the step's checkpoint: megatron's parts, or one file
+            [ckpt] = (_run_json(cfg).parent / "checkpoints").iterdir()
+            assert (ckpt / "shards").is_dir() == (value == "sharded") and (ckpt / "meta.json").is_file()
     elif field == "topology":
         assert calls.tags() == {value}
     elif field == "data.format" and value == "gsm8k":
@@ -340,7 +347,7 @@ def test_accepted_choice_runs_one_step_and_takes_effect(pair, root, monkeypatch)
     try:
         result = train(cfg, progress=False, max_steps=1)
     finally:
-        if pair == ("trainer.backend", "megatron") and MEGATRON:  # its process group would outlive the test
+        if cfg.trainer.backend == "megatron" and MEGATRON:  # its process group would outlive the test
             from relax.trainers.megatron.cpu import shutdown_distributed
 
             shutdown_distributed()

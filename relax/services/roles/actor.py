@@ -25,6 +25,7 @@ from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.roles.teacher import teacher_identity
 from relax.services.schema import ACTOR_GROUP
 from relax.services.supervision import read_restarts
+from relax.trainers.megatron.shards import SHARDED, write_sharded
 from relax.trainers.torch.actor import Reference, kl_loss_term, reference_fields, teacher_fields
 from relax.trainers.torch.checkpoint import load_newest_good, read_meta, write_checkpoint
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
@@ -180,9 +181,13 @@ class ActorRole:
     def checkpoint(self, step: int) -> str:
         cfg = self.cfg
         manifest = self.queue.compact(writer_id="actor-compactor")
-        url = write_checkpoint(self.checkpoint_url(step), self.ranks.call("checkpoint_state"), {
-            "steps_done": self.actor.trainer.steps_done, "step": step, "version": self.version,
-            "manifest_version": manifest})
+        meta = {"steps_done": self.actor.trainer.steps_done, "step": step, "version": self.version,
+                "manifest_version": manifest}
+        url = objstore.absolute_url(self.checkpoint_url(step))
+        if cfg.trainer.checkpoint_format == SHARDED:  # each rank writes its part, rank 0 the rest
+            write_sharded(url, *self.ranks.call("save_shard", url), meta)
+        else:
+            write_checkpoint(url, self.ranks.call("checkpoint_state"), meta)
         parent = (ParentRef(cfg.run_id, checkpoint_name(self.parent_step)) if self.parent_step is not None
                   else run_checkpoint_ref(cfg.model.init_checkpoint))
         counts = trained_policy_versions(self.queue, ACTOR_GROUP, up_to_step=step,

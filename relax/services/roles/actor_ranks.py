@@ -36,7 +36,13 @@ from relax.services.context import RunContext
 from relax.services.launchers.process import free_port, kill_on_parent_death
 from relax.services.launchers.role_process import describe_exit
 from relax.trainers.torch.actor import Actor
-from relax.trainers.torch.checkpoint import CheckpointError, load_checkpoint, trainer_state, unwrap
+from relax.trainers.torch.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    trainer_head,
+    trainer_state,
+    unwrap,
+)
 from relax.trainers.torch.trainer import StepResult, wrap_ddp
 
 RANK_ENV, WORLD_ENV, PORT_ENV = "RELAX_ACTOR_RANK", "RELAX_ACTOR_WORLD", "RELAX_ACTOR_PORT"
@@ -149,6 +155,18 @@ class RankOps:
     def checkpoint_state(self) -> dict[str, Any]:
         t = self.actor.trainer
         return trainer_state(t.model, t.optimizer, t.scheduler)
+
+    def save_shard(self, url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Write this rank's part of a sharded checkpoint (relax.trainers.megatron.shards); returns
+        what rank 0 writes last: ``trainer.pt``'s state and every part's meta.json entry (collective)."""
+        t = self.actor.trainer
+        model = unwrap(t.model)
+        entry = model.save_shard(url, t.optimizer)
+        entries = [entry]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            entries = [None] * dist.get_world_size()
+            dist.all_gather_object(entries, entry)
+        return {**trainer_head(t.optimizer, t.scheduler), **model.shard_head()}, [e for e in entries if e]
 
     def stop(self) -> None:
         return None

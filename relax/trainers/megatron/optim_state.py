@@ -12,12 +12,13 @@ Hugging Face entry is ``{}``, what a fresh optimizer has. ``policy`` below is a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
+from relax.trainers.checkpoint_files import CheckpointError
 from relax.trainers.megatron.convert import hf_shapes
-from relax.trainers.torch.checkpoint import CheckpointError
 
 
 def is_moment(value: Any) -> bool:
@@ -41,9 +42,9 @@ def all_or_none(mask: torch.Tensor, name: str) -> bool:
     return False
 
 
-def _counts_of(states: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _counts_of(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     scalars: dict[str, list[Any]] = {}
-    for st in states.values():
+    for st in states:
         for key, value in st.items():
             if not is_moment(value):
                 scalars.setdefault(key, []).append(value)
@@ -53,17 +54,26 @@ def _counts_of(states: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {key: values[0] for key, values in scalars.items()}
 
 
+def moments_to_hf(parts: list[tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]],
+                  to_hf: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]) -> dict[str, dict[str, Any]]:
+    """Optimizer state by megatron name -> by Hugging Face name, whole tensors. ``parts``: per part
+    of the model, (its weights or tensors of their shapes, its stepped parameters' state), both by
+    megatron name; ``to_hf`` turns one such dict per part into the full HF-named dict (a gather over
+    the process groups for this rank's part, or a merge of a sharded checkpoint's files)."""
+    keys = sorted({k for _, local in parts for st in local.values() for k, v in st.items() if is_moment(v)})
+    has = to_hf([{n: torch.full_like(p, float(n in local)) for n, p in params.items()} for params, local in parts])
+    hf = {key: to_hf([{n: local[n][key] if n in local else torch.zeros_like(p) for n, p in params.items()}
+                      for params, local in parts]) for key in keys}
+    counts = _counts_of(st for _, local in parts for st in local.values())
+    return {name: {**own_counts(counts), **{k: hf[k][name] for k in keys}} if all_or_none(mask, name) else {}
+            for name, mask in has.items()}
+
+
 def state_to_hf(policy: Any, local: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """This rank's state per megatron parameter name (stepped ones) -> per Hugging Face name, full
     tensors, on every rank (collective over the tensor and pipeline groups)."""
-    params = dict(policy.gpt.named_parameters())
-    keys = sorted({k for st in local.values() for k, v in st.items() if is_moment(v)})
-    has = policy.to_hf({n: torch.full_like(p.detach(), float(n in local)) for n, p in params.items()})
-    hf = {key: policy.to_hf({n: local[n][key] if n in local else torch.zeros_like(p.detach())
-                             for n, p in params.items()}) for key in keys}
-    counts = _counts_of(local)
-    return {name: {**own_counts(counts), **{k: hf[k][name] for k in keys}} if all_or_none(mask, name) else {}
-            for name, mask in has.items()}
+    params = {n: p.detach() for n, p in policy.gpt.named_parameters()}
+    return moments_to_hf([(params, local)], lambda parts: policy.to_hf(parts[0]))
 
 
 def state_from_hf(policy: Any, by_hf: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -75,6 +85,6 @@ def state_from_hf(policy: Any, by_hf: dict[str, dict[str, Any]]) -> dict[str, di
     has = policy.from_hf({n: torch.full(shape, float(n in stepped)) for n, shape in shapes.items()})
     local = {key: policy.from_hf({n: by_hf[n][key] if n in stepped else torch.zeros(shape)
                                   for n, shape in shapes.items()}) for key in keys}
-    counts = _counts_of({n: by_hf[n] for n in stepped})
+    counts = _counts_of(by_hf[n] for n in stepped)
     return {n: {**own_counts(counts), **{k: local[k][n] for k in keys}}
             for n, mask in has.items() if all_or_none(mask, n)}

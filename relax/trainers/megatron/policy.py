@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import asdict
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,7 +37,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.module import _IncompatibleKeys
 
-from relax.trainers.megatron.convert import LayoutConfig, layout_from_hf_config
+from relax.trainers.checkpoint_files import CheckpointError, read_verified
+from relax.trainers.megatron.convert import LayoutConfig, clean_mcore_state, layout_from_hf_config
 from relax.trainers.megatron.cpu import cuda_device_as_cpu, init_cpu_single_process
 from relax.trainers.megatron.dist_optim import DistributedAdam
 from relax.trainers.megatron.model import (
@@ -51,6 +53,8 @@ from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.pipeline import attach_pipeline
 from relax.trainers.megatron.replay import replaying, sample_routes
 from relax.trainers.megatron.samples import rows_of, sample_rows, widened
+from relax.trainers.megatron.shards import Place, layout_of, places, read_shard, sizes_of, write_shard
+from relax.trainers.torch.checkpoint import check_compatible, load_by_name, local_optimizer_state, param_names
 
 
 def _padding_row_without_gradient(pad: int) -> Any:
@@ -231,6 +235,64 @@ class MegatronPolicy(torch.nn.Module):
     def optimizer_state_from_checkpoint(self, saved: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Inverse of :meth:`optimizer_state_to_checkpoint`: this rank's shards, under this module's names."""
         return {f"gpt.{n}": st for n, st in state_from_hf(self, saved).items()}
+
+    def shard_place(self) -> tuple[Place, dict[str, int]]:
+        """This rank's part of the model and the parallel sizes (relax.trainers.megatron.shards)."""
+        from megatron.core import parallel_state as ps
+
+        sizes = {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+                 "ep": ps.get_expert_model_parallel_world_size()}
+        return Place(ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
+                     ps.get_expert_model_parallel_rank(), pipeline_stage(self.gpt)[0]), sizes
+
+    def shard_head(self) -> dict[str, Any]:
+        """What a sharded checkpoint's ``trainer.pt`` records of the model: its layout and parallel sizes."""
+        return {"layout": asdict(self.layout), "parallel": self.shard_place()[1]}
+
+    def save_shard(self, url: str, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
+        """Write this rank's part of a sharded checkpoint (its weights and optimizer state by megatron
+        name) unless it is a data-parallel replica; returns its meta.json entry, or None. Every rank
+        calls it: the DistributedOptimizer gathers a part's moments over its data-parallel group."""
+        from megatron.core import parallel_state as ps
+
+        state = local_optimizer_state(self, optimizer)["state"] if optimizer is not None else None
+        if ps.get_expert_data_parallel_rank() != 0:
+            return None
+        weights = {k: v.detach() for k, v in clean_mcore_state(self.gpt.state_dict()).items()}
+        moments = {n.removeprefix("gpt."): st for n, st in state.items()} if state is not None else None
+        return write_shard(url, self.shard_place()[0], weights, moments)
+
+    def load_own_shard(self, url: str, meta: dict[str, Any], optimizer: torch.optim.Optimizer | None
+                       ) -> dict[str, Any] | None:
+        """Resume from a sharded checkpoint of this very layout by reading only this rank's part;
+        returns its ``trainer.pt`` state (schedule, RNG) once loaded, or None, having changed nothing,
+        when the layout differs (the caller then loads the consolidated checkpoint)."""
+        head = read_verified(url, "trainer.pt", meta["sha256"])
+        place, sizes = self.shard_place()
+        if sizes_of(head, url) != sizes or layout_of(head, url) != self.layout:
+            return None
+        if optimizer is not None and head["optimizer"] is not None and len(head["optimizer"]["groups"]) != len(
+                optimizer.param_groups):
+            return None  # another optimizer layout: the consolidated load names the problem
+        found = places(url, meta, sizes, self.layout.num_layers)
+        mine = next(p for p in found if p.key == place.key)  # places() checked that every part is listed
+        try:
+            part = read_shard(url, mine, found[mine])
+            check_compatible(part["model"], clean_mcore_state(self.gpt.state_dict()), f"{url}/{mine.file}")
+            error = None
+        except CheckpointError as e:
+            error = str(e)
+        # every rank reads another file: all fail alike (the run skips the checkpoint) or none applies it
+        errors = [error] * dist.get_world_size() if dist.is_initialized() else [error]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_gather_object(errors, error)
+        if any(errors):
+            raise CheckpointError(next(e for e in errors if e))
+        self.gpt.load_state_dict(part["model"], strict=False)
+        if optimizer is not None and head["optimizer"] is not None:
+            stepped = {f"gpt.{n}": st for n, st in (part["optimizer"] or {}).items()}
+            load_by_name(optimizer, head["optimizer"], stepped, param_names(self, optimizer))
+        return head
 
     def to_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This rank's megatron-named tensors of the weights' shapes -> the full HF-named dict (collective)."""

@@ -2,21 +2,18 @@
 
 ``<url>/trainer.pt`` holds model, optimizer and LR-schedule state plus every RNG the step
 touches (torch, Python, numpy); ``<url>/meta.json`` is written last with the file's sha256
-and whatever the caller records (step, manifest versions consumed up to, weight version),
-so a checkpoint exists iff its meta does and a torn one is never loaded.
+and whatever the caller records (step, manifest versions consumed up to, weight version).
+The files are read as ``relax.trainers.checkpoint_files`` says: sha256 first, then a
+weights-only unpickling, so nothing read back runs code. The RNG states are stored as
+tensors and ints for that reason.
 
-Whoever can write the run root can write a matching sha256 too, so the hash guards against
-corruption only: ``trainer.pt`` is read with ``torch.load(weights_only=True)``, which builds
-tensors and plain containers and never runs code. The RNG states are stored as tensors and
-ints for that reason; checkpoints written before (numpy's state as an ndarray) load through an
-allow-list of numpy's array constructors, nothing wider.
+A Megatron actor may write its checkpoint sharded instead (``trainer.checkpoint_format=sharded``,
+``relax.trainers.megatron.shards``): :func:`read_state` consolidates one into this same state, so
+every reader (another layout, the other backend, an ``init_checkpoint``) loads either format.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -25,7 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax import objstore
+from relax.objstore import absolute_url
+from relax.trainers.checkpoint_files import (
+    CheckpointError,
+    read_meta,
+    read_verified,
+    tensor_file,
+    write_file,
+    write_meta,
+)
+from relax.trainers.megatron.shards import SHARDED, consolidate
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +41,6 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     while hasattr(model, "module"):
         model = model.module
     return model
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: missing, torn, corrupt, unsafe or of another model; the
-    message names the object and why."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -64,42 +65,23 @@ def set_rng_state(rng: dict[str, Any]) -> None:
     np.random.set_state(npy)
 
 
-def _numpy_globals() -> list[Any]:
-    # what an ndarray pickles to (pre-tensor RNG states): array reconstruction, no callables of ours
-    try:
-        from numpy._core import multiarray  # numpy 2
-    except ImportError:  # numpy 1
-        from numpy.core import multiarray
-
-    return [multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-
-
-def safe_load(blob: bytes, where: str) -> dict[str, Any]:
-    """``torch.load`` with ``weights_only=True``; anything else in the file is a CheckpointError."""
-    try:
-        with torch.serialization.safe_globals(_numpy_globals()):
-            state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-    except Exception as e:  # UnpicklingError and whatever a malformed file raises
-        raise CheckpointError(f"checkpoint {where} holds more than tensors and plain values, or is not a "
-                              f"checkpoint ({type(e).__name__}: {str(e)[:200]}); it was not loaded") from None
-    if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointError(f"checkpoint {where} is not a trainer checkpoint (no 'model' state)")
-    return state
+def local_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer``'s state keyed by the name of each parameter in ``model`` (as this rank holds it):
+    ``{"format": "by-name", "groups": [hyper-parameters], "state": {name: {"step", "exp_avg", ...}}}``."""
+    sd = optimizer.state_dict()
+    order = param_names(unwrap(model), optimizer)
+    return {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
+            "state": {order[i]: st for i, st in sd["state"].items()}}
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``optimizer``'s state keyed by parameter name, not by position: ``{"format": "by-name",
-    "groups": [hyper-parameters], "state": {name: {"step", "exp_avg", ...}}}``. A model that is
-    a view of another layout (the Megatron policy: Hugging Face names, tensor-parallel shards
-    gathered) renames and gathers its parameters' states (``optimizer_state_to_checkpoint``), so a
-    checkpoint resumes on either backend and any parallel layout."""
-    m = unwrap(model)
-    sd = optimizer.state_dict()
-    order = _param_names(m, optimizer)
-    state = {order[i]: st for i, st in sd["state"].items()}
-    convert = getattr(m, "optimizer_state_to_checkpoint", None)
-    return {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
-            "state": convert(state) if convert is not None else state}
+    """:func:`local_optimizer_state`, not by position, so a checkpoint resumes on either backend and any
+    parallel layout: a model that is a view of another layout (the Megatron policy: Hugging Face names,
+    tensor-parallel shards gathered) renames and gathers its parameters' states
+    (``optimizer_state_to_checkpoint``)."""
+    out = local_optimizer_state(model, optimizer)
+    convert = getattr(unwrap(model), "optimizer_state_to_checkpoint", None)
+    return {**out, "state": convert(out["state"])} if convert is not None else out
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
@@ -111,10 +93,11 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     m = unwrap(model)
     convert = getattr(m, "optimizer_state_from_checkpoint", None)
     by_name = convert(saved["state"]) if convert is not None else saved["state"]
-    load_by_name(optimizer, saved, by_name, _param_names(m, optimizer))
+    load_by_name(optimizer, saved, by_name, param_names(m, optimizer))
 
 
-def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+def param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name in ``model`` of each parameter of ``optimizer``, in its groups' order."""
     names = {id(p): n for n, p in model.named_parameters()}
     return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
@@ -139,6 +122,16 @@ def load_by_name(optimizer: torch.optim.Optimizer, saved: dict[str, Any], by_nam
                                "param_groups": groups})
 
 
+def trainer_head(optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None) -> dict[str, Any]:
+    """What a checkpoint holds beside the weights and the optimizer's per-parameter state: the
+    optimizer's hyper-parameters, the LR schedule, every RNG (a sharded checkpoint's ``trainer.pt``)."""
+    groups = optimizer.param_groups if optimizer is not None else None  # state_dict() would gather moments
+    return {"optimizer": {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"}
+                                                          for g in groups]} if groups is not None else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": rng_state()}
+
+
 def trainer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                   scheduler: Any = None) -> dict[str, Any]:
     """What a checkpoint's ``trainer.pt`` holds (collective for a sharded model: every rank calls it)."""
@@ -157,38 +150,18 @@ def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
 
 def write_checkpoint(url: str, state: dict[str, Any], meta: dict[str, Any] | None = None) -> str:
     """Write :func:`trainer_state`'s ``state``: ``trainer.pt``, then ``meta.json`` with its sha256."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    blob = buf.getvalue()
-    url = objstore.absolute_url(url)
-    objstore.write_bytes(objstore.join(url, "trainer.pt"), blob)
-    body = {"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob), **(meta or {})}
-    objstore.write_bytes(objstore.join(url, "meta.json"), json.dumps(body, indent=1, sort_keys=True).encode())
+    url = absolute_url(url)
+    written = write_file(url, "trainer.pt", tensor_file(state))
+    write_meta(url, {**written, **(meta or {})})
     return url
 
 
-def read_meta(url: str) -> dict[str, Any]:
-    """``<url>/meta.json``; FileNotFoundError when it is missing, CheckpointError when unreadable."""
-    where = objstore.join(url, "meta.json")
-    try:
-        meta = json.loads(objstore.read_bytes(where))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no checkpoint at {url} (meta.json missing: never written or not finished)") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{where} is not valid JSON ({e}): a torn or foreign file") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), str):
-        raise CheckpointError(f"{where} has no 'sha256' string: not a checkpoint this code wrote")
-    return meta
-
-
 def read_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(meta, state) of a checkpoint, verified (meta readable, sha256, safe load) before anything is applied."""
+    """(meta, state) of a checkpoint, verified (meta readable, sha256, safe load) before anything is
+    applied; a sharded one consolidated into the gathered state (Hugging Face names, whole tensors)."""
     meta = read_meta(url)
-    where = objstore.join(url, "trainer.pt")
-    blob = objstore.read_bytes(where)
-    if hashlib.sha256(blob).hexdigest() != meta["sha256"]:
-        raise CheckpointError(f"checkpoint {where} fails its sha256 check; it is corrupt")
-    return meta, safe_load(blob, where)
+    head = read_verified(url, "trainer.pt", meta["sha256"])
+    return meta, consolidate(url, meta, head) if meta.get("format") == SHARDED else head
 
 
 def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -198,11 +171,19 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     Every check runs before any state is applied, so a failed load changes nothing. A checkpoint
     of a differently shaped model fails naming the first mismatched tensor.
     """
+    meta = read_meta(url)
+    own = getattr(unwrap(model), "load_own_shard", None)  # the same parallel layout: read only this rank's
+    if meta.get("format") == SHARDED and own is not None and (state := own(url, meta, optimizer)) is not None:
+        return _restore_rest(state, meta, scheduler, restore_rng)
     meta, state = read_state(url)
     check_compatible(state["model"], unwrap(model).state_dict(), url)
     unwrap(model).load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
         load_optimizer_state(model, optimizer, state["optimizer"])
+    return _restore_rest(state, meta, scheduler, restore_rng)
+
+
+def _restore_rest(state: dict[str, Any], meta: dict[str, Any], scheduler: Any, restore_rng: bool) -> dict[str, Any]:
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
     if restore_rng:

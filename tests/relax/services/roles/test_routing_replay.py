@@ -45,7 +45,8 @@ def test_routing_replay_is_refused_where_nothing_records_or_replays_routes(overr
 
 def test_an_expert_parallel_megatron_moe_actor_replays_the_engines_experts_in_the_loop(tmp_path):
     # two training ranks (data_parallel=2), each holding half of every layer's experts (expert_parallel=2),
-    # stepped by megatron's DistributedOptimizer (the dense weights' moments split over the two ranks)
+    # stepped by megatron's DistributedOptimizer (the dense weights' moments split over the two ranks),
+    # checkpointed sharded (each rank writes its experts)
     pytest.importorskip("megatron.core", exc_type=ImportError)
     import os
     import subprocess
@@ -55,6 +56,7 @@ def test_an_expert_parallel_megatron_moe_actor_replays_the_engines_experts_in_th
     import torch
 
     from relax.services.report.metrics import read_metrics
+    from relax.trainers.torch.checkpoint import read_state
     from relax.transfer.weights import WeightStore
 
     repo = Path(__file__).resolve().parents[4]
@@ -66,7 +68,7 @@ def test_an_expert_parallel_megatron_moe_actor_replays_the_engines_experts_in_th
                            "trainer.checkpoint_every=2", f"root=file://{tmp_path}", "run_id=mr3", "topology=disaggregated",
                            "model.family=qwen3_moe", "trainer.backend=megatron", "algorithm.routing_replay=true",
                            "trainer.data_parallel=2", "trainer.expert_parallel=2", "trainer.lr=1e-3",
-                           "trainer.distributed_optimizer=true",
+                           "trainer.distributed_optimizer=true", "trainer.checkpoint_format=sharded",
                            "data.reward_fn=tests.relax.services.runtime_helpers.length_reward",
                            "--no-progress"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -82,9 +84,14 @@ def test_an_expert_parallel_megatron_moe_actor_replays_the_engines_experts_in_th
     experts = [k for k in v0 if "experts" in k]
     assert v0.keys() == v1.keys() and experts and all(v1[k].shape[0] == 4 for k in experts)  # 4 experts a layer
     assert all(not torch.equal(v0[k], v1[k]) for k in experts)  # both ranks' experts moved
-    # the step-2 checkpoint holds AdamW's moments whole, by HF name (gathered from the optimizer's slices)
-    moments = torch.load(next(Path(tmp_path, "runs", "mr3").rglob("trainer.pt")), weights_only=True)["optimizer"]
-    assert all(moments["state"][k]["exp_avg"].shape == v1[k].shape for k in experts)
+    # the step-2 checkpoint is sharded: each expert-parallel rank wrote its own experts, and it
+    # consolidates to AdamW's moments whole, by HF name, and the weights published with it
+    ckpt = next(Path(tmp_path, "runs", "mr3").rglob("meta.json")).parent
+    assert sorted(p.name for p in (ckpt / "shards").iterdir()) == ["tp0-pp0-ep0.pt", "tp0-pp0-ep1.pt"]
+    _, state = read_state(str(ckpt))
+    assert all(state["optimizer"]["state"][k]["exp_avg"].shape == v1[k].shape for k in experts)
+    v2 = store.load(2)[0]  # the weights after step 1, the checkpointed step
+    assert v2.keys() == state["model"].keys() and all(torch.equal(state["model"][k], v2[k]) for k in v2)
 
 
 @pytest.mark.parametrize("override, named", [

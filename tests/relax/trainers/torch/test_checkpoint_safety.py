@@ -91,10 +91,10 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_says_so(tmp_path, caplog):
 
 
 def test_the_package_unpickles_nothing_but_weights():
-    # one reader (checkpoint.safe_load, weights_only=True); no pickle, no weights_only=False anywhere
+    # one reader (checkpoint_files.safe_load, weights_only=True); no pickle, no weights_only=False anywhere
     loads = []
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
         for m in re.finditer(r"torch\.load\((?:[^()]|\([^()]*\))*\)|pickle\.loads?\(|weights_only\s*=\s*False", text):
             loads.append((path.relative_to(PACKAGE).as_posix(), m.group(0)))
-    assert loads and all(f == "trainers/torch/checkpoint.py" and "weights_only=True" in call for f, call in loads), loads
+    assert loads and all(f == "trainers/checkpoint_files.py" and "weights_only=True" in call for f, call in loads), loads
