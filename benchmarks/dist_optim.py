@@ -18,18 +18,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 from output import Output, add_arguments
+from two_ranks import add_rank_arguments, launch
 
-REPO = Path(__file__).resolve().parents[1]
 OPTIMIZERS = {"AdamW": False, "DistributedAdam": True}
 
 
@@ -90,36 +85,16 @@ def rank_main(rank: int, port: int, quick: bool, out: str) -> None:
     shutdown_distributed()
 
 
-def launch(quick: bool) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{Path(__file__).parent}", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "rank0.json"
-        procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--rank-out",
-                                   str(out), *(["--quick"] if quick else [])], env=env, cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-        logs = [p.communicate(timeout=1800)[0] for p in procs]
-        for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-            if p.returncode != 0:
-                raise SystemExit(f"rank {r} failed (rc={p.returncode}):\n{log[-3000:]}")
-        return json.loads(out.read_text())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--rank-out", default=None, help=argparse.SUPPRESS)
+    add_rank_arguments(parser)
     add_arguments(parser)
     args = parser.parse_args()
     if args.rank is not None:
         rank_main(args.rank, args.port, args.quick, args.rank_out)
         return
-    measured = launch(args.quick)
+    measured = launch(__file__, args.quick)
     adamw, dist = measured["AdamW"], measured["DistributedAdam"]
     result = {"quick": args.quick, **measured,
               "state_ratio": dist["state_bytes"] / adamw["state_bytes"], "step_ratio": dist["step_s"] / adamw["step_s"],

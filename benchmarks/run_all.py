@@ -14,7 +14,8 @@ HERE = Path(__file__).parent
 BENCHMARKS = [("bench_data.py", []), ("transfer_queue.py", ["--quick"]), ("snapshot_open.py", ["--quick"]),
               ("trainer.py", ["--quick"]), ("prefix.py", ["--quick"]),
               ("engine.py", ["--quick"]), ("engine_guard.py", []), ("rollout_media.py", ["--quick"]),
-              ("async_vs_sync.py", ["--quick"]), ("dist_optim.py", ["--quick"])]
+              ("async_vs_sync.py", ["--quick"]), ("dist_optim.py", ["--quick"]),
+              ("checkpoint_shards.py", ["--quick"])]
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
