@@ -28,13 +28,12 @@ from relax.transfer.weights import WeightStore
 # model families whose processors take images / audio (relax.models.processors)
 IMAGE_FAMILIES = ("qwen2_5_vl", "qwen2_5_omni")
 AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
-# fields that may differ between the starts of one run
-# settings a restarted run may change: how long it runs and how it is reached, not what it computes
 # how a run is operated, not what it computes: a rerun may change them
 RESUMABLE_FIELDS = {"trainer.total_steps", "rollout.api_port", "rollout.api_host", "rollout.max_engine_processes",
                     *(f"supervisor.{f.name}" for f in fields(SupervisorConfig)),
-                    # checkpoints hold weights and optimizer moments by name in the HF layout, not per shard
-                    "trainer.data_parallel", "trainer.tensor_parallel", "trainer.pipeline_parallel"}
+                    # a checkpoint, gathered or sharded, loads by Hugging Face name at any layout
+                    "trainer.data_parallel", "trainer.tensor_parallel", "trainer.pipeline_parallel",
+                    "trainer.checkpoint_format"}
 
 
 class RunConfigMismatch(ValueError):

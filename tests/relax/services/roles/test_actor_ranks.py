@@ -92,8 +92,10 @@ def test_megatron_pipeline_parallel_2_takes_the_one_process_step(one_process: Pa
 
 def test_megatron_tp2_actor_heals_a_kill_and_resumes_at_tp1(one_process: Path, tmp_path: Path) -> None:
     pytest.importorskip("megatron.core", exc_type=ImportError)
-    tp2 = ("trainer.backend=megatron", "trainer.tensor_parallel=2", "topology=disaggregated")
-    # rank 0 is SIGKILLed as it takes step 1; its rank 1 dies with it; the controller restarts both
+    tp2 = ("trainer.backend=megatron", "trainer.tensor_parallel=2", "topology=disaggregated",
+           "trainer.checkpoint_format=sharded")
+    # rank 0 is SIGKILLed as it takes step 1; its rank 1 dies with it; the controller restarts both, and
+    # each rank reads its own part of the step-0 checkpoint back
     _train(tmp_path, "trainer.total_steps=3", *tp2, fault="actor:step:1:1")
     steps = _actor(tmp_path)
     assert {m["step"] for m in steps} == {0, 1, 2} and all(m["ranks"] == 2 for m in steps)
@@ -103,7 +105,10 @@ def test_megatron_tp2_actor_heals_a_kill_and_resumes_at_tp1(one_process: Path, t
     # the megatron tp=2 update of the same batch is the PyTorch one-process update
     assert steps[0]["grad_norm"] == pytest.approx(_actor(one_process)[0]["grad_norm"], rel=1e-5)
     assert _max_diff(_version(one_process, 1), _version(tmp_path, 1)) < 1e-5
-    # the same run resumed at tensor parallel 1 (checkpoints hold no shards) takes its next step
+    ckpts = tmp_path / "runs" / "ranks" / "checkpoints"
+    assert all(sorted(p.name for p in (c / "shards").iterdir()) == ["tp0-pp0-ep0.pt", "tp1-pp0-ep0.pt"]
+               for c in ckpts.iterdir())
+    # the same run resumed at tensor parallel 1 (the parts consolidated) takes its next step
     _train(tmp_path, "trainer.total_steps=4", "trainer.backend=megatron", "topology=disaggregated")
     last = _actor(tmp_path)[-1]
     assert (last["step"], last["ranks"]) == (3, 1) and last["grad_norm"] > 0
