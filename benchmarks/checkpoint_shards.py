@@ -17,7 +17,6 @@ JSON object with the ratios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -25,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from output import Output, add_arguments
-from two_ranks import add_rank_arguments, launch
+from output import Output
+from two_ranks import parse_and_launch
 
 FORMATS = ("gathered", "sharded")
 
@@ -133,15 +132,10 @@ def rank_main(rank: int, port: int, quick: bool, out: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    add_rank_arguments(parser)
-    add_arguments(parser)
-    args = parser.parse_args()
-    if args.rank is not None:
-        rank_main(args.rank, args.port, args.quick, args.rank_out)
+    launched = parse_and_launch(__file__, __doc__, rank_main)
+    if launched is None:  # this process was one of the ranks
         return
-    m = launch(__file__, args.quick)
+    args, m = launched
     g, s = m["gathered"], m["sharded"]
     result = {"quick": args.quick, **m, "write_ratio": s["write_s"] / g["write_s"],
               "resume_ratio": s["resume_s"] / g["resume_s"], "bytes_ratio": s["busiest_rank_bytes"] / g["busiest_rank_bytes"],

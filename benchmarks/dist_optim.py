@@ -15,15 +15,14 @@ object with state_ratio and step_ratio.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics
 import time
 from pathlib import Path
 
-from output import Output, add_arguments
-from two_ranks import add_rank_arguments, launch
+from output import Output
+from two_ranks import parse_and_launch
 
 OPTIMIZERS = {"AdamW": False, "DistributedAdam": True}
 
@@ -86,15 +85,10 @@ def rank_main(rank: int, port: int, quick: bool, out: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    add_rank_arguments(parser)
-    add_arguments(parser)
-    args = parser.parse_args()
-    if args.rank is not None:
-        rank_main(args.rank, args.port, args.quick, args.rank_out)
+    launched = parse_and_launch(__file__, __doc__, rank_main)
+    if launched is None:  # this process was one of the ranks
         return
-    measured = launch(__file__, args.quick)
+    args, measured = launched
     adamw, dist = measured["AdamW"], measured["DistributedAdam"]
     result = {"quick": args.quick, **measured,
               "state_ratio": dist["state_bytes"] / adamw["state_bytes"], "step_ratio": dist["step_s"] / adamw["step_s"],

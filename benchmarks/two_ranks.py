@@ -6,24 +6,37 @@ it joins the group on 127.0.0.1:P and rank 0 writes its JSON result to PATH.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+from output import add_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def add_rank_arguments(parser) -> None:
-    """The hidden flags a rank is started with."""
-    import argparse
-
+def parse_and_launch(script: str, doc: str, rank_main: Callable[[int, int, bool, str], None]
+                     ) -> tuple[argparse.Namespace, dict] | None:
+    """A two-rank benchmark's entry: its flags (``--quick`` and output.py's) parsed; started as a rank,
+    run ``rank_main(rank, port, quick, out)`` and return None; otherwise launch both ranks and return
+    (the flags, rank 0's result)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rank-out", default=None, help=argparse.SUPPRESS)
+    add_arguments(parser)
+    args = parser.parse_args()
+    if args.rank is not None:
+        rank_main(args.rank, args.port, args.quick, args.rank_out)
+        return None
+    return args, launch(script, args.quick)
 
 
 def launch(script: str, quick: bool, timeout_s: float = 1800) -> dict:
