@@ -57,12 +57,11 @@ def rank_main(rank: int, port: int, quick: bool, out: str) -> None:
 
     from relax.trainers.megatron.cpu import init_cpu_distributed, shutdown_distributed
     from relax.trainers.megatron.policy import megatron_policy
-    from relax.trainers.megatron.shards import write_sharded
     from relax.trainers.torch.checkpoint import (
         load_checkpoint,
         read_meta,
         read_state,
-        trainer_head,
+        save_sharded_checkpoint,
         trainer_state,
         write_checkpoint,
     )
@@ -89,12 +88,7 @@ def rank_main(rank: int, port: int, quick: bool, out: str) -> None:
             if rank == 0:
                 write_checkpoint(url, state, {"steps_done": 1})
             return tensor_bytes(state)
-        entry = model.save_shard(url, opt)
-        entries = [None, None]
-        dist.all_gather_object(entries, entry)
-        if rank == 0:
-            write_sharded(url, {**trainer_head(opt, sched), **model.shard_head()}, [e for e in entries if e],
-                          {"steps_done": 1})
+        save_sharded_checkpoint(url, model, opt, sched, {"steps_done": 1})
         return tensor_bytes(torch.load(Path(url) / "shards" / "tp0-pp0-ep0.pt", weights_only=True))
 
     runs = {fmt: {"write": [], "resume": []} for fmt in FORMATS}

@@ -25,7 +25,7 @@ from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.roles.teacher import teacher_identity
 from relax.services.schema import ACTOR_GROUP
 from relax.services.supervision import read_restarts
-from relax.trainers.megatron.shards import SHARDED, write_sharded
+from relax.trainers.megatron.shards import SHARDED
 from relax.trainers.torch.actor import Reference, kl_loss_term, reference_fields, teacher_fields
 from relax.trainers.torch.checkpoint import load_newest_good, read_meta, write_checkpoint
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
@@ -185,7 +185,7 @@ class ActorRole:
                 "manifest_version": manifest}
         url = objstore.absolute_url(self.checkpoint_url(step))
         if cfg.trainer.checkpoint_format == SHARDED:  # each rank writes its part, rank 0 the rest
-            write_sharded(url, *self.ranks.call("save_shard", url), meta)
+            self.ranks.call("save_sharded", url, meta)
         else:
             write_checkpoint(url, self.ranks.call("checkpoint_state"), meta)
         parent = (ParentRef(cfg.run_id, checkpoint_name(self.parent_step)) if self.parent_step is not None

@@ -39,7 +39,7 @@ from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.checkpoint import (
     CheckpointError,
     load_checkpoint,
-    trainer_head,
+    save_sharded_checkpoint,
     trainer_state,
     unwrap,
 )
@@ -156,17 +156,10 @@ class RankOps:
         t = self.actor.trainer
         return trainer_state(t.model, t.optimizer, t.scheduler)
 
-    def save_shard(self, url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Write this rank's part of a sharded checkpoint (relax.trainers.megatron.shards); returns
-        what rank 0 writes last: ``trainer.pt``'s state and every part's meta.json entry (collective)."""
+    def save_sharded(self, url: str, meta: dict[str, Any]) -> None:
+        """Write this rank's part of a sharded checkpoint; rank 0 then writes the rest (collective)."""
         t = self.actor.trainer
-        model = unwrap(t.model)
-        entry = model.save_shard(url, t.optimizer)
-        entries = [entry]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            entries = [None] * dist.get_world_size()
-            dist.all_gather_object(entries, entry)
-        return {**trainer_head(t.optimizer, t.scheduler), **model.shard_head()}, [e for e in entries if e]
+        save_sharded_checkpoint(url, t.model, t.optimizer, t.scheduler, meta)
 
     def stop(self) -> None:
         return None

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.module import _IncompatibleKeys
 
-from relax.trainers.checkpoint_files import CheckpointError, read_verified
+from relax.trainers.checkpoint_files import CheckpointError
 from relax.trainers.megatron.convert import LayoutConfig, clean_mcore_state, layout_from_hf_config
 from relax.trainers.megatron.cpu import cuda_device_as_cpu, init_cpu_single_process
 from relax.trainers.megatron.dist_optim import DistributedAdam
@@ -53,7 +53,15 @@ from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.pipeline import attach_pipeline
 from relax.trainers.megatron.replay import replaying, sample_routes
 from relax.trainers.megatron.samples import rows_of, sample_rows, widened
-from relax.trainers.megatron.shards import Place, layout_of, places, read_shard, sizes_of, write_shard
+from relax.trainers.megatron.shards import (
+    Place,
+    every_rank,
+    layout_of,
+    places,
+    read_shard,
+    sizes_of,
+    write_shard,
+)
 from relax.trainers.torch.checkpoint import check_compatible, load_by_name, local_optimizer_state, param_names
 
 
@@ -262,18 +270,17 @@ class MegatronPolicy(torch.nn.Module):
         moments = {n.removeprefix("gpt."): st for n, st in state.items()} if state is not None else None
         return write_shard(url, self.shard_place()[0], weights, moments)
 
-    def load_own_shard(self, url: str, meta: dict[str, Any], optimizer: torch.optim.Optimizer | None
-                       ) -> dict[str, Any] | None:
-        """Resume from a sharded checkpoint of this very layout by reading only this rank's part;
-        returns its ``trainer.pt`` state (schedule, RNG) once loaded, or None, having changed nothing,
-        when the layout differs (the caller then loads the consolidated checkpoint)."""
-        head = read_verified(url, "trainer.pt", meta["sha256"])
+    def load_own_shard(self, url: str, meta: dict[str, Any], head: dict[str, Any],
+                       optimizer: torch.optim.Optimizer | None) -> bool:
+        """Resume from a sharded checkpoint (``meta``, ``head``: its verified meta.json and trainer.pt)
+        of this very layout by reading only this rank's part; False, having changed nothing, when the
+        layout differs (the caller then loads the consolidated checkpoint)."""
         place, sizes = self.shard_place()
         if sizes_of(head, url) != sizes or layout_of(head, url) != self.layout:
-            return None
+            return False
         if optimizer is not None and head["optimizer"] is not None and len(head["optimizer"]["groups"]) != len(
                 optimizer.param_groups):
-            return None  # another optimizer layout: the consolidated load names the problem
+            return False  # another optimizer layout: the consolidated load names the problem
         found = places(url, meta, sizes, self.layout.num_layers)
         mine = next(p for p in found if p.key == place.key)  # places() checked that every part is listed
         try:
@@ -283,16 +290,14 @@ class MegatronPolicy(torch.nn.Module):
         except CheckpointError as e:
             error = str(e)
         # every rank reads another file: all fail alike (the run skips the checkpoint) or none applies it
-        errors = [error] * dist.get_world_size() if dist.is_initialized() else [error]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_gather_object(errors, error)
-        if any(errors):
-            raise CheckpointError(next(e for e in errors if e))
+        errors = [e for e in every_rank(error) if e]
+        if errors:
+            raise CheckpointError(errors[0])
         self.gpt.load_state_dict(part["model"], strict=False)
         if optimizer is not None and head["optimizer"] is not None:
             stepped = {f"gpt.{n}": st for n, st in (part["optimizer"] or {}).items()}
             load_by_name(optimizer, head["optimizer"], stepped, param_names(self, optimizer))
-        return head
+        return True
 
     def to_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This rank's megatron-named tensors of the weights' shapes -> the full HF-named dict (collective)."""

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from relax.trainers.checkpoint_files import (
     CheckpointError,
@@ -37,7 +38,6 @@ from relax.trainers.checkpoint_files import (
     write_meta,
 )
 from relax.trainers.megatron.convert import (
-    ConversionError,
     LayoutConfig,
     gather_tp,
     megatron_to_hf,
@@ -82,6 +82,15 @@ def write_sharded(url: str, head: dict[str, Any], entries: list[dict[str, Any]],
     written = write_file(url, "trainer.pt", tensor_file({**head, "model": {}, "format": SHARDED}))
     write_meta(url, {**written, **meta, "format": SHARDED, "shards": entries})
     return url
+
+
+def every_rank(value: Any) -> list[Any]:
+    """``value`` from every rank of the default process group, in rank order (``[value]`` without one)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def _int(value: Any, low: int, high: int, what: str, url: str) -> int:
@@ -166,6 +175,6 @@ def consolidate(url: str, meta: dict[str, Any], head: dict[str, Any]) -> dict[st
             state = moments_to_hf([(parts[p]["model"], parts[p]["optimizer"] or {}) for p in ordered],
                                   lambda locals_: merge_parts(dict(zip(ordered, locals_, strict=True)), sizes, cfg))
             optimizer = {**head["optimizer"], "state": state}
-    except (ConversionError, ValueError, KeyError) as e:
+    except (ValueError, KeyError) as e:  # ConversionError is a ValueError
         raise CheckpointError(f"sharded checkpoint {url} does not merge into one model: {e}") from None
     return {"model": weights, "optimizer": optimizer, "scheduler": head.get("scheduler"), "rng": head.get("rng")}

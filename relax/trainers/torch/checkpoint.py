@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from relax.objstore import absolute_url
 from relax.trainers.checkpoint_files import (
@@ -31,7 +32,7 @@ from relax.trainers.checkpoint_files import (
     write_file,
     write_meta,
 )
-from relax.trainers.megatron.shards import SHARDED, consolidate
+from relax.trainers.megatron.shards import SHARDED, consolidate, every_rank, write_sharded
 
 log = logging.getLogger(__name__)
 
@@ -156,12 +157,33 @@ def write_checkpoint(url: str, state: dict[str, Any], meta: dict[str, Any] | Non
     return url
 
 
+def save_sharded_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                            scheduler: Any = None, meta: dict[str, Any] | None = None) -> str:
+    """A sharded checkpoint (relax.trainers.megatron.shards) of a model that writes its own part (the
+    Megatron policy's ``save_shard``). Collective: every rank writes its part, then rank 0 writes
+    ``trainer.pt`` and, last, ``meta.json`` listing every part."""
+    m, url = unwrap(model), absolute_url(url)
+    entries = every_rank(m.save_shard(url, optimizer))  # after every rank has written its part
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        write_sharded(url, {**trainer_head(optimizer, scheduler), **m.shard_head()}, [e for e in entries if e],
+                      meta or {})
+    return url
+
+
+def _read_head(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    meta = read_meta(url)
+    return meta, read_verified(url, "trainer.pt", meta["sha256"])
+
+
+def _whole(url: str, meta: dict[str, Any], head: dict[str, Any]) -> dict[str, Any]:
+    return consolidate(url, meta, head) if meta.get("format") == SHARDED else head
+
+
 def read_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(meta, state) of a checkpoint, verified (meta readable, sha256, safe load) before anything is
     applied; a sharded one consolidated into the gathered state (Hugging Face names, whole tensors)."""
-    meta = read_meta(url)
-    head = read_verified(url, "trainer.pt", meta["sha256"])
-    return meta, consolidate(url, meta, head) if meta.get("format") == SHARDED else head
+    meta, head = _read_head(url)
+    return meta, _whole(url, meta, head)
 
 
 def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -171,11 +193,11 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     Every check runs before any state is applied, so a failed load changes nothing. A checkpoint
     of a differently shaped model fails naming the first mismatched tensor.
     """
-    meta = read_meta(url)
+    meta, head = _read_head(url)
     own = getattr(unwrap(model), "load_own_shard", None)  # the same parallel layout: read only this rank's
-    if meta.get("format") == SHARDED and own is not None and (state := own(url, meta, optimizer)) is not None:
-        return _restore_rest(state, meta, scheduler, restore_rng)
-    meta, state = read_state(url)
+    if meta.get("format") == SHARDED and own is not None and own(url, meta, head, optimizer):
+        return _restore_rest(head, meta, scheduler, restore_rng)
+    state = _whole(url, meta, head)
     check_compatible(state["model"], unwrap(model).state_dict(), url)
     unwrap(model).load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:

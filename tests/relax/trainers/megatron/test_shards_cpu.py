@@ -44,7 +44,8 @@ def test_each_rank_writes_its_own_part(ranks: tuple[Path, list[dict[str, Any]]],
     parts = sorted(p.name for p in (out / f"sharded-{layout}" / "shards").iterdir())
     assert parts == {"tp2": ["tp0-pp0-ep0.pt", "tp1-pp0-ep0.pt"], "pp2": ["tp0-pp0-ep0.pt", "tp0-pp1-ep0.pt"],
                      "ep2": ["tp0-pp0-ep0.pt", "tp0-pp0-ep1.pt"]}[layout]
-    written = [r[layout]["wrote_bytes"] for r in res]
+    written = res[0][layout]["part_bytes"]  # one part per rank: no data-parallel replica here
+    assert len(written) == 2
     # tp/pp: each part holds about half the weights and moments of the gathered file
     if layout != "ep2":
         assert all(0.3 < w / res[0][layout]["gathered_bytes"] < 0.7 for w in written)
@@ -140,12 +141,12 @@ def _main(rank: int, port: str, out_dir: str) -> None:
     from tiny import tiny_batch
 
     from relax.config_loader import load_config
-    from relax.trainers.megatron.shards import write_sharded
+    from relax.trainers.checkpoint_files import read_verified
     from relax.trainers.torch.actor import Actor
     from relax.trainers.torch.checkpoint import (
         read_meta,
         read_state,
-        trainer_head,
+        save_sharded_checkpoint,
         trainer_state,
         write_checkpoint,
     )
@@ -178,23 +179,20 @@ def _main(rank: int, port: str, out_dir: str) -> None:
         t = actor.trainer
         gathered = trainer_state(t.model, t.optimizer, t.scheduler)
         url = str(out / f"sharded-{layout}")
-        entry = t.model.save_shard(url, t.optimizer)
-        entries: list[Any] = [None, None]
-        dist.all_gather_object(entries, entry)
+        save_sharded_checkpoint(url, t.model, t.optimizer, t.scheduler, {"steps_done": 1})
         if rank == 0:
             write_checkpoint(str(out / f"gathered-{layout}"), gathered, {"steps_done": 1})
-            write_sharded(url, {**trainer_head(t.optimizer, t.scheduler), **t.model.shard_head()},
-                          [e for e in entries if e], {"steps_done": 1})
         dist.barrier()
         before = {k: v.clone() for k, v in actor.model.state_dict().items()}
         second = actor.train_step(batch)
         after = actor.model.state_dict()
         resumed = Actor(policy(), cfg())
-        own = resumed.model.load_own_shard(url, read_meta(url), None) is not None
+        meta = read_meta(url)
+        own = resumed.model.load_own_shard(url, meta, read_verified(url, "trainer.pt", meta["sha256"]), None)
         resumed.trainer.load(url)
         c = resumed.train_step(batch)
         result[layout] = {
-            "wrote_bytes": entry["bytes"] if entry else 0, "read_own_part": own,
+            "read_own_part": own,
             "second_loss": second.loss, "second_grad_norm": second.grad_norm, "resumed_loss": c.loss,
             "resumed_grad_norm": c.grad_norm, "weight_change": max(float((after[k] - before[k]).abs().max())
                                                                  for k in after),
@@ -212,6 +210,7 @@ def _main(rank: int, port: str, out_dir: str) -> None:
             actor.trainer.load(str(out / f"sharded-{layout}"))
             d = actor.train_step(batch)
             result[layout].update({
+                "part_bytes": [p["bytes"] for p in read_meta(str(out / f"sharded-{layout}"))["shards"]],
                 "gathered_bytes": read_meta(str(out / f"gathered-{layout}"))["bytes"],
                 "gathered_names": sorted(gathered["model"]), "consolidated_names": sorted(merged["model"]),
                 "consolidated_max_diff": max(float((a - b).abs().max()) for a, b in pairs),
