@@ -136,12 +136,8 @@ def trainer_head(optimizer: torch.optim.Optimizer | None = None, scheduler: Any 
 def trainer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                   scheduler: Any = None) -> dict[str, Any]:
     """What a checkpoint's ``trainer.pt`` holds (collective for a sharded model: every rank calls it)."""
-    return {
-        "model": unwrap(model).state_dict(),
-        "optimizer": optimizer_state(model, optimizer) if optimizer is not None else None,
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "rng": rng_state(),
-    }
+    return {**trainer_head(optimizer, scheduler), "model": unwrap(model).state_dict(),
+            "optimizer": optimizer_state(model, optimizer) if optimizer is not None else None}
 
 
 def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
