@@ -334,7 +334,8 @@ class TrainerConfig:
     data_parallel: int = opt(1, "Data-parallel processes (gloo on CPU, NCCL on GPU).", range=(1, 100_000))
     tensor_parallel: int = opt(1, "Megatron tensor parallelism.", range=(1, 1024))
     pipeline_parallel: int = opt(1, "Megatron pipeline parallelism.", range=(1, 1024))
-    context_parallel: int = opt(1, "Megatron context parallelism.", range=(1, 1024))
+    context_parallel: int = opt(1, "Megatron context parallelism: each of these ranks holds a zigzag share of every "
+                                   "sequence (attention all-gathers keys and values).", range=(1, 1024))
     expert_parallel: int = opt(1, "Megatron expert parallelism: each MoE layer's experts split over this many "
                                   "data-parallel ranks; must divide data_parallel and the experts.", range=(1, 1024))
     distributed_optimizer: bool = opt(False, "Megatron backend: step with megatron-core's DistributedOptimizer, each "

@@ -103,7 +103,6 @@ def validate(cfg: Any, prefix: str = "") -> None:
 
 MEGATRON_FAMILIES = ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe")
 PARALLEL_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel")
-UNWIRED_PARALLEL = ("context_parallel",)  # accepted by the config tree, not by the actor yet
 
 
 def backend_checks(t: Any, family: str) -> None:
@@ -124,11 +123,11 @@ def backend_checks(t: Any, family: str) -> None:
     if family not in MEGATRON_FAMILIES:
         raise ConfigError(f"trainer.backend=megatron builds {list(MEGATRON_FAMILIES)} text models, not "
                           f"model.family={family!r}: use trainer.backend=torch")
-    for name in UNWIRED_PARALLEL:
-        if getattr(t, name) > 1:
-            raise ConfigError(f"trainer.{name}={getattr(t, name)}: the Megatron actor does not split sequences "
-                              f"yet (docs/megatron.md); set it to 1 and use tensor_parallel, pipeline_parallel, "
-                              f"expert_parallel or data_parallel")
+    for name in ("pipeline_parallel", "expert_parallel"):
+        if t.context_parallel > 1 and getattr(t, name) > 1:
+            raise ConfigError(f"trainer.context_parallel={t.context_parallel} with {name}={getattr(t, name)}: the "
+                              f"Megatron actor splits sequences at pipeline_parallel=1 and expert_parallel=1 only "
+                              f"(docs/megatron.md); set one of them to 1")
     if t.expert_parallel > 1 and t.data_parallel % t.expert_parallel:
         raise ConfigError(f"trainer.expert_parallel={t.expert_parallel} splits the experts over data-parallel ranks "
                           f"and must divide trainer.data_parallel={t.data_parallel}: raise data_parallel to a "

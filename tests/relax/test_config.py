@@ -142,8 +142,14 @@ def test_backend_layouts_are_honoured_or_refused():
     # a parallel layout the chosen backend would ignore is an error naming the field, not a quiet no-op
     with pytest.raises(ConfigError, match="trainer.tensor_parallel=2 is a Megatron layout"):
         load_config(None, ["trainer.tensor_parallel=2"])
-    with pytest.raises(ConfigError, match="trainer.context_parallel=2: the Megatron actor does not split"):
-        load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2"])
+    assert load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2"]).trainer.context_parallel == 2
+    with pytest.raises(ConfigError, match="trainer.context_parallel=2 with pipeline_parallel=2: .* set one of them to 1"):
+        load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2", "trainer.pipeline_parallel=2"])
+    with pytest.raises(ConfigError, match="trainer.context_parallel=2 with expert_parallel=2"):
+        load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2", "trainer.expert_parallel=2",
+                           "trainer.data_parallel=2"])
+    with pytest.raises(ConfigError, match="trainer.context_parallel=2 is a Megatron layout"):
+        load_config(None, ["trainer.context_parallel=2"])
     # expert parallel splits the experts over data-parallel ranks: it must divide them, and runs at pp = 1
     with pytest.raises(ConfigError, match="expert_parallel=2 splits the experts .* must divide trainer.data_parallel=1"):
         load_config(None, ["trainer.backend=megatron", "trainer.expert_parallel=2"])

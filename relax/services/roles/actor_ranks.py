@@ -1,11 +1,11 @@
-"""The actor's training ranks: ``trainer.data_parallel x tensor_parallel x pipeline_parallel``
-processes that take every step together.
+"""The actor's training ranks: ``trainer.data_parallel x tensor_parallel x pipeline_parallel x
+context_parallel`` processes that take every step together.
 
 The actor role's own process is rank 0: it takes the step's batch from the queue, publishes and
 checkpoints as a one-process actor does, and drives ranks 1..W-1 (``python -m
 relax.services.roles.actor_ranks``, its children), which run each command on the same
 arguments (SPMD): :class:`RankOps` is what every rank runs. Data-parallel ranks train on their
-share of the batch (``Actor.share``), tensor- and pipeline-parallel ranks on the same share
+share of the batch (``Actor.share``), tensor-, pipeline- and context-parallel ranks on the same share
 (megatron-core); publishing and saving gather the shards on every rank and rank 0 writes.
 
 Commands travel by ``broadcast_object_list`` on a gloo group of their own (the objects are the
@@ -57,9 +57,9 @@ class RankFailure(RuntimeError):
 
 
 def actor_world(t: TrainerConfig) -> int:
-    """Processes of the actor: data x tensor x pipeline parallel (expert parallel splits the data-parallel
-    ranks' experts, so it adds none; context parallel is refused)."""
-    return t.data_parallel * t.tensor_parallel * t.pipeline_parallel
+    """Processes of the actor: data x tensor x pipeline x context parallel (expert parallel splits the
+    data-parallel ranks' experts, so it adds none)."""
+    return t.data_parallel * t.tensor_parallel * t.pipeline_parallel * t.context_parallel
 
 
 def join_group(cfg: RelaxConfig, rank: int, world: int, port: int) -> dist.ProcessGroup:
@@ -72,8 +72,8 @@ def join_group(cfg: RelaxConfig, rank: int, world: int, port: int) -> dist.Proce
     if t.backend == "megatron" and not cuda:
         from relax.trainers.megatron.cpu import init_cpu_distributed
 
-        init_cpu_distributed(rank, world, port, tp=t.tensor_parallel, pp=t.pipeline_parallel, ep=t.expert_parallel,
-                             seed=cfg.seed)
+        init_cpu_distributed(rank, world, port, tp=t.tensor_parallel, pp=t.pipeline_parallel, cp=t.context_parallel,
+                             ep=t.expert_parallel, seed=cfg.seed)
     else:
         if cuda:
             torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -84,6 +84,7 @@ def join_group(cfg: RelaxConfig, rank: int, world: int, port: int) -> dist.Proce
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
             parallel_state.initialize_model_parallel(t.tensor_parallel, t.pipeline_parallel,
+                                                     context_parallel_size=t.context_parallel,
                                                      expert_model_parallel_size=t.expert_parallel)
             model_parallel_cuda_manual_seed(cfg.seed)
     # megatron 0.16 gathers with the name torch 2.13 deprecates, once per process and rank

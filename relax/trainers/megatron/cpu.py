@@ -23,6 +23,9 @@ megatron-core 0.16.1 needs where it assumes CUDA in places that have nothing to 
    calls ``.cuda()``. :func:`megatron_calls_on_cpu` runs such a path with the current device "cpu",
    ``synchronize`` a no-op and a ``TorchFunctionMode`` that sends CUDA allocations to the CPU, keeps
    ``.cuda()`` in place and names a float tensor's type as its CUDA twin (no model code tests it).
+8. ``rope_utils.py`` ``get_pos_emb_on_this_cp_rank`` (RoPE at context parallel > 1) builds its index
+   with ``pin_memory=True``, which needs CUDA; the rotary module's name for it is replaced by the same
+   selection on the embedding's own device.
 
 (Workarounds 4 and 5 are build-time ones, in relax.trainers.megatron.model.)
 """
@@ -40,6 +43,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.models.common.embeddings import rotary_pos_embedding
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.tensor_parallel import mappings
 from megatron.core.tensor_parallel import random as mcore_random
@@ -84,6 +88,16 @@ def _on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapped._relax_cpu = True  # type: ignore[attr-defined]
     return wrapped
+
+
+def _pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> torch.Tensor:
+    """megatron's zigzag selection of this context rank's RoPE rows (chunks r and 2cp-1-r), on
+    ``pos_emb``'s device (workaround 8)."""
+    cp, rank = cp_group.size(), cp_group.rank()
+    index = torch.tensor([rank, 2 * cp - rank - 1], device=pos_emb.device)
+    chunks = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp, -1, *pos_emb.shape[seq_dim + 1:])
+    chunks = chunks.index_select(seq_dim, index)
+    return chunks.view(*chunks.shape[:seq_dim], -1, *chunks.shape[seq_dim + 2:])
 
 
 class _CudaAsCpu(TorchFunctionMode):
@@ -152,6 +166,8 @@ def init_cpu_distributed(
     _run_on_cpu(RotaryEmbedding, ("get_emb",))  # workaround 3
     _run_on_cpu(mappings, ("_gather_along_first_dim", "_gather_along_last_dim",
                            "_reduce_scatter_along_first_dim"))  # workaround 6
+    if not torch.cuda.is_available():
+        rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank  # workaround 8
     torch.manual_seed(seed)
 
 

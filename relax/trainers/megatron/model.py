@@ -20,6 +20,9 @@ copy of the embedding as ``output_layer.weight`` and, while building, all-reduce
 embedding group after ``weight.data.cuda()`` (``language_module.py``
 ``setup_embeddings_and_output_layer``); on CPU that ``.cuda()`` is made a no-op (workaround 4).
 
+Context parallelism without Transformer Engine: the local spec's core attention becomes
+``ContextParallelAttention`` (relax.trainers.megatron.context; megatron's own refuses cp > 1).
+
 MoE without Transformer Engine: ``moe_utils.py``'s router linear tests ``te_general_gemm is not
 None``, a name it only defines when TE imports; it is defined as None (workaround 5).
 """
@@ -39,6 +42,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from relax.trainers.megatron.context import ContextParallelAttention
 from relax.trainers.megatron.convert import (
     LayoutConfig,
     clean_mcore_state,
@@ -173,13 +177,17 @@ def build_gpt_model(
             f"build_gpt_model(tp={tp}, pp={pp}) but parallel state has tp={have[0]}, pp={have[1]}"
         )
     ep = parallel_state.get_expert_model_parallel_world_size()  # experts split over data-parallel ranks
+    cp = parallel_state.get_context_parallel_world_size()  # RoPE and the attention read it from the config
+    sizes = {k: v for k, v in (("expert_model_parallel_size", ep), ("context_parallel_size", cp)) if v > 1}
     config = transformer_config_from_hf(hf_config, tp, pp, params_dtype, use_cpu_initialization,
-                                        **({"expert_model_parallel_size": ep} if ep > 1 else {}), **config_overrides)
+                                        **sizes, **config_overrides)
     layout = layout_from_hf_config(hf_config)
     if layout.num_experts and not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None  # workaround 5
     spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, normalization="RMSNorm",
                                     qk_layernorm=layout.qk_layernorm)
+    if cp > 1:  # megatron's local attention refuses cp > 1 (relax.trainers.megatron.context)
+        spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
     # tied embeddings at pp > 1: megatron moves the last stage's embedding copy with .cuda() before
     # syncing it over the embedding group; on CPU that move is a no-op (workaround 4)
     cpu_tied = pp > 1 and layout.tie_word_embeddings and not torch.cuda.is_available()

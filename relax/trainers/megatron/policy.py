@@ -22,7 +22,8 @@ checkpointed by Hugging Face name (relax.trainers.megatron.optim_state), so a ch
 at another layout. Qwen2-/Qwen3-MoE models convert too (relax.trainers.megatron.mlp), and replay the
 engine's experts under ``replay_routes`` (replay.py); expert parallelism splits their experts over the
 data-parallel ranks (``trainer.expert_parallel``), whose forwards then run in lockstep. Context
-parallelism is refused by the config (relax.config_checks).
+parallelism (``trainer.context_parallel``) gives each rank of a context group a zigzag share of every
+row (relax.trainers.megatron.context); the logits are gathered whole for the loss.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
 from torch.nn.modules.module import _IncompatibleKeys
 
 from relax.trainers.checkpoint_files import CheckpointError
+from relax.trainers.megatron.context import gather_logits, split_rows
 from relax.trainers.megatron.convert import LayoutConfig, clean_mcore_state, layout_from_hf_config
 from relax.trainers.megatron.cpu import cuda_device_as_cpu, init_cpu_single_process
 from relax.trainers.megatron.dist_optim import DistributedAdam
@@ -52,7 +55,7 @@ from relax.trainers.megatron.model import (
 from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.pipeline import attach_pipeline
 from relax.trainers.megatron.replay import replaying, sample_routes
-from relax.trainers.megatron.samples import rows_of, sample_rows, widened
+from relax.trainers.megatron.samples import causal_attention_mask, rows_of, sample_rows, widened
 from relax.trainers.megatron.shards import (
     Place,
     every_rank,
@@ -120,9 +123,15 @@ class MegatronPolicy(torch.nn.Module):
             shape = (self.layout.num_experts, self.layout.moe_topk)
             routes = sample_routes(self._routes, spans, batch.shape[1], rows=batch.shape[0])
             replay = replaying(self.gpt, routes, shape)
+        width, cp = batch.shape[1], parallel_state.get_context_parallel_world_size()
+        if cp > 1:  # this rank's zigzag share of every row (context.py)
+            batch = split_rows(batch)
+            positions, mask = positions[:, :batch.shape[1]], causal_attention_mask(batch.shape[1], batch.device)
         # megatron's tensor-parallel gathers allocate on torch.cuda.current_device(): "cpu" on CPU
         with contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu(), replay:
             logits = self.gpt(batch, positions, mask, runtime_gather_output=True)
+        if cp > 1:
+            logits = gather_logits(logits, width)
         out = rows_of(logits, *input_ids.shape, spans)
         return SimpleNamespace(logits=out)
 
@@ -138,8 +147,6 @@ class MegatronPolicy(torch.nn.Module):
     def _lockstep_group(self) -> dist.ProcessGroup | None:
         """The ranks whose forwards exchange tokens (megatron's expert-parallel dispatch: the EP ranks
         hold different data), which must run forwards of one shape in step; None without EP."""
-        from megatron.core import parallel_state
-
         if not self.layout.num_experts or parallel_state.get_expert_model_parallel_world_size() == 1:
             return None
         return parallel_state.get_expert_tensor_and_model_parallel_group()
@@ -174,8 +181,6 @@ class MegatronPolicy(torch.nn.Module):
     def data_parallel_group(self) -> dist.ProcessGroup:
         """The ranks that hold other data (not other shards of this model): what the trainer
         normalises the loss over and sums the batch's figures over."""
-        from megatron.core import parallel_state
-
         return parallel_state.get_data_parallel_group()
 
     def clip_grad_norm_(self, max_norm: float) -> float:
@@ -188,7 +193,6 @@ class MegatronPolicy(torch.nn.Module):
         distributed = getattr(self, "distributed_adam", None)  # the critic calls this on its own module
         if distributed is not None:
             return distributed.clip_grad_norm_(max_norm)
-        from megatron.core import parallel_state
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
         from megatron.core.transformer.module import param_is_not_shared
 
@@ -202,7 +206,8 @@ class MegatronPolicy(torch.nn.Module):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         params = [p for p in self.parameters() if p.grad is not None]
-        data = parallel_state.get_data_parallel_group()
+        # context-parallel ranks hold the same data, each its tokens' part of the gradient (x cp, context.py)
+        data = parallel_state.get_data_parallel_group(with_context_parallel=True)
         dp = dist.get_world_size(data)
         if dp > 1:  # what megatron's DDP does in finish_grad_sync, unbucketed
             expert_data = parallel_state.get_expert_data_parallel_group() if experts else None
@@ -246,12 +251,10 @@ class MegatronPolicy(torch.nn.Module):
 
     def shard_place(self) -> tuple[Place, dict[str, int]]:
         """This rank's part of the model and the parallel sizes (relax.trainers.megatron.shards)."""
-        from megatron.core import parallel_state as ps
-
-        sizes = {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
-                 "ep": ps.get_expert_model_parallel_world_size()}
-        return Place(ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
-                     ps.get_expert_model_parallel_rank(), pipeline_stage(self.gpt)[0]), sizes
+        sizes = {"tp": parallel_state.get_tensor_model_parallel_world_size(), "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+                 "ep": parallel_state.get_expert_model_parallel_world_size()}
+        return Place(parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
+                     parallel_state.get_expert_model_parallel_rank(), pipeline_stage(self.gpt)[0]), sizes
 
     def shard_head(self) -> dict[str, Any]:
         """What a sharded checkpoint's ``trainer.pt`` records of the model: its layout and parallel sizes."""
@@ -261,10 +264,8 @@ class MegatronPolicy(torch.nn.Module):
         """Write this rank's part of a sharded checkpoint (its weights and optimizer state by megatron
         name) unless it is a data-parallel replica; returns its meta.json entry, or None. Every rank
         calls it: the DistributedOptimizer gathers a part's moments over its data-parallel group."""
-        from megatron.core import parallel_state as ps
-
         state = local_optimizer_state(self, optimizer)["state"] if optimizer is not None else None
-        if ps.get_expert_data_parallel_rank() != 0:
+        if parallel_state.get_expert_data_parallel_rank() != 0:
             return None
         weights = {k: v.detach() for k, v in clean_mcore_state(self.gpt.state_dict()).items()}
         moments = {n.removeprefix("gpt."): st for n, st in state.items()} if state is not None else None
@@ -323,7 +324,6 @@ class MegatronPolicy(torch.nn.Module):
 def init_megatron(seed: int) -> None:
     """megatron's process group and parallel state for one process, once per process: gloo and
     the CPU workarounds without CUDA, NCCL with it."""
-    from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if parallel_state.model_parallel_is_initialized():
@@ -349,8 +349,6 @@ def megatron_policy(hf_model: torch.nn.Module, seed: int = 0, routing_replay: bo
     weights (converted exactly), on the same device and dtype. ``routing_replay``: MoE routers that can
     replay the engine's experts (:meth:`MegatronPolicy.replay_routes`, algorithm.routing_replay);
     ``distributed_optimizer``: the trainer steps it with megatron's DistributedOptimizer."""
-    from megatron.core import parallel_state
-
     param = next(hf_model.parameters())
     init_megatron(seed)  # or a process group the caller set up (tensor parallel over several ranks)
     gpt = build_gpt_model(hf_model.config, tp=parallel_state.get_tensor_model_parallel_world_size(),

@@ -1,7 +1,7 @@
 """The actor as several processes in the RL loop (relax.services.roles.actor_ranks).
 
-``trainer.data_parallel`` (the PyTorch backend's DDP) and ``trainer.tensor_parallel`` (the
-Megatron backend) start that many training ranks; their first update equals the one-process
+``trainer.data_parallel`` (the PyTorch backend's DDP) and ``trainer.tensor_parallel``,
+``pipeline_parallel`` or ``context_parallel`` (the Megatron backend) start that many training ranks; their first update equals the one-process
 actor's on the same batch. A multi-rank actor killed mid-run is restarted with its ranks, and a
 run checkpointed at tensor parallel 2 resumes at 1. Each run is ``relax train`` in a process of
 its own (a colocated driver would hold the actor's process group and megatron's state).
@@ -78,11 +78,18 @@ def test_data_parallel_2_takes_the_one_process_step(one_process: Path, tmp_path:
     assert _max_diff(_version(one_process, 0), _version(one_process, 1)) > 1e-4  # the step moved the weights
 
 
-def test_megatron_pipeline_parallel_2_takes_the_one_process_step(one_process: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["pipeline_parallel", "context_parallel"])
+def test_megatron_pipeline_or_context_parallel_2_takes_the_one_process_step(one_process: Path, tmp_path: Path,
+                                                                            layout: str) -> None:
     pytest.importorskip("megatron.core", exc_type=ImportError)
     # step 1 trains on rows sampled by version 0 and 1 (max_staleness=1): the proximal log-probs
-    # are recomputed through the pipeline's forward-only schedule
-    _train(tmp_path, "trainer.total_steps=2", "trainer.backend=megatron", "trainer.pipeline_parallel=2")
+    # are recomputed through the pipeline's forward-only schedule, or by both context ranks' halves
+    # context ranks hold the same weights: a sharded checkpoint gets one part, from context rank 0
+    sharded = ("trainer.checkpoint_format=sharded",) if layout == "context_parallel" else ()
+    _train(tmp_path, "trainer.total_steps=2", "trainer.backend=megatron", f"trainer.{layout}=2", *sharded)
+    if sharded:
+        folders = sorted((tmp_path / "runs/ranks/checkpoints").glob("step-*/shards"))
+        assert len(folders) == 2 and all([p.name for p in f.iterdir()] == ["tp0-pp0-ep0.pt"] for f in folders)
     one, two = _actor(one_process), _actor(tmp_path)
     assert [m["ranks"] for m in two] == [2, 2]
     assert two[0]["grad_norm"] == pytest.approx(one[0]["grad_norm"], rel=1e-5)
