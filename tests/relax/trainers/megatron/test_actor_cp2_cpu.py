@@ -2,7 +2,8 @@
 zigzag half of every sequence) equals the PyTorch backend's one-process step: the same log-probs, loss,
 gradient norm and updated weights, for Qwen2 and for Qwen3 (grouped-query attention, per-head q/k norms)
 with the trainer's AdamW, and for Qwen2 with megatron's DistributedOptimizer (its slices then split over
-the context ranks, which hold the same data).
+the context ranks, which hold the same data); and on four ranks at tensor x context parallel 2 x 2 (Qwen3:
+its heads split over the tensor ranks, each head's sequence over the context ranks).
 
 Each rank is a child process (this file as a script; megatron keeps process-wide state) that first
 takes the PyTorch steps, then joins the process group at cp=2 and takes the Megatron steps.
@@ -32,8 +33,18 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("mcore-cp2")
-    run_ranks(HERE, 2, str(out), what="cp=2")
+    run_ranks(HERE, 2, str(out), "1", what="cp=2")
     return [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
+
+
+def test_tp2_x_cp2_on_four_ranks_equals_the_pytorch_backend(tmp_path: Path) -> None:
+    run_ranks(HERE, 4, str(tmp_path), "2", what="tp=2 x cp=2")
+    for res in (json.loads((tmp_path / f"{r}.json").read_text())["qwen3"] for r in range(4)):
+        assert (res["tp"], res["cp"], res["dp"]) == (2, 2, 1)
+        assert res["max_logprob_diff"] < 1e-5
+        assert res["loss_megatron"] == pytest.approx(res["loss_torch"], abs=1e-5)
+        assert res["grad_norm_megatron"] == pytest.approx(res["grad_norm_torch"], rel=1e-5)
+        assert res["max_weight_diff"] < 1e-5 and res["max_weight_change"] > 1e-4
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -62,7 +73,7 @@ def test_the_two_halves_are_megatrons_zigzag_of_the_padded_rows(ranks: list[dict
             assert n > c and all(t != 0 for t in row[:n])
 
 
-def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
+def _main(rank: int, world: int, port: str, out: str, tp: int) -> None:  # out: this rank's JSON file
     import copy
 
     import torch
@@ -82,7 +93,8 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=512))}
     steps = {}
-    for case, (family, _) in CASES.items():  # before any process group: the plain PyTorch step
+    cases = CASES if tp == 1 else {"qwen3": CASES["qwen3"]}
+    for case, (family, _) in cases.items():  # before any process group: the plain PyTorch step
         batch = tiny_batch()
         torch_actor = Actor(copy.deepcopy(models[family]), cfg())
         logprobs = torch_actor.logprobs(batch)
@@ -94,9 +106,9 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
     from relax.trainers.megatron.cpu import init_cpu_distributed, shutdown_distributed
     from relax.trainers.megatron.policy import megatron_policy
 
-    init_cpu_distributed(rank, 2, int(port), cp=2)
+    init_cpu_distributed(rank, world, int(port), tp=tp, cp=2)
     result = {}
-    for case, (family, distributed) in CASES.items():
+    for case, (family, distributed) in cases.items():
         batch, logprobs_t, a, after_t = steps[case]
         hf = models[family]
         policy = megatron_policy(copy.deepcopy(hf), distributed_optimizer=distributed)
@@ -105,7 +117,7 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
         mcore_actor = Actor(policy, cfg())  # the policy hands the trainer its optimizer class
         logprobs_m = mcore_actor.logprobs(batch)
         b = mcore_actor.train_step(batch)
-        after_m = mcore_actor.model.state_dict()  # whole on every context rank
+        after_m = mcore_actor.model.state_dict()  # gathered over tensor shards; whole on every context rank
         result[case] = {
             "cp": parallel_state.get_context_parallel_world_size(),
             "tp": parallel_state.get_tensor_model_parallel_world_size(),
@@ -121,4 +133,5 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), sys.argv[3], str(Path(sys.argv[4]) / f"{sys.argv[1]}.json"))
+    _main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], str(Path(sys.argv[4]) / f"{sys.argv[1]}.json"),
+          int(sys.argv[5]))
