@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml infra/setup.sh
 run: setup
 	$(BIN)/pyflyte run $$([ -d .relax ] || echo --overwrite-cache) workflows/omni_rl.py omni_rl
 
+# every test but the gpu ones, as two pytest sessions side by side (infra/run_tests.py)
 test: setup
-	$(BIN)/pytest -m "not gpu" $(PYTEST_ARGS)  # the pytest script, not python -m: flytekit names tasks relative to sys.argv[0]
+	$(BIN)/python infra/run_tests.py $(PYTEST_ARGS)
 
 # the quick lane while editing: neither the slow tests (make test runs them) nor the GPU ones
 test-fast: setup

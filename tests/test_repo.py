@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -20,7 +21,35 @@ def test_ci_runs_the_readme_test_command_and_fails_loudly():
     ci = (REPO / ".ci" / "run").read_text()
     assert "set -euo pipefail" in ci and re.search(r"^make test\b", ci, re.M)
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^test: setup\n\t\$\(BIN\)/pytest -m \"not gpu\"", makefile, re.M)
+    assert re.search(r"^test: setup\n\t\$\(BIN\)/python infra/run_tests.py \$\(PYTEST_ARGS\)$", makefile, re.M)
+
+
+def _run_tests():
+    spec = importlib.util.spec_from_file_location("run_tests", REPO / "infra" / "run_tests.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_tests_two_sessions_cover_every_test_file_once_and_the_local_one_shares_nothing():
+    local = _run_tests().LOCAL
+    assert all((REPO / p).exists() for p in local)
+    files = sorted(REPO.glob("tests/**/test_*.py"))
+    in_local = [f for f in files if any(str(f.relative_to(REPO)).startswith(p) for p in local)]
+    assert 0 < len(in_local) < len(files)  # the rest is the cluster session: tests minus the local paths
+    # the local session runs beside the cluster one: no session Ray cluster, no Flyte, no fixed ports
+    shared = re.compile(r"ray_session|flytekit|pyflyte|ray\.init|ray start")
+    assert [str(f.relative_to(REPO)) for f in in_local if shared.search(f.read_text())
+            and f.name not in ("test_layers.py", "test_repo.py", "test_registry.py", "test_config.py")] == []
+
+
+def test_make_tests_exit_status_fails_on_any_failure_and_on_an_empty_session():
+    combined = _run_tests().combined
+    assert combined([0, 0], filtered=False) == 0
+    assert combined([1, 0], filtered=False) == 1 and combined([0, 2], filtered=True) == 2
+    assert combined([0, 5], filtered=False) == 5  # a session without tests is a broken split, not a pass
+    assert combined([5, 0], filtered=True) == 0  # ... unless the caller's -k filtered it empty
+    assert combined([5, 5], filtered=True) == 5
 
 
 def test_make_test_fast_leaves_out_the_slow_and_gpu_markers():
