@@ -123,11 +123,10 @@ def backend_checks(t: Any, family: str) -> None:
     if family not in MEGATRON_FAMILIES:
         raise ConfigError(f"trainer.backend=megatron builds {list(MEGATRON_FAMILIES)} text models, not "
                           f"model.family={family!r}: use trainer.backend=torch")
-    for name in ("pipeline_parallel", "expert_parallel"):
-        if t.context_parallel > 1 and getattr(t, name) > 1:
-            raise ConfigError(f"trainer.context_parallel={t.context_parallel} with {name}={getattr(t, name)}: the "
-                              f"Megatron actor splits sequences at pipeline_parallel=1 and expert_parallel=1 only "
-                              f"(docs/megatron.md); set one of them to 1")
+    if t.context_parallel > 1 and t.expert_parallel > 1:
+        raise ConfigError(f"trainer.context_parallel={t.context_parallel} with expert_parallel={t.expert_parallel}: "
+                          f"the Megatron actor splits sequences at expert_parallel=1 only (docs/megatron.md); set "
+                          f"one of them to 1")
     if t.expert_parallel > 1 and t.data_parallel % t.expert_parallel:
         raise ConfigError(f"trainer.expert_parallel={t.expert_parallel} splits the experts over data-parallel ranks "
                           f"and must divide trainer.data_parallel={t.data_parallel}: raise data_parallel to a "

@@ -143,9 +143,9 @@ def test_backend_layouts_are_honoured_or_refused():
     with pytest.raises(ConfigError, match="trainer.tensor_parallel=2 is a Megatron layout"):
         load_config(None, ["trainer.tensor_parallel=2"])
     assert load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2"]).trainer.context_parallel == 2
-    with pytest.raises(ConfigError, match="trainer.context_parallel=2 with pipeline_parallel=2: .* set one of them to 1"):
-        load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2", "trainer.pipeline_parallel=2"])
-    with pytest.raises(ConfigError, match="trainer.context_parallel=2 with expert_parallel=2"):
+    assert load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2",
+                              "trainer.pipeline_parallel=2"]).trainer.pipeline_parallel == 2
+    with pytest.raises(ConfigError, match="trainer.context_parallel=2 with expert_parallel=2: .* set one of them to 1"):
         load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2", "trainer.expert_parallel=2",
                            "trainer.data_parallel=2"])
     with pytest.raises(ConfigError, match="trainer.context_parallel=2 is a Megatron layout"):

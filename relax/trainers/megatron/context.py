@@ -30,6 +30,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+from relax.trainers.megatron.samples import Span, causal_attention_mask, sample_rows
+
 
 def padded_length(seq: int, cp: int) -> int:
     """The smallest multiple of 2*cp that holds ``seq`` tokens (each rank holds two equal chunks)."""
@@ -99,6 +101,25 @@ def gather_logits(local: torch.Tensor, width: int) -> torch.Tensor:
     gradient convention of the module docstring (this rank's share, times cp)."""
     cp = parallel_state.get_context_parallel_world_size()
     return gather_sequence(local, 1, reduce=False, scale=float(cp))[:, :width]
+
+
+def model_rows(input_ids: torch.Tensor, position_ids: torch.Tensor | None,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[Span], int]:
+    """What this rank's GPTModel runs for a (R, T) micro-batch: ``samples.sample_rows`` (one padded
+    row per sample, positions, causal mask, spans), cut to this rank's share at cp > 1; and the rows'
+    whole width, which :func:`whole_logits` restores."""
+    batch, positions, mask, spans = sample_rows(input_ids, position_ids)
+    width = batch.shape[1]
+    if parallel_state.get_context_parallel_world_size() > 1:
+        batch = split_rows(batch)
+        positions, mask = positions[:, :batch.shape[1]], causal_attention_mask(batch.shape[1], batch.device)
+    return batch, positions, mask, spans, width
+
+
+def whole_logits(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """The GPTModel's (n, S', V) logits for :func:`model_rows`' rows -> (n, width, V) whole rows
+    (:func:`gather_logits` at cp > 1, as they are at cp = 1)."""
+    return gather_logits(logits, width) if parallel_state.get_context_parallel_world_size() > 1 else logits
 
 
 class ContextParallelAttention(DotProductAttention):

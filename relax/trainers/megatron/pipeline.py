@@ -11,7 +11,9 @@ micro-batches and tokens). The per-micro-batch losses and metrics are then broad
 last stage, so every rank reports the same step.
 
 Shapes: megatron's GPTModel takes RoPE positions from the sequence length, so packed rows are cut
-into samples and right-padded (``samples.sample_rows``), as ``MegatronPolicy.forward`` does. The
+into samples and right-padded (``samples.sample_rows``), as ``MegatronPolicy.forward`` does; at
+context parallel > 1 each stage runs its rank's share of those rows and the last stage gathers the
+logits whole (``context.model_rows`` / ``whole_logits``). The
 number of samples and their longest length differ between micro-batches, so the model is built
 with ``variable_seq_lengths=True`` (``model.transformer_config_from_hf`` at pp > 1): stages send
 each tensor's shape before the tensor. Padding every micro-batch to one shape would save that
@@ -36,8 +38,9 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from relax.trainers.megatron.context import model_rows, whole_logits
 from relax.trainers.megatron.cpu import megatron_calls_on_cpu
-from relax.trainers.megatron.samples import rows_of, sample_rows
+from relax.trainers.megatron.samples import rows_of
 from relax.trainers.torch.packing import MicroBatch
 
 # (micro-batch, its (R, T, V) logits) -> (micro-batch loss, a 0-dim tensor; its metrics)
@@ -68,11 +71,11 @@ class PipelineSchedule:
 
         def forward_step(data: Iterator[MicroBatch], model: torch.nn.Module):
             mb = next(data)
-            batch, positions, mask, spans = sample_rows(mb.input_ids, mb.position_ids)
+            batch, positions, mask, spans, width = model_rows(mb.input_ids, mb.position_ids)
             output = model(batch, positions, mask, runtime_gather_output=True)
 
-            def on_last_stage(logits: torch.Tensor):  # (n, S, V), gathered over TP
-                value, metrics = loss(mb, rows_of(logits, *mb.input_ids.shape, spans))
+            def on_last_stage(logits: torch.Tensor):  # (n, S, V), gathered over TP (and CP: whole_logits)
+                value, metrics = loss(mb, rows_of(whole_logits(logits, width), *mb.input_ids.shape, spans))
                 results.append((float(value.detach()), metrics))
                 # (loss to back-propagate, token count, reported): megatron sums the counts only
                 return (value * scale).float(), torch.ones((), dtype=torch.int), {}
@@ -97,11 +100,11 @@ class PipelineSchedule:
 
         def forward_step(data: Iterator[MicroBatch], model: torch.nn.Module):
             mb = next(data)
-            batch, positions, mask, spans = sample_rows(mb.input_ids, mb.position_ids)
+            batch, positions, mask, spans, width = model_rows(mb.input_ids, mb.position_ids)
             output = model(batch, positions, mask, runtime_gather_output=True)
 
             def on_last_stage(logits: torch.Tensor):
-                results.append(read(mb, rows_of(logits, *mb.input_ids.shape, spans)))
+                results.append(read(mb, rows_of(whole_logits(logits, width), *mb.input_ids.shape, spans)))
                 return torch.zeros(()), torch.ones((), dtype=torch.int), {}
 
             return output, on_last_stage

@@ -40,7 +40,7 @@ from megatron.core import parallel_state
 from torch.nn.modules.module import _IncompatibleKeys
 
 from relax.trainers.checkpoint_files import CheckpointError
-from relax.trainers.megatron.context import gather_logits, split_rows
+from relax.trainers.megatron.context import model_rows, whole_logits
 from relax.trainers.megatron.convert import LayoutConfig, clean_mcore_state, layout_from_hf_config
 from relax.trainers.megatron.cpu import cuda_device_as_cpu, init_cpu_single_process
 from relax.trainers.megatron.dist_optim import DistributedAdam
@@ -55,7 +55,7 @@ from relax.trainers.megatron.model import (
 from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.pipeline import attach_pipeline
 from relax.trainers.megatron.replay import replaying, sample_routes
-from relax.trainers.megatron.samples import causal_attention_mask, rows_of, sample_rows, widened
+from relax.trainers.megatron.samples import rows_of, widened
 from relax.trainers.megatron.shards import (
     Place,
     every_rank,
@@ -112,7 +112,7 @@ class MegatronPolicy(torch.nn.Module):
         if getattr(self, "pipeline_schedule", None) is not None:
             raise RuntimeError("a pipeline stage has no whole-model forward: run the model through its "
                                "pipeline_schedule (TorchTrainer.step and compute_logprobs do)")
-        batch, positions, mask, spans = sample_rows(input_ids, position_ids)  # one padded row per sample
+        batch, positions, mask, spans, width = model_rows(input_ids, position_ids)  # a padded row per sample
         group = self._lockstep_group()
         if group is not None:  # expert parallel: every rank of the group runs the group's largest shape
             shape = torch.tensor(batch.shape)
@@ -123,16 +123,10 @@ class MegatronPolicy(torch.nn.Module):
             shape = (self.layout.num_experts, self.layout.moe_topk)
             routes = sample_routes(self._routes, spans, batch.shape[1], rows=batch.shape[0])
             replay = replaying(self.gpt, routes, shape)
-        width, cp = batch.shape[1], parallel_state.get_context_parallel_world_size()
-        if cp > 1:  # this rank's zigzag share of every row (context.py)
-            batch = split_rows(batch)
-            positions, mask = positions[:, :batch.shape[1]], causal_attention_mask(batch.shape[1], batch.device)
         # megatron's tensor-parallel gathers allocate on torch.cuda.current_device(): "cpu" on CPU
         with contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu(), replay:
             logits = self.gpt(batch, positions, mask, runtime_gather_output=True)
-        if cp > 1:
-            logits = gather_logits(logits, width)
-        out = rows_of(logits, *input_ids.shape, spans)
+        out = rows_of(whole_logits(logits, width), *input_ids.shape, spans)
         return SimpleNamespace(logits=out)
 
     def use_distributed_optimizer(self) -> None:

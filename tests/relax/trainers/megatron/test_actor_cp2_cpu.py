@@ -3,7 +3,8 @@ zigzag half of every sequence) equals the PyTorch backend's one-process step: th
 gradient norm and updated weights, for Qwen2 and for Qwen3 (grouped-query attention, per-head q/k norms)
 with the trainer's AdamW, and for Qwen2 with megatron's DistributedOptimizer (its slices then split over
 the context ranks, which hold the same data); and on four ranks at tensor x context parallel 2 x 2 (Qwen3:
-its heads split over the tensor ranks, each head's sequence over the context ranks).
+its heads split over the tensor ranks, each head's sequence over the context ranks) and pipeline x context
+parallel 2 x 2 (each stage runs its context rank's share; the last gathers the logits).
 
 Each rank is a child process (this file as a script; megatron keeps process-wide state) that first
 takes the PyTorch steps, then joins the process group at cp=2 and takes the Megatron steps.
@@ -25,7 +26,9 @@ pytest.importorskip("megatron.core", reason="megatron-core does not import; pip 
                     exc_type=ImportError)
 
 HERE = Path(__file__).resolve()
-CASES = {"qwen2": ("qwen2", False), "qwen3": ("qwen3", False), "qwen2 distopt": ("qwen2", True)}
+# name: (family, the DistributedOptimizer, sizes beside cp=2)
+CASES = {"qwen2": ("qwen2", False, {}), "qwen3": ("qwen3", False, {}), "qwen2 distopt": ("qwen2", True, {})}
+FOUR_RANKS = {"tp2": ("qwen3", False, {"tp": 2}), "pp2": ("qwen3", False, {"pp": 2})}
 
 pytestmark = pytest.mark.slow
 
@@ -33,14 +36,15 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("mcore-cp2")
-    run_ranks(HERE, 2, str(out), "1", what="cp=2")
+    run_ranks(HERE, 2, str(out), what="cp=2")
     return [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
 
 
-def test_tp2_x_cp2_on_four_ranks_equals_the_pytorch_backend(tmp_path: Path) -> None:
-    run_ranks(HERE, 4, str(tmp_path), "2", what="tp=2 x cp=2")
-    for res in (json.loads((tmp_path / f"{r}.json").read_text())["qwen3"] for r in range(4)):
-        assert (res["tp"], res["cp"], res["dp"]) == (2, 2, 1)
+def test_tp2_or_pp2_x_cp2_on_four_ranks_equals_the_pytorch_backend(tmp_path: Path) -> None:
+    run_ranks(HERE, 4, str(tmp_path), what="tp=2 x cp=2, pp=2 x cp=2")
+    ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
+    for layout, res in ((layout, r[layout]) for r in ranks for layout in FOUR_RANKS):
+        assert (res["tp"], res["pp"], res["cp"], res["dp"]) == ((2, 1) if layout == "tp2" else (1, 2)) + (2, 1)
         assert res["max_logprob_diff"] < 1e-5
         assert res["loss_megatron"] == pytest.approx(res["loss_torch"], abs=1e-5)
         assert res["grad_norm_megatron"] == pytest.approx(res["grad_norm_torch"], rel=1e-5)
@@ -50,7 +54,7 @@ def test_tp2_x_cp2_on_four_ranks_equals_the_pytorch_backend(tmp_path: Path) -> N
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_cp2_actor_step_equals_the_pytorch_backend(ranks: list[dict[str, Any]], case: str) -> None:
     for res in (r[case] for r in ranks):
-        assert res["cp"] == 2 and res["dp"] == 1 and res["tp"] == 1
+        assert (res["tp"], res["pp"], res["cp"], res["dp"]) == (1, 1, 2, 1)
         assert res["max_logprob_diff"] < 1e-5
         assert res["loss_megatron"] == pytest.approx(res["loss_torch"], abs=1e-5)
         # each rank's gradient is its tokens' part only: without the sum over the context ranks it differs
@@ -73,7 +77,7 @@ def test_the_two_halves_are_megatrons_zigzag_of_the_padded_rows(ranks: list[dict
             assert n > c and all(t != 0 for t in row[:n])
 
 
-def _main(rank: int, world: int, port: str, out: str, tp: int) -> None:  # out: this rank's JSON file
+def _main(rank: int, world: int, port: str, out: str) -> None:  # out: this rank's JSON file
     import copy
 
     import torch
@@ -93,8 +97,8 @@ def _main(rank: int, world: int, port: str, out: str, tp: int) -> None:  # out: 
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=512))}
     steps = {}
-    cases = CASES if tp == 1 else {"qwen3": CASES["qwen3"]}
-    for case, (family, _) in cases.items():  # before any process group: the plain PyTorch step
+    cases = CASES if world == 2 else FOUR_RANKS
+    for case, (family, _, _) in cases.items():  # before any process group: the plain PyTorch step
         batch = tiny_batch()
         torch_actor = Actor(copy.deepcopy(models[family]), cfg())
         logprobs = torch_actor.logprobs(batch)
@@ -106,9 +110,11 @@ def _main(rank: int, world: int, port: str, out: str, tp: int) -> None:  # out: 
     from relax.trainers.megatron.cpu import init_cpu_distributed, shutdown_distributed
     from relax.trainers.megatron.policy import megatron_policy
 
-    init_cpu_distributed(rank, world, int(port), tp=tp, cp=2)
     result = {}
-    for case, (family, distributed) in cases.items():
+    for case, (family, distributed, sizes) in cases.items():
+        if parallel_state.model_parallel_is_initialized():  # the next layout on the same gloo group
+            parallel_state.destroy_model_parallel()
+        init_cpu_distributed(rank, world, int(port), cp=2, **sizes)
         batch, logprobs_t, a, after_t = steps[case]
         hf = models[family]
         policy = megatron_policy(copy.deepcopy(hf), distributed_optimizer=distributed)
@@ -121,6 +127,7 @@ def _main(rank: int, world: int, port: str, out: str, tp: int) -> None:  # out: 
         result[case] = {
             "cp": parallel_state.get_context_parallel_world_size(),
             "tp": parallel_state.get_tensor_model_parallel_world_size(),
+            "pp": parallel_state.get_pipeline_model_parallel_world_size(),
             "dp": parallel_state.get_data_parallel_world_size(),
             "max_logprob_diff": max(float((x - y).abs().max()) for x, y in zip(logprobs_t, logprobs_m, strict=True)),
             "loss_torch": a.loss, "loss_megatron": b.loss, "grad_norm_torch": a.grad_norm,
@@ -133,5 +140,4 @@ def _main(rank: int, world: int, port: str, out: str, tp: int) -> None:  # out: 
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], str(Path(sys.argv[4]) / f"{sys.argv[1]}.json"),
-          int(sys.argv[5]))
+    _main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], str(Path(sys.argv[4]) / f"{sys.argv[1]}.json"))
