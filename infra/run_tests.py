@@ -50,13 +50,16 @@ def main(args: list[str]) -> int:
     base = [_pytest(), "-m", "not gpu", *args]
     if _names_paths(args):
         return subprocess.call(base, cwd=REPO)
+    # one thread per torch process: two sessions' OpenMP pools of two threads each would oversubscribe
+    # the two cores (their spin-waits burn the CPU the other session needs)
+    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     log = REPO / ".pytest_local.log"
     start = time.monotonic()
     with open(log, "wb") as out:
         local = subprocess.Popen([*base, *LOCAL], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "RELAX_TEST_GROUP": "local"})
+                                  env={**os.environ, **threads, "RELAX_TEST_GROUP": "local"})
         cluster_rc = subprocess.call([*base, "tests", *(f"--ignore={e}" for e in LOCAL)], cwd=REPO,
-                                  env={**os.environ, "RELAX_TEST_GROUP": "cluster"})
+                                  env={**os.environ, **threads, "RELAX_TEST_GROUP": "cluster"})
         local_rc = local.wait()
     print(f"\n===== local session ({log.name}) =====", flush=True)
     sys.stdout.write(log.read_text(errors="replace"))
