@@ -24,7 +24,9 @@ def routing_replay_checks(cfg: Any) -> None:
               f"{'/'.join(MOE_FAMILIES)} only)"),
              (t.micro_batch_layout == "prefix", "trainer.micro_batch_layout=prefix (replay needs full rows)"),
              (t.backend == "megatron" and t.pipeline_parallel > 1,
-              f"trainer.pipeline_parallel={t.pipeline_parallel} (megatron's schedule does not replay routes yet)")]
+              f"trainer.pipeline_parallel={t.pipeline_parallel} (megatron's schedule does not replay routes yet)"),
+             (t.backend == "megatron" and t.context_parallel > 1,
+              f"trainer.context_parallel={t.context_parallel} (the replayed routes are not split over context ranks)")]
     found = [why for bad, why in clash if bad]
     if found:
         raise ConfigError(f"algorithm.routing_replay=true cannot run with {'; '.join(found)}: change those or set "

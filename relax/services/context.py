@@ -33,7 +33,7 @@ RESUMABLE_FIELDS = {"trainer.total_steps", "rollout.api_port", "rollout.api_host
                     *(f"supervisor.{f.name}" for f in fields(SupervisorConfig)),
                     # a checkpoint, gathered or sharded, loads by Hugging Face name at any layout
                     "trainer.data_parallel", "trainer.tensor_parallel", "trainer.pipeline_parallel",
-                    "trainer.checkpoint_format"}
+                    "trainer.context_parallel", "trainer.checkpoint_format"}
 
 
 class RunConfigMismatch(ValueError):

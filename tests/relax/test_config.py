@@ -176,6 +176,9 @@ def test_backend_layouts_are_honoured_or_refused():
     assert load_config(None, ["trainer.data_parallel=2"]).trainer.data_parallel == 2
     with pytest.raises(ConfigError, match="a 2-rank actor .* colocated topology would share its process group"):
         load_config(None, ["trainer.data_parallel=2", "algorithm.advantage=gae", "model.value_head=true"])
+    with pytest.raises(ConfigError, match="a 2-rank actor .* colocated topology would share its process group"):
+        load_config(None, ["trainer.backend=megatron", "trainer.context_parallel=2", "algorithm.advantage=gae",
+                           "model.value_head=true"])  # context ranks are processes too
     with pytest.raises(ConfigError, match="trainer.data_parallel=8 ranks but each optimizer step trains 4 samples"):
         load_config(None, ["trainer.data_parallel=8", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=4",
                            "trainer.mini_batches=2"])

@@ -36,6 +36,7 @@ def test_a_run_with_routing_replay_trains_on_the_engines_experts(tmp_path, engin
     ("model.family=qwen2", "model.family=qwen2"),
     ("trainer.micro_batch_layout=prefix", "trainer.micro_batch_layout=prefix"),
     ("trainer.backend=megatron trainer.pipeline_parallel=2", "trainer.pipeline_parallel=2"),
+    ("trainer.backend=megatron trainer.context_parallel=2", "trainer.context_parallel=2"),
 ])
 def test_routing_replay_is_refused_where_nothing_records_or_replays_routes(override, named):
     family = [] if override.startswith("model.family") else ["model.family=qwen3_moe"]

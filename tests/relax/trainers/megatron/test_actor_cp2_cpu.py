@@ -2,7 +2,8 @@
 zigzag half of every sequence) equals the PyTorch backend's one-process step: the same log-probs, loss,
 gradient norm and updated weights, for Qwen2 and for Qwen3 (grouped-query attention, per-head q/k norms)
 with the trainer's AdamW, and for Qwen2 with megatron's DistributedOptimizer (its slices then split over
-the context ranks, which hold the same data); and on four ranks at tensor x context parallel 2 x 2 (Qwen3:
+the context ranks, which hold the same data), and for Qwen3-MoE (each rank's tokens through the experts);
+and on four ranks at tensor x context parallel 2 x 2 (Qwen3:
 its heads split over the tensor ranks, each head's sequence over the context ranks) and pipeline x context
 parallel 2 x 2 (each stage runs its context rank's share; the last gathers the logits).
 
@@ -27,7 +28,8 @@ pytest.importorskip("megatron.core", reason="megatron-core does not import; pip 
 
 HERE = Path(__file__).resolve()
 # name: (family, the DistributedOptimizer, sizes beside cp=2)
-CASES = {"qwen2": ("qwen2", False, {}), "qwen3": ("qwen3", False, {}), "qwen2 distopt": ("qwen2", True, {})}
+CASES = {"qwen2": ("qwen2", False, {}), "qwen3": ("qwen3", False, {}), "qwen2 distopt": ("qwen2", True, {}),
+         "qwen3_moe": ("qwen3_moe", False, {})}
 FOUR_RANKS = {"tp2": ("qwen3", False, {"tp": 2}), "pp2": ("qwen3", False, {"pp": 2})}
 
 pytestmark = pytest.mark.slow
@@ -60,7 +62,10 @@ def test_a_cp2_actor_step_equals_the_pytorch_backend(ranks: list[dict[str, Any]]
         # each rank's gradient is its tokens' part only: without the sum over the context ranks it differs
         assert res["grad_norm_megatron"] == pytest.approx(res["grad_norm_torch"], rel=1e-5)
         assert res["grad_norm_torch"] > 1.0  # above trainer.grad_clip=1: the clipped update is what is compared
-        assert res["max_weight_diff"] < 1e-5 and res["max_weight_change"] > 1e-4
+        assert res["max_weight_diff_where_grad"] < 1e-6 and res["max_weight_change"] > 1e-4
+        # AdamW's first step is lr * g / (|g| + eps): where a gradient is near eps, summation-order noise moves
+        # it (measured: the MoE's q_proj, 2.0e-5, among the 0.4% of its elements with |g| <= 1e-6)
+        assert res["max_weight_diff"] < (1e-4 if case == "qwen3_moe" else 1e-5)
     # the two ranks ran different halves of the sequences: their forwards saw different tokens
     assert ranks[0][case]["local_tokens"] != ranks[1][case]["local_tokens"]
 
@@ -96,6 +101,12 @@ def _main(rank: int, world: int, port: str, out: str) -> None:  # out: this rank
     models = {"qwen2": tiny_qwen2(), "qwen3": Qwen3ForCausalLM(Qwen3Config(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=512))}
+    if world == 2:  # the experts see each context rank's tokens; their gradients are summed over both
+        from relax.config import ModelConfig
+        from relax.models import build_policy, build_tokenizer
+
+        models["qwen3_moe"] = build_policy(ModelConfig(name_or_path="tiny-qwen2", family="qwen3_moe"),
+                                           build_tokenizer("bpe-tiny"), seed=0)[0]
     steps = {}
     cases = CASES if world == 2 else FOUR_RANKS
     for case, (family, _, _) in cases.items():  # before any process group: the plain PyTorch step
@@ -103,7 +114,9 @@ def _main(rank: int, world: int, port: str, out: str) -> None:  # out: this rank
         torch_actor = Actor(copy.deepcopy(models[family]), cfg())
         logprobs = torch_actor.logprobs(batch)
         batch.old_logprobs = [lp - 0.05 * m for lp, m in zip(logprobs, batch.loss_mask, strict=True)]
-        steps[case] = (batch, logprobs, torch_actor.train_step(batch), torch_actor.model.state_dict())
+        done = torch_actor.train_step(batch)
+        grads = {n: p.grad.detach().clone() for n, p in torch_actor.model.named_parameters()}  # clipped
+        steps[case] = (batch, logprobs, done, torch_actor.model.state_dict(), grads)
 
     from megatron.core import parallel_state
 
@@ -115,7 +128,7 @@ def _main(rank: int, world: int, port: str, out: str) -> None:  # out: this rank
         if parallel_state.model_parallel_is_initialized():  # the next layout on the same gloo group
             parallel_state.destroy_model_parallel()
         init_cpu_distributed(rank, world, int(port), cp=2, **sizes)
-        batch, logprobs_t, a, after_t = steps[case]
+        batch, logprobs_t, a, after_t, grads = steps[case]
         hf = models[family]
         policy = megatron_policy(copy.deepcopy(hf), distributed_optimizer=distributed)
         seen: list[torch.Tensor] = []  # the token rows this rank's GPTModel ran
@@ -133,6 +146,11 @@ def _main(rank: int, world: int, port: str, out: str) -> None:  # out: this rank
             "loss_torch": a.loss, "loss_megatron": b.loss, "grad_norm_torch": a.grad_norm,
             "grad_norm_megatron": b.grad_norm,
             "max_weight_diff": max(float((after_t[k] - after_m[k]).abs().max()) for k in after_m),
+            # AdamW's first step is lr * g / (|g| + eps): where |g| is near eps, summation-order noise moves it
+            "max_weight_diff_where_grad": max(float(((after_t[k] - after_m[k]).abs() * (grads[k].abs() > 1e-6)).max())
+                                              for k in after_m if k in grads),  # tied: lm_head is embed_tokens
+            "tiny_grad_fraction": sum(int((g.abs() <= 1e-6).sum()) for g in grads.values())
+            / sum(g.numel() for g in grads.values()),
             "max_weight_change": max(float((after_t[k] - hf.state_dict()[k]).abs().max()) for k in after_m),
             "local_tokens": seen[0].tolist(), "local_width": seen[0].shape[1]}
     Path(out).write_text(json.dumps(result))
