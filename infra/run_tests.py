@@ -10,7 +10,8 @@ Ray actor), so the suite runs as two sessions at once, split by what they share:
 * ``cluster``: everything else (the session's Ray cluster and Serve apps, launchers, topologies,
   CLI, Flyte tasks and workflows), printed as it runs.
 
-The two take about the same time alone on the reference machine (docs/operations.md).
+``LOCAL`` is balanced by hand: on the 2-core reference machine the two finish within about two minutes
+of each other.
 
 Each session has its own ``RELAX_TEST_GROUP``, so the Flyte folder clean-up (tests/conftest.py) and
 the moto log are its own. Exit status: the first failing session's, where a session that collected

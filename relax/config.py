@@ -344,6 +344,12 @@ class TrainerConfig:
                                  "name, written by rank 0) or 'sharded' (Megatron backend: each model-parallel rank "
                                  "writes its own part).", choices=("gathered", "sharded"))
 
+    @property
+    def actor_processes(self) -> int:
+        """Processes of the actor: data x tensor x pipeline x context parallel (expert parallel splits the
+        data-parallel ranks' experts, so it adds none)."""
+        return self.data_parallel * self.tensor_parallel * self.pipeline_parallel * self.context_parallel
+
 
 @dataclass
 class RelaxConfig:

@@ -302,12 +302,11 @@ def cross_checks(cfg: Any) -> None:
     if t.thaw_encoders_at and t.freeze_encoders and t.data_parallel > 1:
         raise ConfigError("trainer.thaw_encoders_at needs trainer.data_parallel=1: DDP fixes the parameters it "
                           "synchronises when it wraps the model, so a thawed encoder would drift apart per rank")
-    ranks = t.data_parallel * t.tensor_parallel * t.pipeline_parallel * t.context_parallel
+    ranks = t.actor_processes
     if ranks > 1 and cfg.topology == "colocated" and cfg.algorithm.advantage == "gae":
         raise ConfigError(f"a {ranks}-rank actor (trainer.data/tensor/pipeline/context_parallel) in the colocated "
-                          f"topology would "
-                          f"share its process group with the critic, which trains in the same process: use "
-                          f"topology=disaggregated (each role its own process) or a one-rank actor")
+                          f"topology would share its process group with the critic, which trains in the same "
+                          f"process: use topology=disaggregated (each role its own process) or a one-rank actor")
     per_update = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt // max(1, t.mini_batches)
     if per_update < t.data_parallel:
         raise ConfigError(f"trainer.data_parallel={t.data_parallel} ranks but each optimizer step trains "

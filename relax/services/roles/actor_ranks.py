@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from relax.config import RelaxConfig, TrainerConfig
+from relax.config import RelaxConfig
 from relax.config_loader import config_from_dict, config_to_dict
 from relax.services.context import RunContext
 from relax.services.launchers.process import free_port, kill_on_parent_death
@@ -54,12 +54,6 @@ AGREED = (CheckpointError, FileNotFoundError)
 
 class RankFailure(RuntimeError):
     """A training rank other than 0 failed a command (its error in the message)."""
-
-
-def actor_world(t: TrainerConfig) -> int:
-    """Processes of the actor: data x tensor x pipeline x context parallel (expert parallel splits the
-    data-parallel ranks' experts, so it adds none)."""
-    return t.data_parallel * t.tensor_parallel * t.pipeline_parallel * t.context_parallel
 
 
 def join_group(cfg: RelaxConfig, rank: int, world: int, port: int) -> dist.ProcessGroup:
@@ -183,7 +177,7 @@ class OneRank:
 
 def actor_ranks(ctx: RunContext) -> OneRank | ActorRanks:
     """The actor's processes for ``ctx``'s trainer layout."""
-    world = actor_world(ctx.cfg.trainer)
+    world = ctx.cfg.trainer.actor_processes
     return ActorRanks(ctx, world) if world > 1 else OneRank(ctx)
 
 

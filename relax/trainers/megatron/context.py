@@ -96,13 +96,6 @@ def split_rows(batch: torch.Tensor) -> torch.Tensor:
     return padded.index_select(1, zigzag_positions(seq, cp, rank, batch.device))
 
 
-def gather_logits(local: torch.Tensor, width: int) -> torch.Tensor:
-    """(n, S' / cp, V) this rank's logits -> (n, width, V) in global order, on every context rank, with the
-    gradient convention of the module docstring (this rank's share, times cp)."""
-    cp = parallel_state.get_context_parallel_world_size()
-    return gather_sequence(local, 1, reduce=False, scale=float(cp))[:, :width]
-
-
 def model_rows(input_ids: torch.Tensor, position_ids: torch.Tensor | None,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[Span], int]:
     """What this rank's GPTModel runs for a (R, T) micro-batch: ``samples.sample_rows`` (one padded
@@ -117,9 +110,11 @@ def model_rows(input_ids: torch.Tensor, position_ids: torch.Tensor | None,
 
 
 def whole_logits(logits: torch.Tensor, width: int) -> torch.Tensor:
-    """The GPTModel's (n, S', V) logits for :func:`model_rows`' rows -> (n, width, V) whole rows
-    (:func:`gather_logits` at cp > 1, as they are at cp = 1)."""
-    return gather_logits(logits, width) if parallel_state.get_context_parallel_world_size() > 1 else logits
+    """The GPTModel's (n, S' / cp, V) logits for :func:`model_rows`' rows -> (n, width, V) whole rows in
+    global order, on every context rank; the backward keeps this rank's share of the gradient, times cp
+    (module docstring). As they are at cp = 1."""
+    cp = parallel_state.get_context_parallel_world_size()
+    return gather_sequence(logits, 1, reduce=False, scale=float(cp))[:, :width] if cp > 1 else logits
 
 
 class ContextParallelAttention(DotProductAttention):

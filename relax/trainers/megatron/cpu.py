@@ -50,6 +50,8 @@ from megatron.core.tensor_parallel import random as mcore_random
 from megatron.core.utils import GlobalMemoryBuffer
 from torch.overrides import TorchFunctionMode
 
+from relax.trainers.megatron.context import zigzag_positions
+
 
 @contextlib.contextmanager
 def cuda_device_as_cpu() -> Iterator[None]:
@@ -91,13 +93,9 @@ def _on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> torch.Tensor:
-    """megatron's zigzag selection of this context rank's RoPE rows (chunks r and 2cp-1-r), on
-    ``pos_emb``'s device (workaround 8)."""
-    cp, rank = cp_group.size(), cp_group.rank()
-    index = torch.tensor([rank, 2 * cp - rank - 1], device=pos_emb.device)
-    chunks = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp, -1, *pos_emb.shape[seq_dim + 1:])
-    chunks = chunks.index_select(seq_dim, index)
-    return chunks.view(*chunks.shape[:seq_dim], -1, *chunks.shape[seq_dim + 2:])
+    """megatron's zigzag selection of this context rank's RoPE rows, on ``pos_emb``'s device (workaround 8)."""
+    held = zigzag_positions(pos_emb.shape[seq_dim], cp_group.size(), cp_group.rank(), pos_emb.device)
+    return pos_emb.index_select(seq_dim, held)
 
 
 class _CudaAsCpu(TorchFunctionMode):

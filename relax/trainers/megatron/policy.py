@@ -245,10 +245,11 @@ class MegatronPolicy(torch.nn.Module):
 
     def shard_place(self) -> tuple[Place, dict[str, int]]:
         """This rank's part of the model and the parallel sizes (relax.trainers.megatron.shards)."""
-        sizes = {"tp": parallel_state.get_tensor_model_parallel_world_size(), "pp": parallel_state.get_pipeline_model_parallel_world_size(),
-                 "ep": parallel_state.get_expert_model_parallel_world_size()}
-        return Place(parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
-                     parallel_state.get_expert_model_parallel_rank(), pipeline_stage(self.gpt)[0]), sizes
+        ps = parallel_state
+        sizes = {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+                 "ep": ps.get_expert_model_parallel_world_size()}
+        return Place(ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
+                     ps.get_expert_model_parallel_rank(), pipeline_stage(self.gpt)[0]), sizes
 
     def shard_head(self) -> dict[str, Any]:
         """What a sharded checkpoint's ``trainer.pt`` records of the model: its layout and parallel sizes."""
