@@ -5,7 +5,15 @@ the same two guarantees from very different stores (a local folder, S3, GCS, mem
 
 * a URL means the same object in every process (relative local paths are made absolute);
 * a written object is either fully visible or not at all. Object stores give that for a
-  single PUT; on a local filesystem we write a temporary sibling and rename it.
+  single PUT; on a local filesystem we write a temporary sibling and rename it;
+* a read sees what other processes wrote since this one last looked. Object-store
+  filesystems (s3fs, gcsfs) keep a per-process listing cache, and they answer more than
+  ``ls`` from it: s3fs's ``cat_file`` asks the object's size first, and a folder listed
+  once (a queue's gap check lists each writer's log) then makes every record written into
+  it afterwards "not found" for the life of the process. Every filesystem this module
+  opens has that cache off (:func:`open_fs`), and a read is one GET (:func:`_one_get`).
+  The only reads that may be cached are those of objects that never change once written
+  (docs/transfer.md, "What a reader may cache").
 """
 
 from __future__ import annotations
@@ -29,9 +37,12 @@ _TMP_NAME = re.compile(re.escape(TMP_MARK) + r"[0-9a-f]{8}$")
 
 
 def open_fs(url: str) -> tuple[AbstractFileSystem, str]:
-    """The filesystem and the protocol-less path of ``url`` (fsspec's own resolution)."""
-    fs, path = fsspec.core.url_to_fs(url)
-    return fs, path
+    """The filesystem and the protocol-less path of ``url`` (fsspec's own resolution), with no
+    listing cache on an object store: another process may have written since any listing."""
+    protocol, _ = fsspec.core.split_protocol(url)
+    if protocol in (None, "file", "local", "memory") or "::" in url:
+        return fsspec.core.url_to_fs(url)  # nothing cached (memory lists its dict), or a chain's own options
+    return fsspec.core.url_to_fs(url, use_listings_cache=False)
 
 
 def absolute_url(url: str) -> str:
@@ -54,13 +65,14 @@ def join(url: str, *parts: str) -> str:
 
 def exists(url: str) -> bool:
     fs, path = open_fs(url)
-    _forget_listing(fs, path)
     return fs.exists(path)
 
 
-def read_bytes(url: str) -> bytes:
+def read_bytes(url: str, *, large: bool = False) -> bytes:
+    """The whole object at ``url``. ``large`` (weights, checkpoints): on S3, ask its size first and
+    fetch a big one as concurrent ranged GETs; otherwise one GET (records, manifests, leases)."""
     fs, path = open_fs(url)
-    return fs.cat_file(path)
+    return fs.cat_file(path) if large else fs.cat_file(path, **_one_get(fs))
 
 
 def read_many(base: str, names: list[str]) -> list[bytes | None]:
@@ -73,7 +85,7 @@ def read_many(base: str, names: list[str]) -> list[bytes | None]:
     fs, path = open_fs(base)
     paths = [posixpath.join(path.rstrip("/"), n) for n in names]
     # cat_ranges fetches whole objects without cat()'s path expansion (a LIST or HEAD per path)
-    got = fs.cat_ranges(paths, [None] * len(paths), [None] * len(paths), on_error="return")
+    got = fs.cat_ranges(paths, [None] * len(paths), [None] * len(paths), on_error="return", **_one_get(fs))
     out: list[bytes | None] = []
     for value in got:
         if isinstance(value, FileNotFoundError):
@@ -152,7 +164,6 @@ def list_dir(url: str) -> list[str]:
     ``<name>.tmp-<hex>`` file; it is not an object, so it is not listed (a reader that opened
     it would see torn bytes)."""
     fs, path = open_fs(url)
-    _forget_listing(fs, path)
     try:
         entries: list[Any] = fs.ls(path, detail=False)
     except FileNotFoundError:
@@ -166,7 +177,8 @@ def _is_local(fs: AbstractFileSystem) -> bool:
     return protocol in ("file", "local")
 
 
-def _forget_listing(fs: AbstractFileSystem, path: str) -> None:
-    """Object-store filesystems cache listings per process; another process may have written since."""
-    if not _is_local(fs):
-        fs.invalidate_cache(path)
+def _one_get(fs: AbstractFileSystem) -> dict[str, Any]:
+    """Keyword arguments that make ``cat_file`` one GET. s3fs first asks an object's size (a HEAD)
+    to split a large one into concurrent ranged GETs; for a small record that request doubles the
+    cost of every poll."""
+    return {"max_concurrency": 1} if type(fs).__module__.startswith("s3fs") else {}

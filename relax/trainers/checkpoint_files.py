@@ -93,7 +93,7 @@ def read_verified(url: str, name: str, sha256: Any) -> dict[str, Any]:
     if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
         raise CheckpointError(f"meta.json of {url} records no sha256 for {name}: not a checkpoint this code wrote")
     try:
-        blob = objstore.read_bytes(where)
+        blob = objstore.read_bytes(where, large=True)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {where} is missing; the checkpoint is incomplete") from None
     if hashlib.sha256(blob).hexdigest() != sha256:

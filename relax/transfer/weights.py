@@ -134,7 +134,7 @@ class WeightStore:
                                  f"with a sha256; nothing was loaded")
         state: dict[str, Any] = {}
         for f in files:
-            blob = objstore.read_bytes(objstore.join(self.version_url(version), f["name"]))
+            blob = objstore.read_bytes(objstore.join(self.version_url(version), f["name"]), large=True)
             if hashlib.sha256(blob).hexdigest() != f["sha256"]:
                 raise StoreError(f"weight file {self.version_url(version)}/{f['name']} fails its sha256 check")
             state.update(st_load(blob))

@@ -52,3 +52,52 @@ def test_read_many_keeps_the_order_and_gives_none_for_a_missing_object(any_url):
     got = objstore.read_many(objstore.join(any_url, "d"), ["c", "missing", "a", "b"])
     assert got == [b"", None, b"1", b"2"]
     assert objstore.read_many(objstore.join(any_url, "d"), []) == []
+
+
+# A second process that writes into a folder this process has already listed and read from: the
+# restarted-role case (issue 63). The writer is a child process, so no cache of this process knows.
+_WRITER = """
+import sys
+from relax import objstore
+from relax.transfer.writers import RecordLog
+log = RecordLog(objstore.join(sys.argv[1], "log", sys.argv[2]))
+log.next_seq = int(sys.argv[3])
+log.append({"seq": int(sys.argv[3])})
+"""
+
+
+def _write_from_another_process(url: str, key: str, seq: int) -> None:
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", _WRITER, url, key, str(seq)], check=True, timeout=60)
+
+
+@pytest.mark.s3
+def test_a_reader_sees_records_another_process_wrote_after_it_listed_the_folder(s3_url):
+    from relax.transfer.writers import read_records
+
+    log_url = objstore.join(s3_url, "log", "w.1")
+    _write_from_another_process(s3_url, "w.1", 0)
+    # everything a reader does to a log: list the logs, list one log (the gap check), probe records
+    assert objstore.list_dir(objstore.join(s3_url, "log")) == ["w.1"]
+    assert objstore.list_dir(log_url) == ["00000000.json"]
+    assert not objstore.exists(objstore.join(log_url, "00000001.json"))
+    assert objstore.read_many(log_url, ["00000001.json"]) == [None]
+    assert objstore.list_dir(log_url) == ["00000000.json"]  # the gap check's listing comes last
+    _write_from_another_process(s3_url, "w.1", 1)
+    _write_from_another_process(s3_url, "w.2", 0)
+    assert [s for s, _ in read_records(log_url)] == [0, 1]  # was [0] for ever: s3fs answered from its listing
+    assert objstore.read_many(log_url, ["00000001.json"])[0] is not None
+    assert objstore.exists(objstore.join(log_url, "00000001.json"))
+    assert objstore.list_dir(log_url) == ["00000000.json", "00000001.json"]
+    assert objstore.list_dir(objstore.join(s3_url, "log")) == ["w.1", "w.2"]
+    fs, _ = objstore.open_fs(s3_url)
+    assert len(fs.dircache) == 0, "a listing was cached: a later read could trust it"
+
+
+def test_object_store_filesystems_keep_no_listing_cache_and_local_ones_are_untouched(tmp_path):
+    fs, _ = objstore.open_fs("s3://some-bucket/x")
+    assert fs.dircache.use_listings_cache is False
+    local, path = objstore.open_fs(str(tmp_path))
+    assert objstore._is_local(local) and path == str(tmp_path)
