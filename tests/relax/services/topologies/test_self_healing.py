@@ -81,6 +81,25 @@ def test_each_role_killed_once_heals_to_the_weights_of_the_run_never_killed(tmp_
         assert f"injected fault {role}:" in (logs / role / "0.log").read_text()
 
 
+@pytest.mark.s3
+def test_on_s3_a_killed_actor_and_advantage_heal_to_the_weights_of_the_run_never_killed(tmp_path, monkeypatch,
+                                                                                          s3_url):
+    # a restarted role lists every writer's log as it opens the topic; on S3 that listing used to be
+    # cached and trusted, so the records written after it never appeared and the run hung (issue 63)
+    calm = tiny_config(f"file://{tmp_path}/calm", "s3heal", "topology=disaggregated", "trainer.total_steps=6",
+                       "trainer.checkpoint_every=3", *EXACT)
+    train(calm, progress=False)
+    cfg = tiny_config(f"{s3_url}/killed", "s3heal", "topology=disaggregated", "trainer.total_steps=6",
+                      "trainer.checkpoint_every=3", *EXACT)
+    monkeypatch.setenv("RELAX_FAULT", "actor:recorded:4:1,advantage:recorded:2:1")
+    assert train(cfg, progress=False).steps == 6
+    check_run(RunContext(cfg), 6)
+    _check_columns(RunContext(cfg), (ADVANTAGE_GROUP,), ("advantages",))
+    killed, uninterrupted = _final_weights(cfg, 6), _final_weights(calm, 6)
+    assert all(torch.equal(killed[k], uninterrupted[k]) for k in killed), "the healed run diverged"
+    assert run_status(cfg.root, "s3heal")["restarts"] == {"actor": 1, "advantage": 1}
+
+
 @pytest.mark.parametrize("fault", ["reference:recorded:1:1", "actor:publish:2:1", "rollout:start::1",
                                    "reference:start::1"])
 def test_every_injection_point_heals_with_nothing_lost_or_doubled(tmp_path, monkeypatch, fault):
