@@ -60,6 +60,14 @@ class SupervisorConfig:
     backoff_s: float = opt(1.0, "Delay before a role's first restart in the window; each further restart "
                            "doubles it, up to backoff_max_s.", range=(0.0, 3600.0))
     backoff_max_s: float = opt(30.0, "Longest delay before a restart.", range=(0.0, 86400.0))
+    hang_timeout_s: float = opt(
+        900.0, "A role that makes no progress for this long is killed and restarted like one that died "
+        "(\"no progress for N s\"). Waiting for input is progress: every poll of a wait counts, so only a "
+        "frozen or stuck role trips it, or one step longer than this; 0 = never. The default is ~40x the "
+        "longest gap between progress marks measured in `make run` (docs/runtime.md, \"Hung roles\").",
+        range=(0.0, 86400.0 * 7))
+    heartbeat_s: float = opt(5.0, "How often a role publishes its last progress to runs/<id>/heartbeats/ "
+                             "(one small write each; `relax status` shows it).", range=(0.05, 3600.0))
     log_max_mb: float = opt(64.0, "A role's log file (runs/<id>/logs/<role>/<attempt>.log) rotates past this "
                             "size.", range=(0.01, 1_000_000.0))
     log_backups: int = opt(2, "Rotated files kept per attempt (<attempt>.log.1 is the newest).", range=(0, 100))

@@ -11,8 +11,10 @@ versions, queue depth, staleness and restarts per role from the store alone.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import time
 import traceback
 
@@ -20,9 +22,10 @@ from relax import objstore
 from relax.cli.args import config_from_args
 from relax.config_loader import config_from_dict, saved_config
 from relax.services.context import RunContext
+from relax.services.heartbeat import last_progress
 from relax.services.report.metrics import ROLES, read_metrics
 from relax.services.schema import ACTOR_GROUP, ADVANTAGE_GROUP
-from relax.services.supervision import read_restarts
+from relax.services.supervision import read_restarts, restart_events
 from relax.transfer.consumer import load_group_state
 
 
@@ -69,6 +72,8 @@ def _role(args: argparse.Namespace) -> int:
     from relax.services.topologies.runner import run_role
 
     set_role_process()  # an injected fault (RELAX_FAULT) kills this process, as a real crash would
+    # a controller that finds this role hung asks for its stacks before it kills it (RoleProcess.kill_hung)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         run_role(args.name, config_from_args(args.args), attempt=int(os.environ.get(ATTEMPT_ENV) or 0))
     except BaseException:  # the controller quotes this traceback, not the log's last lines
@@ -97,14 +102,24 @@ def run_status(root: str, run_id: str) -> dict:
         out[f"{group}_dropped"] = len(st.dropped)
     now = time.time()
     out["restarts"] = restarts = read_restarts(run_url)  # roles the supervisor healed (relax.services.supervision)
+    why = {e["role"]: e["exit"] for e in restart_events(run_url)}  # each role's latest restart, oldest first
     for role in ROLES:
         ms = read_metrics(run_url, role)
+        beat = last_progress(run_url, role, now)
+        if not ms and beat is None:
+            continue
+        info: dict = {"records": len(ms), "restarts": restarts.get(role, 0)}
+        if role in why:
+            info["last_restart"] = why[role]
+        if beat is not None:  # what a hang watch sees (relax.services.heartbeat)
+            info.update(attempt=beat["attempt"], state=beat["state"], progress_s=beat["progress_s"],
+                        max_gap_s=beat["max_gap_s"])
         if ms:
             last = ms[-1]
-            out["roles"][role] = {"records": len(ms), "restarts": restarts.get(role, 0),
-                                  "last_seen_s": round(now - last["time"], 1),
-                                  **{k: last[k] for k in ("step", "batch", "version", "weight_version", "reward",
-                                                          "loss", "staleness_max", "samples_per_s") if k in last}}
+            info.update({"last_seen_s": round(now - last["time"], 1),
+                         **{k: last[k] for k in ("step", "batch", "version", "weight_version", "reward", "loss",
+                                                 "staleness_max", "samples_per_s") if k in last}})
+        out["roles"][role] = info
     return out
 
 

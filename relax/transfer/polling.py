@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from relax import liveness
+
 
 class Backoff:
     """Poll delays for one wait: ``max(first, ratio * waited)``, capped at ``maximum``.
@@ -32,6 +34,7 @@ class Backoff:
         self.start = clock()
 
     def next(self) -> float:
-        """The delay before the next poll."""
+        """The delay before the next poll; a poll is progress (relax.liveness: waiting is not hung)."""
+        liveness.mark(liveness.WAITING)
         waited = self.clock() - self.start
         return min(self.maximum, max(self.first, self.ratio * waited))

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import google_crc32c
 
-from relax import objstore
+from relax import liveness, objstore
 from relax.transfer.errors import SchemaError, StoreError
 from relax.transfer.manifest import TopicState, check_shard_name
 from relax.transfer.polling import Backoff
@@ -167,6 +167,7 @@ class TransferQueue:
 
     def wait_for_new(self, timeout: float) -> bool:
         """Block until new records arrive or ``timeout`` passes; polls with backoff (polling.py)."""
+        liveness.mark(liveness.WAITING)  # also when records are there at once: a busy consumer is not hung
         deadline = time.monotonic() + timeout
         backoff = Backoff(self.poll_interval_s, max(self.poll_interval_s, self.max_poll_interval_s))
         while True:

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from relax import liveness
 from relax.engines.guards import TOKEN_ENV
 from relax.faults import ATTEMPT_ENV, current_attempt
 from relax.services.launchers import lifetime
@@ -109,6 +110,7 @@ class EngineProcess:
                         return
             except OSError:
                 pass
+            liveness.mark(liveness.WAITING)  # its own deadline bounds this wait, not the hang watchdog
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"{self.name} {self.url} not healthy within {timeout_s:.0f} s (slow model "

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from relax.config import SupervisorConfig
 from relax.faults import ATTEMPT_ENV
@@ -43,6 +44,8 @@ class RoleProcess:
     def __init__(self, role: str, cfg_path: str, run_url: str, attempt: int, staging_dir: str,
                  cfg: SupervisorConfig):
         self.role, self.attempt = role, attempt
+        self.started_at = time.time()  # its progress until its first heartbeat (relax.services.heartbeat)
+        self.hung_s: float | None = None  # set when the controller killed it for making no progress
         self.log = RoleLogFile(run_url, role, next_attempt(run_url, role), staging_dir,
                                max_bytes=int(cfg.log_max_mb * 2**20), backups=cfg.log_backups)
         self.error_file = os.path.join(staging_dir, f"{role}-{attempt}.error")
@@ -59,6 +62,12 @@ class RoleProcess:
     def returncode(self) -> int | None:
         return self.proc.poll()
 
+    @property
+    def failed(self) -> bool:
+        """It exited non-zero, or the controller killed it as hung (whatever it exited with)."""
+        rc = self.proc.poll()
+        return rc is not None and (rc != 0 or self.hung_s is not None)
+
     def finish(self) -> RoleFailure | None:
         """After the process exited: close (and upload) its log; its failure, if it failed."""
         rc = self.proc.wait()
@@ -66,12 +75,42 @@ class RoleProcess:
             self._pump.join(timeout=10)  # the pipe closes with the process (and any child holding it)
             self.log.close()
             self._closed = True
+        if self.hung_s is not None:  # even when it got to exit 0 in the moment it was continued
+            return RoleFailure(self.role, self.attempt, f"no progress for {self.hung_s:.0f} s (hung; killed)",
+                               _hung_error(self.log), self.log.where)
         if rc == 0:
             return None
         return RoleFailure(self.role, self.attempt, describe_exit(rc), role_error(self.error_file, self.log),
                            self.log.where, healable=rc != USAGE_EXIT)
 
+    def kill_hung(self, idle_s: float, dump_wait_s: float = 1.0) -> None:
+        """It made no progress for ``idle_s``: have it print every thread's stack to its log (a
+        stopped process is continued for that), then kill it. :meth:`finish` names the hang."""
+        self.hung_s = idle_s
+        try:
+            for sig in (signal.SIGUSR1, signal.SIGCONT):  # SIGUSR1: faulthandler in `relax role`
+                self.proc.send_signal(sig)
+            time.sleep(dump_wait_s)  # faulthandler writes from the signal handler: this is plenty
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.finish()
+
+
+def _hung_error(log) -> str:
+    """The stacks a hung role printed as it was killed (faulthandler), from the end of its log."""
+    for path in reversed(log.files()):
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        at = text.rfind("Thread 0x")
+        at = text.rfind("\n", 0, at) + 1 if at >= 0 else -1
+        if at >= 0:
+            return f"(its stacks as it was killed)\n{text[at:][-6000:]}"
+    return "(it printed no stacks: it did not answer SIGUSR1)"

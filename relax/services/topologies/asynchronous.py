@@ -3,7 +3,8 @@
 A replica starts its role loop in a thread when it is constructed and answers ``status()``
 (steps done, finished, restarts, error). A loop that fails is restarted in its replica after a
 backoff (relax.services.supervision); ``error`` is set only once the supervisor gives up. A
-replica whose process dies is replaced by Ray Serve, and its loop resumes the role. Roles talk only through the run root (TransferQueue and
+replica whose process dies is replaced by Ray Serve, and its loop resumes the role; so is one the
+driver kills because its role made no progress for ``supervisor.hang_timeout_s``. Roles talk only through the run root (TransferQueue and
 WeightStore), so the rollout keeps generating while the actor trains, at most
 ``queue.max_staleness`` versions ahead. The driver (``run_async``) polls the statuses, mirrors the
 actor's metrics into the progress bar, and deletes the application when the actor is done.
@@ -25,6 +26,7 @@ from relax.faults import FAULT_ENV
 from relax.services.api.elastic import TOKEN_ENV
 from relax.services.api.server import lazy_rollout_app
 from relax.services.context import RunContext
+from relax.services.heartbeat import HangWatch
 from relax.services.report.metrics import MetricsReader
 from relax.services.roles.factory import role_names
 from relax.services.supervision import NOT_HEALED, RoleFailure, RunStopped, Supervisor
@@ -107,6 +109,19 @@ def _status(role: str, handle: Any, lost: dict[str, float]) -> dict[str, Any]:
     return state
 
 
+def _kill_replica(app: str, role: str) -> None:
+    """End the Ray Serve replica of deployment ``role`` in application ``app`` (Serve starts another)."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app}#{role}#"
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith(prefix):
+            try:
+                ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+            except ValueError:  # gone already
+                pass
+
+
 def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | None = None,
               poll_s: float = 0.5) -> None:
     import ray
@@ -144,8 +159,22 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
         bar = Progress(cfg.trainer.total_steps, 0, progress)
         actor = MetricsReader(ctx.run_url, "actor")
         lost: dict[str, float] = {}  # role -> since when its replica does not answer
+        hangs = HangWatch(ctx.run_url, cfg.supervisor.hang_timeout_s, max(poll_s, cfg.supervisor.heartbeat_s))
+        driver = Supervisor(ctx.run_url, cfg.supervisor, notify=bar.note)  # counts the replicas it kills
+        since = {role: time.time() for role in handles}  # each replica's start, as far as the driver knows
+        attempts = {role: 0 for role in handles}
         while True:
             states = {role: _status(role, h, lost) for role, h in handles.items()}
+            for role, s in states.items():
+                attempts[role] = s.get("restarts", attempts[role])
+                idle = None if s["done"] else hangs.stalled(role, attempts[role], since[role])
+                if idle is not None:  # Ray Serve replaces the replica, whose loop resumes the role
+                    _kill_replica(names[role], role)
+                    driver.failed(RoleFailure(role, attempts[role], f"no progress for {idle:.0f} s (hung; killed)",
+                                              "(its Ray Serve replica was killed; its stacks are not kept)",
+                                              "(the Ray Serve replica's log)"))  # raises past max_restarts
+                    since[role], attempts[role] = time.time(), 0
+                    hangs.forget(role)
             failed = {r: s for r, s in states.items() if s["error"]}
             if failed:
                 role, s = next(iter(failed.items()))

@@ -3,7 +3,8 @@
 Whichever role can make progress without waiting does, downstream first (actor, then the
 advantage stage, then the reference, reward and teacher roles, then the rollout), so a resumed run first
 finishes the work already in the queue. With PPO+GAE the critic is stepped beside the advantage
-role as one stage.
+role as one stage. A step that makes no progress for ``supervisor.hang_timeout_s`` ends the
+process (relax.services.heartbeat.SelfWatch): nothing outside it could restart one role.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import time
 import traceback
 from typing import Any
 
+from relax import liveness
 from relax.faults import set_attempt
 from relax.services.context import RunContext
+from relax.services.heartbeat import SelfWatch
 from relax.services.report.metrics import RoleLogs
 from relax.services.roles.factory import advantage_stage, make_role
 from relax.services.supervision import NOT_HEALED, RoleFailure, Supervisor
@@ -34,25 +37,35 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
     """Run the roles until the run's last step; a role whose step fails is healed by building every
     role again (they resume from the queue and the checkpoint, as a rerun does) after a backoff."""
     supervisor = Supervisor(ctx.run_url, ctx.cfg.supervisor)
+    sup = ctx.cfg.supervisor
+    watch = SelfWatch(sup.hang_timeout_s, check_s=sup.heartbeat_s)  # a stuck step ends the process
     attempt = 0
-    while True:
-        set_attempt(attempt)
-        try:
-            _run_roles(ctx, progress, engine_urls, max_steps)
-            return
-        except RoleStepFailed as e:
-            failure = RoleFailure(e.role, attempt, "exception", e.traceback_text, "(this process's output)")
-            time.sleep(supervisor.failed(failure))  # raises RunStopped past supervisor.max_restarts
-            attempt += 1
+    try:
+        while True:
+            set_attempt(attempt)
+            try:
+                _run_roles(ctx, progress, engine_urls, max_steps)
+                return
+            except RoleStepFailed as e:
+                failure = RoleFailure(e.role, attempt, "exception", e.traceback_text, "(this process's output)")
+                time.sleep(supervisor.failed(failure))  # raises RunStopped past supervisor.max_restarts
+                attempt += 1
+    finally:
+        watch.stop()
 
 
 def _step(name: str, role: Any, timeout: float) -> dict[str, Any]:
     try:
-        return role.step(timeout=timeout)
-    except (QueueTimeout, *NOT_HEALED):
+        out = role.step(timeout=timeout)
+    except QueueTimeout:
+        liveness.mark(liveness.WAITING)  # nothing for this role yet: the loop moves on, which is progress
+        raise
+    except NOT_HEALED:
         raise
     except Exception as e:
         raise RoleStepFailed(name, traceback.format_exc()) from e
+    liveness.mark(liveness.WORKING)
+    return out
 
 
 def _run_roles(ctx: RunContext, progress: bool, engine_urls: list[str] | None, max_steps: int | None) -> None:

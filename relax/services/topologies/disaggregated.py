@@ -3,7 +3,8 @@
 The processes share nothing but the run root (a folder or a bucket); on a cluster each is a
 Flyte Ray task. This controller starts them, follows the actor's metrics into the progress bar,
 and heals the run: a role that dies is started again after a backoff and resumes from the
-queue and its checkpoint, while the others carry on (relax.services.supervision). Only a
+queue and its checkpoint, while the others carry on (relax.services.supervision); so is a role
+that made no progress for ``supervisor.hang_timeout_s`` (relax.services.heartbeat). Only a
 fault that repeats past ``supervisor.max_restarts`` stops the run, with the role's last
 exception and the path of its full log (``runs/<id>/logs/<role>/<n>.log``).
 """
@@ -17,6 +18,7 @@ import time
 
 from relax.config_loader import config_to_dict
 from relax.services.context import RunContext
+from relax.services.heartbeat import HangWatch
 from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.launchers.role_process import RoleProcess
 from relax.services.report.metrics import MetricsReader
@@ -42,9 +44,18 @@ def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.
         procs = {role: start(role, 0) for role in role_names(ctx.cfg)}
         due: dict[str, float] = {}  # role -> when its restart is due (monotonic)
         actor = MetricsReader(ctx.run_url, "actor")
+        sup = ctx.cfg.supervisor
+        hangs = HangWatch(ctx.run_url, sup.hang_timeout_s, check_s=max(poll_s, sup.heartbeat_s))
         while True:
             for role, p in procs.items():
-                if role not in due and p.returncode not in (None, 0):
+                if role in due or p.returncode is not None:
+                    continue
+                idle = hangs.stalled(role, p.attempt, p.started_at)
+                if idle is not None:  # frozen or stuck: healed like a death
+                    p.kill_hung(idle)
+                    hangs.forget(role)
+            for role, p in procs.items():
+                if role not in due and p.failed:
                     failure = p.finish()
                     due[role] = time.monotonic() + supervisor.failed(failure)  # raises past the limit
             for role, at in list(due.items()):
@@ -53,7 +64,7 @@ def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.
                     del due[role]
             for m in actor.new():
                 bar.actor(m)
-            if not due and all(p.returncode == 0 for p in procs.values()):
+            if not due and all(p.returncode == 0 and not p.failed for p in procs.values()):
                 break
             time.sleep(poll_s)
         for p in procs.values():

@@ -7,9 +7,11 @@ from typing import Any
 
 import torch
 
+from relax import liveness
 from relax.config import RelaxConfig
 from relax.faults import fault_point, set_attempt
 from relax.services.context import RunContext
+from relax.services.heartbeat import HeartbeatWriter
 from relax.services.report.metrics import RoleLogs
 from relax.services.roles.factory import make_role, role_done, role_threads
 
@@ -22,7 +24,12 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
     torch.set_num_threads(role_threads(role, cfg))
     set_attempt(attempt)
     ctx = RunContext(cfg)
-    obj = make_role(role, ctx, engine_urls=engine_urls, wait_s=timeout_s, api_mode=api_mode)
+    beat = HeartbeatWriter(ctx.run_url, role, attempt, cfg.supervisor.heartbeat_s)  # building counts too
+    try:
+        obj = make_role(role, ctx, engine_urls=engine_urls, wait_s=timeout_s, api_mode=api_mode)
+    except BaseException:
+        beat.stop()
+        raise
     if on_start is not None:
         on_start(obj)
     log = RoleLogs(ctx.run_url)
@@ -30,12 +37,15 @@ def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls:
     try:
         fault_point(role, "start")
         while not role_done(role, obj, cfg.trainer.total_steps):
+            liveness.mark(liveness.WORKING)
             m = {**obj.step(timeout=timeout_s), "attempt": attempt}
+            liveness.mark(liveness.WORKING, m.get("step", m.get("batch")))
             log.append(m)
             if on_step is not None:
                 on_step(m)
             done += 1
             fault_point(role, "step", m.get("step", m.get("batch")))
     finally:
+        beat.stop()
         obj.close()
     return done

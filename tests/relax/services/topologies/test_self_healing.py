@@ -9,6 +9,7 @@ store, the restart records (``relax status``) and the lineage records.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,6 +99,54 @@ def test_on_s3_a_killed_actor_and_advantage_heal_to_the_weights_of_the_run_never
     killed, uninterrupted = _final_weights(cfg, 6), _final_weights(calm, 6)
     assert all(torch.equal(killed[k], uninterrupted[k]) for k in killed), "the healed run diverged"
     assert run_status(cfg.root, "s3heal")["restarts"] == {"actor": 1, "advantage": 1}
+
+
+def _stop_role_after_its_first_step(run_url: str, role: str, stopped: list[int], done) -> None:
+    """SIGSTOP ``role``'s process (named by its heartbeat) once it has reported a step."""
+    from relax.services.heartbeat import read_heartbeat
+
+    while not done.is_set():
+        beat = read_heartbeat(run_url, role)
+        if beat and beat["attempt"] == 0 and beat["step"] is not None:
+            os.kill(beat["pid"], signal.SIGSTOP)
+            stopped.append(beat["pid"])
+            return
+        time.sleep(0.05)
+
+
+def test_a_role_frozen_past_the_hang_timeout_is_killed_and_restarted(tmp_path):
+    import threading
+
+    cfg = tiny_config(f"file://{tmp_path}", "frozen", "topology=disaggregated", "trainer.total_steps=6",
+                      "supervisor.hang_timeout_s=20", "supervisor.heartbeat_s=0.5", *EXACT)
+    stopped: list[int] = []
+    ctx = RunContext(cfg)
+    done = threading.Event()
+    freezer = threading.Thread(target=_stop_role_after_its_first_step,
+                               args=(ctx.run_url, "advantage", stopped, done))
+    freezer.start()
+    try:
+        assert train(cfg, progress=False).steps == 6
+    finally:
+        done.set()
+        freezer.join()
+        for pid in stopped:  # never left stopped, whatever happened
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert stopped, "the advantage role never reported a step"
+    check_run(ctx, 6)
+    _check_columns(ctx, (ADVANTAGE_GROUP,), ("advantages",))
+    status = run_status(cfg.root, "frozen")
+    # the others waited for it all along: waiting is progress, so only the frozen role was restarted
+    assert status["restarts"] == {"advantage": 1}
+    reason = status["roles"]["advantage"]["last_restart"]
+    assert reason.startswith("no progress for ") and reason.endswith(" s (hung; killed)")
+    assert 20 <= float(reason.split()[3]) < 60
+    assert status["roles"]["advantage"]["attempt"] == 1 and status["roles"]["actor"]["attempt"] == 0
+    first = (tmp_path / "runs/frozen/logs/advantage/0.log").read_text()
+    assert "Thread 0x" in first and "most recent call first" in first  # its stacks, as it was killed
 
 
 @pytest.mark.parametrize("fault", ["reference:recorded:1:1", "actor:publish:2:1", "rollout:start::1",
@@ -223,3 +272,48 @@ def test_async_run_restarts_a_failed_role_loop_in_its_replica(tmp_path, monkeypa
     check_run(ctx, 4)
     _check_columns(ctx, (ADVANTAGE_GROUP,), ("advantages",))
     assert run_status(cfg.root, "asyncheal")["restarts"] == {"advantage": 1}
+
+
+@pytest.mark.ray
+def test_async_run_replaces_a_replica_whose_role_froze(tmp_path, ray_session):
+    import threading
+
+    cfg = tiny_config(f"file://{tmp_path}", "asyncfrozen", "topology=async", "trainer.total_steps=6",
+                      "supervisor.hang_timeout_s=20", "supervisor.heartbeat_s=0.5", *EXACT)
+    stopped: list[int] = []
+    ctx = RunContext(cfg)
+    done = threading.Event()
+    freezer = threading.Thread(target=_stop_role_after_its_first_step,
+                               args=(ctx.run_url, "advantage", stopped, done))
+    freezer.start()
+    try:
+        assert train(cfg, progress=False).steps == 6
+    finally:
+        done.set()
+        freezer.join()
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert stopped, "the advantage role never reported a step"
+    check_run(ctx, 6)
+    _check_columns(ctx, (ADVANTAGE_GROUP,), ("advantages",))
+    status = run_status(cfg.root, "asyncfrozen")
+    assert status["restarts"] == {"advantage": 1}
+    assert status["roles"]["advantage"]["last_restart"].startswith("no progress for ")
+
+
+def test_a_colocated_process_that_makes_no_progress_ends_itself_with_its_stacks(tmp_path):
+    script = ("import time\nfrom relax import liveness\nfrom relax.services.heartbeat import SelfWatch\n"
+              "w = SelfWatch(timeout_s=1.0, check_s=0.1)\n"
+              "for _ in range(10):\n    time.sleep(0.3); liveness.mark()\n"  # 3 s of progress: no exit
+              "print('progressed', flush=True)\n"
+              "time.sleep(60)\n")  # then stuck
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    from relax.services.heartbeat import HUNG_EXIT
+
+    assert proc.returncode == HUNG_EXIT
+    assert proc.stdout == "progressed\n"
+    assert "relax: no progress for 1 s (supervisor.hang_timeout_s=1)" in proc.stderr
+    assert "most recent call first" in proc.stderr and "<module>" in proc.stderr  # where it was stuck
