@@ -54,6 +54,38 @@ def kill_on_parent_death() -> None:
     lifetime.set_parent_death_signal(signal.SIGTERM)  # not Linux: the owner's stop() is the only way out
 
 
+class EngineStartFailed(RuntimeError):
+    """An engine process exited before it answered ``/health``; ``killed``: by a signal (a SIGKILL,
+    the OOM killer, a lost node), which a replacement may survive, rather than by an error of its
+    own, which a replacement would repeat. The message quotes the cause: the engine's last Python
+    traceback, or the signal, rather than whatever progress line it printed last."""
+
+    def __init__(self, engine: EngineProcess):
+        rc = engine.proc.returncode
+        self.killed = rc is not None and rc < 0
+        if self.killed:
+            try:
+                how = f"signal {-rc} ({signal.Signals(-rc).name})"
+            except ValueError:
+                how = f"signal {-rc}"
+            cause = (f"was killed by {how} (out of memory, or killed from outside); its log's last line: "
+                     f"{_last_line(engine.log_tail())}")
+        else:
+            found = _last_traceback(engine.log_tail(20_000))
+            cause = (f"exited with code {rc}; its error:\n{found}" if found else
+                     f"exited with code {rc} and printed no traceback; last lines of its log:\n{engine.log_tail()}")
+        super().__init__(f"{engine.name} on port {engine.port} {cause}\n(full log: {engine.log_path})")
+
+
+def _last_traceback(text: str) -> str:
+    at = text.rfind("Traceback (most recent call last):")
+    return text[at:].strip()[-4000:] if at >= 0 else ""
+
+
+def _last_line(text: str) -> str:
+    return next((ln.strip()[:300] for ln in reversed(text.splitlines()) if ln.strip()), "(empty)")
+
+
 class EngineProcess:
     """An engine server process on a free loopback port: its log, health wait and stop.
 
@@ -102,8 +134,7 @@ class EngineProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             if not self.alive:
-                raise RuntimeError(f"{self.name} on port {self.port} exited with {self.proc.returncode} before "
-                                   f"becoming healthy; last lines of {self.log_path}:\n{self.log_tail()}")
+                raise EngineStartFailed(self)
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -219,9 +250,21 @@ class LocalProcessLauncher:
             return list(self._engines)
 
     def launch(self, n: int) -> list[EngineProcess]:
+        """``n`` healthy engines, or none: one that cannot start stops the others and raises."""
+        return self._launch(n, spare_killed=False)[0]
+
+    def launch_surviving(self, n: int) -> tuple[list[EngineProcess], int]:
+        """A pool's first ``n`` engines: those that came up, and how many were killed by a signal as
+        they started (counted, for the pool's supervisor to replace like an engine that dies later).
+        An engine that fails with an error of its own still fails the launch: a replacement would
+        repeat it."""
+        return self._launch(n, spare_killed=True)
+
+    def _launch(self, n: int, spare_killed: bool) -> tuple[list[EngineProcess], int]:
         if n < 1:
             raise ValueError(f"launch needs n >= 1, got {n}")
         started: list[EngineProcess] = []
+        killed: list[EngineProcess] = []
         try:
             with self._lock:  # reserve the slots before the slow start, so two launches cannot overshoot
                 self._engines = [e for e in self._engines if e.alive]
@@ -236,12 +279,19 @@ class LocalProcessLauncher:
                     started.append(self.factory(self.model_dir, attempt=attempt, **self.engine_kwargs))
                 self._engines += started
             for e in started:
-                e.wait_healthy(self.startup_timeout_s)
+                try:
+                    e.wait_healthy(self.startup_timeout_s)
+                except EngineStartFailed as failed:
+                    if not (spare_killed and failed.killed):
+                        raise
+                    killed.append(e)
         except BaseException:
             for e in started:
                 e.stop()
             raise
-        return started
+        for e in killed:
+            e.stop()  # forgets its reaper record; its slot frees as it is not alive
+        return [e for e in started if e not in killed], len(killed)
 
     def stop_all(self) -> None:
         for e in self.running():

@@ -179,13 +179,20 @@ class RolloutRole:
         text_cfg = getattr(model.config, "text_config", None) or model.config
         try:
             launcher = self._launcher(max(n, self.cfg.rollout.max_engine_processes), slots)
-            started = launcher.launch(n)  # a startup error quotes the engine log
+            if isinstance(launcher, LocalProcessLauncher):  # one killed as it starts is replaced, not fatal
+                started, killed = launcher.launch_surviving(n)
+            else:
+                started, killed = launcher.launch(n), 0  # a startup error quotes the engine's error
         except BaseException:
             shutil.rmtree(self._model_dir, ignore_errors=True)
             raise
-        return RemoteEngines([], owned=started, launcher=launcher, store=self.store,
+        pool = RemoteEngines([], owned=started, launcher=launcher, store=self.store,
                              vocab_size=getattr(text_cfg, "vocab_size", None),
                              local_weights=self.cfg.rollout.engine == "sglang", **faults)
+        pool.supervisor.vacancies += killed  # the pool's supervisor starts their replacements
+        if killed and not started:
+            pool.supervise()  # no engine to route to: replace one now rather than at the first request
+        return pool
 
     def _launcher(self, max_engines: int, slots: int) -> EngineLauncher:
         r = self.cfg.rollout

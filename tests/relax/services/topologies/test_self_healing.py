@@ -225,14 +225,34 @@ def test_the_only_engine_process_dying_while_it_loads_weights_is_survived(tmp_pa
                for n in engine_logs) == 1
 
 
-def test_an_engine_that_dies_as_it_starts_fails_its_rollout_which_is_restarted(tmp_path, monkeypatch):
+def test_the_only_engine_killed_as_its_rollout_starts_it_is_replaced_not_the_rollout(tmp_path, monkeypatch):
     cfg = tiny_config(f"file://{tmp_path}", "estart", "topology=disaggregated", "rollout.engine_processes=1", *EXACT)
-    monkeypatch.setenv("RELAX_FAULT", "engine:start::1")  # the first rollout's engine; its restart's lives
-    assert train(cfg, progress=False).steps == 4
+    monkeypatch.setenv("RELAX_FAULT", "engine:start::1")  # the first launch's engine; its replacement lives
+    result = train(cfg, progress=False)
+    assert result.steps == 4
     check_run(RunContext(cfg), 4)
-    assert run_status(cfg.root, "estart")["restarts"] == {"rollout": 1}
-    first = (tmp_path / "runs/estart/logs/rollout/0.log").read_text()
-    assert "exited with -9 before becoming healthy" in first and "injected fault engine:start" in first
+    assert run_status(cfg.root, "estart")["restarts"] == {}  # the rollout itself never failed
+    assert max(m["engines_replaced"] for m in result.metrics("rollout")) == 1
+    logs = tmp_path / "runs/estart/logs/engines"
+    assert sum("injected fault engine:start" in (logs / n).read_text() for n in os.listdir(logs)) == 1
+
+
+def test_an_engine_that_fails_as_it_starts_quotes_its_error_not_its_progress(tmp_path):
+    from relax.services.launchers.process import EngineStartFailed, LocalProcessLauncher
+
+    bad = tmp_path / "not-a-model"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    launcher = LocalProcessLauncher(bad, max_engines=1, startup_timeout_s=120, log_dir=tmp_path)
+    with pytest.raises(EngineStartFailed) as failed:
+        launcher.launch_surviving(1)  # an error of its own is not spared: a replacement would repeat it
+    assert not failed.value.killed
+    message = str(failed.value)
+    assert "exited with code" in message and "Traceback (most recent call last)" in message
+    log = next(tmp_path.glob("relax-engine-*.log")).read_text()
+    raised = [ln for ln in log.splitlines() if re.match(r"^\w+(Error|Exception): ", ln)][-1]
+    assert raised in message  # the exception itself, not the last line the engine printed
+    assert launcher.running() == []
 
 
 def _relax_entries(folder) -> list[str]:
