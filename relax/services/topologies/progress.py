@@ -25,7 +25,8 @@ class Progress:
         self.samples += m.get("samples", 0)
         self.bar.set_postfix(reward=f"{self.reward:.3f}", stale=m.get("staleness_max", 0),
                              sps=f"{self.samples / max(time.perf_counter() - self.t0, 1e-9):.0f}", refresh=False)
-        self.bar.update(1)
+        step = m.get("step")  # a restarted actor reports its redone step again: count steps, not records
+        self.bar.update(1 if step is None else max(0, int(step) + 1 - self.bar.n))
 
     def note(self, text: str) -> None:
         """A line for the user above the bar (on stderr even when the bar is off: a restart is news)."""
