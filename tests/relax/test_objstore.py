@@ -101,3 +101,17 @@ def test_object_store_filesystems_keep_no_listing_cache_and_local_ones_are_untou
     assert fs.dircache.use_listings_cache is False
     local, path = objstore.open_fs(str(tmp_path))
     assert objstore._is_local(local) and path == str(tmp_path)
+
+
+def test_only_objstore_opens_filesystems_on_the_data_path():
+    # a filesystem opened anywhere else would bring back the listing cache (issue 63); reading a user's
+    # data file or config (fsspec.open) is not the data path: nothing else writes it while it is read
+    from pathlib import Path
+
+    root = Path(objstore.__file__).parent
+    allowed = {"objstore.py", "config_loader.py", "data/readers.py"}
+    users = {str(p.relative_to(root)) for p in root.rglob("*.py") if "import fsspec" in p.read_text()}
+    assert users <= allowed, f"{sorted(users - allowed)} open fsspec filesystems: go through relax.objstore"
+    for name in ("url_to_fs(", "fsspec.filesystem("):
+        found = {str(p.relative_to(root)) for p in root.rglob("*.py") if name in p.read_text()}
+        assert found <= {"objstore.py"}, (name, found)
