@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from relax import objstore
+from relax import liveness, objstore
 from relax.engines.client import EngineClient
 from relax.engines.guards import MAX_BODY_BYTES
 from relax.engines.router import NoEngineAvailable, Router
@@ -235,6 +235,7 @@ class RemoteEngines:
                 errors["supervision"] = e
                 log.warning("engine supervision pass failed (%s); retrying", e)
             if not _routable(self.engines()):
+                liveness.mark(liveness.WAITING)  # bounded by engine_timeout_s, not by the hang watch
                 time.sleep(0.5)
 
     def weights_at(self, store: WeightStore, version: int) -> str:

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax import liveness
 from relax.data.schema import Sample
 from relax.engines.openai_routes import chat_prompt, check_chat_request
 from relax.engines.types import EngineError, SamplingParams
@@ -197,6 +198,7 @@ class SessionHub:
                     if all(s.done is not None for s in slots):
                         break
                     if not self._work:
+                        liveness.mark(liveness.WAITING)  # agents think at their own pace (session_timeout_s)
                         self._cv.wait(timeout=0.05)
                     self._gather()
                     work, self._work = self._work, []
