@@ -59,8 +59,13 @@ class HeartbeatWriter:
                 pass
 
     def stop(self) -> None:
+        """No more beats; the last one carries the role's final mark (``relax status`` shows it)."""
         self._stop.set()
         self._thread.join(timeout=self.interval_s + 5)
+        try:
+            self.write()
+        except OSError:
+            pass
 
 
 def read_heartbeat(run_url: str, role: str) -> dict[str, Any] | None:
