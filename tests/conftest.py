@@ -65,6 +65,46 @@ def moto_server():
             os.environ[k] = v
 
 
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A GCS emulator (gcp-storage-emulator, in memory) on a free loopback port; gcsfs finds it through
+    ``STORAGE_EMULATOR_HOST``, as it finds a user's."""
+    port = _free_port()
+    exe = Path(sys.executable).with_name("gcp-storage-emulator")
+    proc = subprocess.Popen([str(exe), "start", "--port", str(port), "-H", "127.0.0.1", "--in-memory", "-q"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("gcp-storage-emulator did not start") from None
+            time.sleep(0.2)
+    saved = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = endpoint
+    yield endpoint
+    proc.terminate()
+    proc.wait(timeout=10)
+    if saved is None:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+        os.environ["STORAGE_EMULATOR_HOST"] = saved
+
+
+@pytest.fixture
+def gcs_url(gcs_server) -> str:
+    """A fresh, empty bucket on the GCS emulator: ``gs://relax-test-<hex>``."""
+    import fsspec
+
+    bucket = f"relax-test-{uuid.uuid4().hex[:12]}"
+    fsspec.filesystem("gs", token="anon").mkdir(bucket)
+    return f"gs://{bucket}"
+
+
 @pytest.fixture
 def s3_url(moto_server) -> str:
     """A fresh, empty bucket for one test: ``s3://relax-test-<hex>``."""

@@ -73,31 +73,35 @@ def _write_from_another_process(url: str, key: str, seq: int) -> None:
     subprocess.run([sys.executable, "-c", _WRITER, url, key, str(seq)], check=True, timeout=60)
 
 
-@pytest.mark.s3
-def test_a_reader_sees_records_another_process_wrote_after_it_listed_the_folder(s3_url):
+@pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)])
+def bucket_url(request) -> str:
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+def test_a_reader_sees_records_another_process_wrote_after_it_listed_the_folder(bucket_url):
     from relax.transfer.writers import read_records
 
-    log_url = objstore.join(s3_url, "log", "w.1")
-    _write_from_another_process(s3_url, "w.1", 0)
+    log_url = objstore.join(bucket_url, "log", "w.1")
+    _write_from_another_process(bucket_url, "w.1", 0)
     # everything a reader does to a log: list the logs, list one log (the gap check), probe records
-    assert objstore.list_dir(objstore.join(s3_url, "log")) == ["w.1"]
+    assert objstore.list_dir(objstore.join(bucket_url, "log")) == ["w.1"]
     assert objstore.list_dir(log_url) == ["00000000.json"]
     assert not objstore.exists(objstore.join(log_url, "00000001.json"))
     assert objstore.read_many(log_url, ["00000001.json"]) == [None]
     assert objstore.list_dir(log_url) == ["00000000.json"]  # the gap check's listing comes last
-    _write_from_another_process(s3_url, "w.1", 1)
-    _write_from_another_process(s3_url, "w.2", 0)
+    _write_from_another_process(bucket_url, "w.1", 1)
+    _write_from_another_process(bucket_url, "w.2", 0)
     assert [s for s, _ in read_records(log_url)] == [0, 1]  # was [0] for ever: s3fs answered from its listing
     assert objstore.read_many(log_url, ["00000001.json"])[0] is not None
     assert objstore.exists(objstore.join(log_url, "00000001.json"))
     assert objstore.list_dir(log_url) == ["00000000.json", "00000001.json"]
-    assert objstore.list_dir(objstore.join(s3_url, "log")) == ["w.1", "w.2"]
-    fs, _ = objstore.open_fs(s3_url)
+    assert objstore.list_dir(objstore.join(bucket_url, "log")) == ["w.1", "w.2"]
+    fs, _ = objstore.open_fs(bucket_url)
     assert len(fs.dircache) == 0, "a listing was cached: a later read could trust it"
 
 
 def test_object_store_filesystems_keep_no_listing_cache_and_local_ones_are_untouched(tmp_path):
-    fs, _ = objstore.open_fs("s3://some-bucket/x")
+    fs, _ = objstore.open_fs("s3://some-bucket/x")  # gs: checked against the emulator above
     assert fs.dircache.use_listings_cache is False
     local, path = objstore.open_fs(str(tmp_path))
     assert objstore._is_local(local) and path == str(tmp_path)
