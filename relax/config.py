@@ -261,7 +261,9 @@ class AlgorithmConfig:
                                range=(0, 1_048_576))
     overlong_penalty: float = opt(1.0, "The overlong penalty at the length limit (DAPO's penalty_factor).",
                                   range=(0.0, 100.0))
-    gamma: float = opt(1.0, "Discount (GAE).", range=(0.0, 1.0))
+    gamma: float = opt(1.0, "Discount of the returns, with advantage gae or reinforce_pp (verl's "
+                       "algorithm.gamma); refused elsewhere, reinforce_pp_baseline included, which verl never "
+                       "discounts.", range=(0.0, 1.0))
     lam: float = opt(0.95, "GAE lambda.", range=(0.0, 1.0))
     value_clip: float = opt(0.2, "PPO value clip eps of the critic's loss: a value moves at most this far from "
                             "the one GAE used before its squared error stops pulling; 0 = plain squared error. "

@@ -162,8 +162,8 @@ def convention_checks(a: Any) -> None:
         (a.dual_clip_c != 3.0, "dual_clip_c", a.dual_clip_c, "policy_loss dual_clip", a.policy_loss == "dual_clip"),
         (a.is_cap != 2.0, "is_cap", a.is_cap, "off_policy decoupled, tis or icepop",
          a.off_policy in ("decoupled", "tis", "icepop")),
-        (a.gamma != 1.0, "gamma", a.gamma, "advantage gae, reinforce_pp or reinforce_pp_baseline",
-         a.advantage in ("gae", "reinforce_pp", "reinforce_pp_baseline")),
+        # verl's reinforce_plus_plus_baseline spreads r - mean over the tokens undiscounted: refused there
+        (a.gamma != 1.0, "gamma", a.gamma, "advantage gae or reinforce_pp", a.advantage in ("gae", "reinforce_pp")),
         (a.lam != 0.95, "lam", a.lam, "advantage gae", a.advantage == "gae"),
         (a.value_clip != 0.2, "value_clip", a.value_clip, "advantage gae (the critic)", a.advantage == "gae"),
     ]

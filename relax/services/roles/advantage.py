@@ -77,10 +77,11 @@ def group_advantages(name: str, rewards: list[float], masks: list[np.ndarray], *
 
 
 def batch_whitened(name: str, rewards: list[float], masks: list[np.ndarray], groups: list[str], *,
-                   kl: list[np.ndarray] | None = None, kl_coef: float = 0.0,
+                   kl: list[np.ndarray] | None = None, kl_coef: float = 0.0, gamma: float = 1.0,
                    unbiased: bool = False) -> list[np.ndarray]:
     """REINFORCE++ (-baseline) advantages (L_i,) of one step's batch, rows in any order:
-    ``rewards`` (B,), ``masks`` and ``kl`` B arrays (L_i,), ``groups`` the rows' prompt groups.
+    ``rewards`` (B,), ``masks`` and ``kl`` B arrays (L_i,), ``groups`` the rows' prompt groups;
+    ``gamma`` discounts the returns (``algorithm.gamma``; the config allows it with reinforce_pp only).
     The whitening runs over all the batch's response tokens (arXiv:2501.03262, eq. 8); the
     baseline variant first subtracts each group's mean reward, so its groups are made contiguous."""
     members: dict[str, list[int]] = {}
@@ -93,7 +94,7 @@ def batch_whitened(name: str, rewards: list[float], masks: list[np.ndarray], gro
     adv, _ = compute_advantages(name, torch.tensor([rewards[i] for i in order], dtype=torch.float32),
                                 _padded([masks[i] for i in order]), group_size=sizes[0],
                                 token_kl=None if kl is None else _padded([kl[i] for i in order]), kl_coef=kl_coef,
-                                unbiased=unbiased)
+                                gamma=gamma, unbiased=unbiased)
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(order)
     for row, i in enumerate(order):
         out[i] = adv[row, : len(masks[i])].numpy().astype(np.float32)
@@ -206,7 +207,8 @@ class AdvantageRole:
             advs, returns = batch_gae(rewards, masks, batch.fields["values"], gamma=alg.gamma, lam=alg.lam, kl=kl,
                                       kl_coef=beta, unbiased=unbiased)
         elif self.name in BATCH_WHITENED:
-            advs = batch_whitened(self.name, rewards, masks, batch.groups, kl=kl, kl_coef=beta, unbiased=unbiased)
+            advs = batch_whitened(self.name, rewards, masks, batch.groups, kl=kl, kl_coef=beta, gamma=alg.gamma,
+                                  unbiased=unbiased)
         else:
             advs, extra["stuck_groups"] = self._per_group(batch, rewards, masks, kl, beta, unbiased)
         if self.distill:

@@ -167,14 +167,38 @@ def test_overlong_shaped_by_hand():
     assert rewards == pytest.approx([1.0, 0.5, -1.0]) and mean == pytest.approx(-0.5)
 
 
-@pytest.mark.parametrize("advantage", ["reinforce_pp", "reinforce_pp_baseline", "grpo"])
-def test_the_role_whitens_reinforce_pp_over_the_step(tmp_path, advantage):
+def test_batch_whitened_discounts_by_gamma_by_hand():
+    # gamma 0.9; row a: mask [1, 1, 1], reward 1 -> returns [0.81, 0.9, 1]; row b: mask [1, 1], reward 0 -> [0, 0].
+    # Whitened over the 5 tokens: mean 2.71 / 5 = 0.542; variance 2.4661 / 5 - 0.542^2 = 0.199456, std 0.446605;
+    # a: (0.268, 0.358, 0.458) / 0.446605 = (0.60009, 0.80160, 1.02552); b: -0.542 / 0.446605 = -1.21360.
+    # Undiscounted it would be a: (1 - 0.6) / 0.489898 = 0.81650 on every token.
+    from relax.services.roles.advantage import batch_whitened
+
+    masks = [np.ones(3, np.int8), np.ones(2, np.int8)]
+    a, b = batch_whitened("reinforce_pp", [1.0, 0.0], masks, ["a", "b"], gamma=0.9)
+    np.testing.assert_allclose(a, [0.60009, 0.80160, 1.02552], atol=1e-4)
+    np.testing.assert_allclose(b, [-1.21360, -1.21360], atol=1e-4)
+    undiscounted, _ = batch_whitened("reinforce_pp", [1.0, 0.0], masks, ["a", "b"])
+    np.testing.assert_allclose(undiscounted, [0.81650] * 3, atol=1e-4)
+
+
+def test_gamma_is_refused_with_reinforce_pp_baseline_as_verl_ignores_it():
+    from relax.config_loader import ConfigError
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    with pytest.raises(ConfigError, match=r"algorithm.gamma=0.9 is read only with advantage gae or reinforce_pp"):
+        tiny_config("file:///tmp/unused", "g", "algorithm.advantage=reinforce_pp_baseline", "algorithm.gamma=0.9")
+
+
+@pytest.mark.parametrize("advantage,gamma", [("reinforce_pp", 1.0), ("reinforce_pp", 0.9),
+                                             ("reinforce_pp_baseline", 1.0), ("grpo", 1.0)])
+def test_the_role_whitens_reinforce_pp_over_the_step(tmp_path, advantage, gamma):
     # a real rollout scored with a reward that varies inside every group; the role's committed advantages equal
     # the library function on the whole batch (REINFORCE++: mean 0, std 1 over the step's trained tokens), and
     # differ from the per-group answer the role gave before; GRPO stays per group
     from relax.algorithms import compute_advantages
 
-    m, batch = one_advantage_step(tmp_path, "rpp", f"algorithm.advantage={advantage}",
+    m, batch = one_advantage_step(tmp_path, "rpp", f"algorithm.advantage={advantage}", f"algorithm.gamma={gamma}",
                                   "data.reward_fn=tests.relax.services.runtime_helpers:length_reward")
     f = batch.fields
     order = sorted(range(len(batch)), key=lambda i: (batch.groups[i], i))  # contiguous groups of 4
@@ -182,9 +206,9 @@ def test_the_role_whitens_reinforce_pp_over_the_step(tmp_path, advantage):
     masks = [np.asarray(f["loss_mask"][order[k]], np.float32) for k in range(len(order))]
     width = max(len(x) for x in masks)
     mask = torch.tensor(np.stack([np.pad(x, (0, width - len(x))) for x in masks]))
-    whole, _ = compute_advantages(advantage, rewards, mask, group_size=4)
+    whole, _ = compute_advantages(advantage, rewards, mask, group_size=4, gamma=gamma)  # the role read gamma
     got = [np.asarray(f["advantages"][i]) for i in order]
-    per_group = [compute_advantages(advantage, rewards[g:g + 4], mask[g:g + 4], group_size=4)[0]
+    per_group = [compute_advantages(advantage, rewards[g:g + 4], mask[g:g + 4], group_size=4, gamma=gamma)[0]
                  for g in range(0, len(order), 4)]
     per_group_rows = torch.cat(per_group)
     for k, a in enumerate(got):
