@@ -108,11 +108,15 @@ class WeightStore:
             time.sleep(backoff.next())
 
     def manifest(self, version: int) -> dict[str, Any]:
+        where = objstore.join(self.version_url(version), "manifest.json")
         try:
-            return json.loads(objstore.read_bytes(objstore.join(self.version_url(version), "manifest.json")))
+            return json.loads(objstore.read_bytes(where))
         except FileNotFoundError:
             raise StoreError(f"weight version {version} is not published at {self.url} "
                              f"(have {self.versions()})") from None
+        except (ValueError, UnicodeDecodeError) as e:  # torn by a power loss, or altered
+            raise StoreError(f"weight manifest {where} is not valid JSON ({e}); the version cannot be trusted: "
+                             f"publish it again or load another version") from None
 
     def load(self, version: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(state_dict, meta)`` of ``version`` (default: the latest), every file checksum-verified."""

@@ -66,6 +66,15 @@ def test_corrupt_file_is_named(tmp_path):
         store.load(0)
 
 
+def test_a_torn_manifest_is_a_store_error_naming_the_file(tmp_path):
+    store = WeightStore(str(tmp_path), "run")
+    store.publish(0, state(0))
+    where = objstore.join(store.version_url(0), "manifest.json")
+    objstore.write_bytes(where, objstore.read_bytes(where)[:20])  # a power loss mid-write
+    with pytest.raises(StoreError, match=f"weight manifest {where} is not valid JSON"):
+        store.load(0)
+
+
 def test_wait_for_a_version(tmp_path):
     store = WeightStore(str(tmp_path), "run")
     with pytest.raises(QueueTimeout, match="weight version 0 not published within 0.2 s"):
