@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--owner-pid", type=int, default=0,
                     help="exit when this process is gone (the rollout that owns the engine)")
     ap.add_argument("--owner-start", default="", help="the owner's start time, so a reused pid is not mistaken for it")
-    ap.add_argument("--engine-token", default="", help="names this process in its owner's registry (lifetime.py)")
+    ap.add_argument("--registry-id", default="", help="names this process in its owner's engine registry "
+                    "(lifetime.py); not a credential: the bearer token is RELAX_ENGINE_TOKEN")
     ap.add_argument("--enable-return-routed-experts", action="store_true",
                     help="MoE models: record each token's experts, returned with return_routed_experts (SGLang's flag)")
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get a 413")

@@ -51,7 +51,7 @@ from relax.engines.owner import cmdline, is_running, start_time, watch_owner  # 
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
-TOKEN_FLAG = "--engine-token"
+REGISTRY_FLAG = "--registry-id"  # not a credential: what names an engine in its owner's registry
 
 
 # -- dying with the owner --------------------------------------------------------------------------

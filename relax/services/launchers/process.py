@@ -195,7 +195,7 @@ class NativeEngineProcess(EngineProcess):
         owner = os.getpid()
         args = [sys.executable, "-m", "relax.engines.server", "--model-path", str(model_dir), "--host", host,
                 "--port", str(self.port), "--max-batch-size", str(max_batch_size), "--seed", str(seed),
-                "--num-threads", str(self.num_threads), lifetime.TOKEN_FLAG, token]
+                "--num-threads", str(self.num_threads), lifetime.REGISTRY_FLAG, token]
         if weight_store_root and run_id:
             args += ["--weight-store-root", weight_store_root, "--run-id", run_id]
         if record_routes:  # algorithm.routing_replay: the engine returns each token's experts

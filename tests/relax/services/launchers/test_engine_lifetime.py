@@ -108,7 +108,7 @@ import os, subprocess, sys, time
 from relax.services.launchers import lifetime
 token = sys.argv[1]
 # an engine whose protections failed: no parent-death signal, no watchdog, only its record
-p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", lifetime.TOKEN_FLAG, token],
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", lifetime.REGISTRY_FLAG, token],
                      start_new_session=True)
 lifetime.record(p.pid, token, os.getpid())
 print(p.pid, flush=True)
@@ -136,7 +136,7 @@ def test_a_new_incarnation_ends_the_engine_its_predecessor_left_before_starting_
 
 def test_the_reaper_never_kills_a_process_that_reused_a_pid_or_one_whose_owner_runs(registry):
     owner, dead_owner = python(SLEEP), python(SLEEP)
-    unrelated, owned = python(SLEEP), python(SLEEP, lifetime.TOKEN_FLAG, "live-owner")
+    unrelated, owned = python(SLEEP), python(SLEEP, lifetime.REGISTRY_FLAG, "live-owner")
     try:
         # a record whose pid now belongs to an unrelated process (no token on its command line)
         lifetime.record(unrelated.pid, "reused-pid", dead_owner.pid)
