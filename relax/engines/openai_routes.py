@@ -32,7 +32,22 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 # OpenAI request fields the native engine does not apply: accepted at their neutral value, a 400 naming
 # the field otherwise (silently ignoring logit_bias, a JSON response_format or tools would answer wrongly)
 NEUTRAL = {"logit_bias": (None, {}), "response_format": (None, {"type": "text"}), "tools": (None, []),
-           "tool_choice": (None, "none", "auto"), "stream_options": (None, {}, {"include_usage": False})}
+           "tool_choice": (None, "none", "auto")}
+
+
+def check_stream_options(body: dict[str, Any]) -> None:
+    """``stream_options``: only ``include_usage`` (a bool), and only with ``stream: true``, as OpenAI
+    answers; the usage chunk itself is relax.engines.openai_stream's."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return
+    if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
+        raise EngineError(f"stream_options must be an object with at most 'include_usage', got {opts!r}")
+    if not isinstance(opts.get("include_usage", False), bool):
+        raise EngineError(f"stream_options.include_usage must be true or false, got {opts['include_usage']!r}")
+    if opts.get("include_usage") and not body.get("stream"):  # OpenAI's 400 too; a false one harms nothing
+        raise EngineError("stream_options.include_usage is only allowed when stream is true (a reply that is "
+                          "not streamed always carries its usage)")
 
 
 def _check_message(i: int, m: Any) -> None:
@@ -60,6 +75,7 @@ def check_chat_request(body: dict[str, Any]) -> None:
     for i, m in enumerate(messages):
         _check_message(i, m)
     refuse_unless_neutral(body, NEUTRAL)
+    check_stream_options(body)
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise EngineError(f"n must be an integer >= 1, got {n!r}")
@@ -164,6 +180,7 @@ def sampling_of(body: dict[str, Any]) -> tuple[SamplingParams, bool]:
 async def text_completion(fe: Frontend, body: dict[str, Any]) -> Any:
     """OpenAI ``/v1/completions``: one prompt (a string or token ids), no chat template."""
     refuse_unless_neutral(body, NEUTRAL)
+    check_stream_options(body)
     prompt = body.get("prompt")
     logprobs = body.get("logprobs")
     if logprobs not in (None, 0) and not (isinstance(logprobs, int) and not isinstance(logprobs, bool)):

@@ -25,19 +25,28 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 def openai_stream(fe: Any, req: GenerateRequest, kind: str, body: dict[str, Any]) -> StreamingResponse:
-    """``kind``: ``chat.completion.chunk`` or ``text_completion``."""
-    return StreamingResponse(_events(fe, req, kind), media_type="text/event-stream")
+    """``kind``: ``chat.completion.chunk`` or ``text_completion``. ``stream_options.include_usage``: every
+    chunk carries ``"usage": null`` and one more chunk, with no choices, carries the request's usage
+    before ``[DONE]``, as OpenAI streams it (LangChain, LiteLLM and the Agents SDK ask for it)."""
+    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    return StreamingResponse(_events(fe, req, kind, usage), media_type="text/event-stream")
+
+
+def _event(req: GenerateRequest, kind: str, model: str, choices: list[dict[str, Any]], usage: Any = ...) -> bytes:
+    body = {"id": req.rid, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
+    if usage is not ...:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 def _chunk(req: GenerateRequest, kind: str, model: str, index: int, piece: str, finish: str | None,
-           first: bool) -> bytes:
+           first: bool, usage: bool = False) -> bytes:
     if kind == "text_completion":
         choice: dict[str, Any] = {"index": index, "text": piece, "logprobs": None, "finish_reason": finish}
     else:
         delta = {"role": "assistant", "content": piece} if first else {"content": piece}
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-    body = {"id": req.rid, "object": kind, "created": int(time.time()), "model": model, "choices": [choice]}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return _event(req, kind, model, [choice], None if usage else ...)
 
 
 def _streamable(text: str, stops: list[str], hold: int) -> str:
@@ -49,7 +58,7 @@ def _streamable(text: str, stops: list[str], hold: int) -> str:
     return text[:len(text) - hold] if hold else text
 
 
-async def _events(fe: Any, req: GenerateRequest, kind: str) -> AsyncIterator[bytes]:
+async def _events(fe: Any, req: GenerateRequest, kind: str, usage: bool) -> AsyncIterator[bytes]:
     n = req.params.n
     ids: list[list[int]] = [[] for _ in range(n)]
     sent = [""] * n
@@ -61,10 +70,14 @@ async def _events(fe: Any, req: GenerateRequest, kind: str) -> AsyncIterator[byt
         if text.endswith("\ufffd") or not text.startswith(sent[i]) or len(text) <= len(sent[i]):
             continue  # an incomplete character, or nothing new yet
         piece, sent[i] = text[len(sent[i]):], text
-        yield _chunk(req, kind, fe.model_path, i, piece, None, first=len(piece) == len(text))
+        yield _chunk(req, kind, fe.model_path, i, piece, None, first=len(piece) == len(text), usage=usage)
     for c in stream.completions:
         final = fe.decode(c.output_ids, c.finish_reason, True)
         rest = final[len(sent[c.index]):] if final.startswith(sent[c.index]) else ""
         yield _chunk(req, kind, fe.model_path, c.index, rest, _FINISH.get(c.finish_reason.get("type"), "stop"),
-                     first=not sent[c.index])
+                     first=not sent[c.index], usage=usage)
+    if usage:  # the tokens the engine generated, as the non-streamed reply counts them
+        done, prompt = sum(len(c.output_ids) for c in stream.completions), len(req.input_ids)
+        yield _event(req, kind, fe.model_path, [], {"prompt_tokens": prompt, "completion_tokens": done,
+                                                    "total_tokens": prompt + done})
     yield b"data: [DONE]\n\n"

@@ -125,3 +125,29 @@ def test_chat_top_logprobs(client: openai.OpenAI) -> None:
         tops = [t.logprob for t in entry.top_logprobs]
         assert len(tops) == 3 and tops == sorted(tops, reverse=True)
         assert entry.top_logprobs[0].token == entry.token and tops[0] == pytest.approx(entry.logprob, abs=1e-6)
+
+
+def test_stream_options_include_usage_ends_the_stream_with_the_usage(client: openai.OpenAI) -> None:
+    # as OpenAI streams it: usage null on every content chunk, then one chunk without choices whose usage is the
+    # non-streamed reply's; for chat (n=2) and for text completions
+    msgs = [{"role": "user", "content": "the quick brown fox"}]
+    plain = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0.0, n=2)
+    chunks = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0.0, n=2,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert all(c.usage is None and c.choices for c in chunks[:-1])
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
+        plain.usage.prompt_tokens, plain.usage.completion_tokens, plain.usage.total_tokens)
+    text = list(client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3, temperature=0.0, stream=True,
+                                          stream_options={"include_usage": True}))
+    plain_text = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3, temperature=0.0)
+    assert text[-1].choices == [] and text[-1].usage.prompt_tokens == 3
+    assert text[-1].usage.completion_tokens == plain_text.usage.completion_tokens
+    unasked = list(client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3, temperature=0.0,
+                                             stream=True))
+    assert all(c.choices for c in unasked)  # no usage chunk unless asked for
+    with pytest.raises(openai.BadRequestError, match="include_usage is only allowed when stream is true"):
+        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, stream_options={"include_usage": True})
+    with pytest.raises(openai.BadRequestError, match="stream_options must be an object"):
+        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, stream=True,
+                                       stream_options={"include_usage": True, "other": 1})
