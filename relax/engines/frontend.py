@@ -157,8 +157,16 @@ class Frontend:
         finally:
             self.inflight.discard(req.rid)
 
-    def decode(self, ids: list[int], finish: dict[str, Any], trim: bool) -> str:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+    def text(self, ids: list[int], params: SamplingParams | None = None) -> str:
+        """``ids`` as text, under ``params``' ``skip_special_tokens`` and ``spaces_between_special_tokens``
+        (both go to the tokenizer, as SGLang passes them); None: the OpenAI routes' decoding (skipped)."""
+        if params is None or (params.skip_special_tokens and params.spaces_between_special_tokens):
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens,
+                                     spaces_between_special_tokens=params.spaces_between_special_tokens)
+
+    def decode(self, ids: list[int], finish: dict[str, Any], trim: bool, params: SamplingParams | None = None) -> str:
+        text = self.text(ids, params)
         matched = finish.get("matched") if finish else None
         if trim and isinstance(matched, str) and matched in text:
             text = text[: text.index(matched)]
@@ -169,7 +177,8 @@ class Frontend:
         return [None if logprob is None else float(logprob), int(token),
                 self.tokenizer.decode([token]) if with_text else None]
 
-    def to_native(self, c: Completion, n: int, t0: float, opts: dict[str, Any]) -> dict[str, Any]:
+    def to_native(self, c: Completion, n: int, t0: float, opts: dict[str, Any],
+                  params: SamplingParams | None = None) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": c.rid if n == 1 else f"{c.rid}-{c.index}", "finish_reason": c.finish_reason,
             "prompt_tokens": c.prompt_tokens, "completion_tokens": len(c.output_ids), "cached_tokens": 0,
@@ -183,7 +192,7 @@ class Frontend:
         if opts.get("return_routed_experts") and c.routed_experts is not None:  # SGLang's: int32, base64
             meta["routed_experts"] = routes_to_wire(c.routed_experts)
         trim = not opts.get("no_stop_trim", False)
-        return {"text": self.decode(c.output_ids, c.finish_reason, trim), "output_ids": list(c.output_ids),
+        return {"text": self.decode(c.output_ids, c.finish_reason, trim, params), "output_ids": list(c.output_ids),
                 "meta_info": meta}
 
     async def generate(self, body: dict[str, Any]) -> Any:
@@ -243,7 +252,7 @@ class Frontend:
         # SGLang takes no_stop_trim inside sampling_params; the body level is kept for older callers
         opts = [{**body, "no_stop_trim": bool(body.get("no_stop_trim") or (isinstance(sp, dict) and sp.get("no_stop_trim")))}
                 for sp in sps]
-        out = [self.to_native(c, r.params.n, t0, opts[i]) for i, (r, cs) in enumerate(zip(reqs, results, strict=True))
+        out = [self.to_native(c, r.params.n, t0, opts[i], r.params) for i, (r, cs) in enumerate(zip(reqs, results, strict=True))
                for c in cs]
         return out if batched or len(out) > 1 else out[0]
 

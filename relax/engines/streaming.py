@@ -58,7 +58,7 @@ async def _events(frontend: Any, req: GenerateRequest, t0: float, opts: dict[str
     stream = TokenStream(frontend, req)
     async for i, token in stream:
         ids[i].append(token)
-        chunk = {"text": frontend.tokenizer.decode(ids[i], skip_special_tokens=True), "output_ids": list(ids[i]),
+        chunk = {"text": frontend.text(ids[i], req.params), "output_ids": list(ids[i]),
                  "meta_info": {"id": req.rid if n == 1 else f"{req.rid}-{i}", "finish_reason": None,
                                "prompt_tokens": len(req.input_ids), "completion_tokens": len(ids[i]),
                                "e2e_latency": time.perf_counter() - t0}}
@@ -66,7 +66,7 @@ async def _events(frontend: Any, req: GenerateRequest, t0: float, opts: dict[str
             chunk["index"] = i
         yield _event(chunk)
     for c in stream.completions:  # the final state of every sample, exactly as the non-streaming reply
-        final = frontend.to_native(c, n, t0, opts)
+        final = frontend.to_native(c, n, t0, opts, req.params)
         if n > 1:
             final["index"] = c.index
         yield _event(final)

@@ -17,8 +17,7 @@ import numpy as np
 # SGLang sampling_params the native engine does not implement: accepted only at their neutral values
 NEUTRAL: dict[str, tuple] = {"min_new_tokens": (None, 0), "regex": (None,), "json_schema": (None,), "ebnf": (None,),
                              "structural_tag": (None,), "logit_bias": (None,), "stop_regex": (None,),
-                             "custom_params": (None,), "skip_special_tokens": (None, True),
-                             "spaces_between_special_tokens": (None, True)}
+                             "custom_params": (None,)}
 
 
 def refuse_unless_neutral(d: dict[str, Any], accepted: dict[str, tuple], where: str = "") -> None:
@@ -47,8 +46,9 @@ def check_types(d: dict[str, Any], where: str = "sampling_params", ints: tuple[s
         v = d.get(name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
             raise bad(name, "a finite number")
-    if d.get("ignore_eos") is not None and not isinstance(d["ignore_eos"], bool):
-        raise bad("ignore_eos", "true or false")
+    for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens"):
+        if d.get(name) is not None and not isinstance(d[name], bool):
+            raise bad(name, "true or false")
     stop = d.get("stop")
     if stop is not None and not isinstance(stop, str) and not (
             isinstance(stop, list) and all(isinstance(x, str) for x in stop)):
@@ -83,6 +83,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's, per occurrence in the output
     presence_penalty: float = 0.0  # OpenAI's, once per token present in the output
     top_logprobs_num: int = 0  # with each sampled token, the k likeliest tokens' logprobs (the model's)
+    # how the output ids become text, as SGLang decodes (slime sends both false): special tokens kept or
+    # dropped; spaces around them (a slow tokenizer's option: a fast one never adds any)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     @staticmethod
     def from_json(d: dict[str, Any] | None) -> SamplingParams:

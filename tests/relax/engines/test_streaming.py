@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -68,3 +69,34 @@ def test_stream_refuses_a_batch(url):
     with pytest.raises(urllib.error.HTTPError) as e:
         post(url, {"input_ids": [[1, 2], [3, 4]], "stream": True})
     assert e.value.code == 400 and b"stream=true takes one prompt" in e.value.read()
+
+
+def test_special_tokens_are_kept_when_asked_as_slime_asks(url):
+    # slime sends skip_special_tokens=false and spaces_between_special_tokens=false by default (a 400 before).
+    # A random 300-token model sampled hot writes special tokens now and then: with them kept, the text is the
+    # tokenizer's decoding with specials, streamed and not, and it differs from the default's where one appeared
+    from transformers import AutoTokenizer
+
+    sp = {"max_new_tokens": 24, "temperature": 1.5, "sampling_seed": 3, "ignore_eos": True, "n": 8}
+    plain = json.loads(post(url, {"input_ids": [5, 6, 7, 8], "sampling_params": sp}))
+    kept_sp = {**sp, "skip_special_tokens": False, "spaces_between_special_tokens": False}
+    kept = json.loads(post(url, {"input_ids": [5, 6, 7, 8], "sampling_params": kept_sp}))
+    streamed = [e for e in events(post(url, {"input_ids": [5, 6, 7, 8], "sampling_params": kept_sp, "stream": True}))
+                if e != "[DONE]"]
+    tok = AutoTokenizer.from_pretrained(url_model_dir(url))
+    specials = set(tok.all_special_ids)
+    assert [r["output_ids"] for r in kept] == [r["output_ids"] for r in plain]  # decoding changes no token
+    for r, p in zip(kept, plain, strict=True):
+        assert r["text"] == tok.decode(r["output_ids"], skip_special_tokens=False)
+        assert p["text"] == tok.decode(p["output_ids"], skip_special_tokens=True)
+    assert any(set(r["output_ids"]) & specials and r["text"] != p["text"] for r, p in zip(kept, plain, strict=True))
+    last = {e["index"]: e["text"] for e in streamed}  # the final event of each sample: its whole text
+    assert [last[i] for i in range(8)] == [r["text"] for r in kept]
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        post(url, {"input_ids": [5], "sampling_params": {"skip_special_tokens": "no"}})
+    assert bad.value.code == 400
+
+
+def url_model_dir(url: str) -> str:
+    with urllib.request.urlopen(urllib.request.Request(url + "/get_model_info", headers=auth()), timeout=30) as r:
+        return json.loads(r.read())["model_path"]
