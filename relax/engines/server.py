@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="MoE models: record each token's experts, returned with return_routed_experts (SGLang's flag)")
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get a 413")
     args = ap.parse_args(argv)
+    if bool(args.weight_store_root) != bool(args.run_id):  # a store without a run would load any run's versions
+        ap.error("--weight-store-root and --run-id go together: the engine loads versions of that one run only")
     check_bind(args.host, token_from_env())  # before loading anything: no token, no network address
     set_role_process()  # an injected engine fault (RELAX_FAULT=engine:...) kills this process
     if args.owner_pid:  # first: an owner that dies while the model loads leaves no engine behind

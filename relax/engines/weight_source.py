@@ -23,23 +23,25 @@ def _local(path: str) -> Path | None:
 
 
 def check_source(path: str, store_root: str | None, run_id: str | None, served: str) -> None:
-    """Refuse (PermissionError) a ``model_path`` outside what this engine may load: its own run's
-    WeightStore (``store_root``/``run_id``) and the folder it serves. Any other folder, run, ``../``
-    or URL a caller names would make the server read (or fetch) it."""
-    if path.isdigit() and store_root and run_id:
+    """Refuse (PermissionError) a ``model_path`` outside what this engine may load: a version of its
+    own run's WeightStore (``store_root`` *and* ``run_id``: a version number or its exact URL, loaded
+    through its manifest and sha256s) and the folder it serves. Any other folder (a scratch folder
+    or another version's files under the store, named as a folder, would load without a manifest
+    and take the folder's name as their version), another run, ``../`` or a URL a caller names
+    would make the server read (or fetch) it."""
+    mine = bool(store_root and run_id)
+    if path.isdigit() and mine:
         return
     m = _VERSION_URL.match(path.rstrip("/"))
-    if m and store_root and (run_id is None or m["run"] == run_id):
-        given, mine = _local(m["root"]), _local(store_root)
-        if (given is not None and given == mine) or m["root"].rstrip("/") == store_root.rstrip("/"):
+    if m and mine and m["run"] == run_id:
+        given, root = _local(m["root"]), _local(store_root)
+        if (given is not None and given == root) or m["root"].rstrip("/") == store_root.rstrip("/"):
             return
     local = _local(path)
-    if not m and local is not None:
-        for root in (served, store_root):
-            base = _local(root) if root else None
-            if base is not None and (local == base or base in local.parents):
-                return
-    allowed = [x for x in (f"{store_root}/runs/{run_id or '<run>'}/weights/<n>" if store_root else None, served) if x]
+    base = _local(served)
+    if not m and local is not None and base is not None and (local == base or base in local.parents):
+        return
+    allowed = [x for x in (f"{store_root}/runs/{run_id}/weights/<n>" if mine else None, served) if x]
     raise PermissionError(f"model_path {path!r} is outside what this engine loads from ({', '.join(allowed)}); "
                           f"start it with --weight-store-root <root> --run-id <run> of the run that updates it")
 

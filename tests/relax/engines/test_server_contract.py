@@ -89,8 +89,12 @@ def test_weight_update_outside_the_allow_list_is_403_and_changes_nothing(server,
     url, model_dir, root = server
     other = tmp_path / "elsewhere"
     shutil.copytree(model_dir, other)
+    scratch = Path(root.removeprefix("file://")) / "scratch"  # a folder of weights inside the store's root
+    shutil.copytree(model_dir, scratch)
+    own = f"{root}/runs/run1/weights/00000001"  # the run's own version named as a folder: no manifest, no sha256
     for path in (str(other), f"{root}/runs/other-run/weights/1", f"{root}/runs/run1/weights/../../../../etc",
-                 "http://127.0.0.1:9/weights", f"{model_dir}/../{other.name}"):
+                 "http://127.0.0.1:9/weights", f"{model_dir}/../{other.name}", str(scratch),
+                 own.replace("/runs/run1/", "/runs/run1/./"), own.removeprefix("file://") + "/."):
         req = urllib.request.Request(url + "/update_weights_from_disk", data=json.dumps({"model_path": path}).encode(),
                                      headers=auth({"Content-Type": "application/json"}))
         with pytest.raises(urllib.error.HTTPError) as err:
@@ -99,3 +103,13 @@ def test_weight_update_outside_the_allow_list_is_403_and_changes_nothing(server,
         assert "outside what this engine loads from" in json.loads(err.value.read())["message"]
     with urllib.request.urlopen(urllib.request.Request(url + "/get_model_info", headers=auth()), timeout=30) as r:
         assert json.load(r)["weight_version"] != "elsewhere"
+
+
+def test_a_weight_store_without_a_run_is_refused_at_start(tmp_path) -> None:
+    # with a store root but no run id, any run's versions under that root would load
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "relax.engines.server", "--model-path", str(tmp_path),
+                        "--weight-store-root", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--weight-store-root and --run-id go together" in r.stderr
