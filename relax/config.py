@@ -131,7 +131,8 @@ class RolloutConfig:
         "commas, e.g. 'rollout_node=1': engines then run only on nodes started with those resources.")
     sglang_module: str = opt(
         "sglang.launch_server", "Python module the rollout runs as each SGLang server it owns (rollout.engine=sglang, "
-        "python -m MODULE with SGLang's flags); tests name a stand-in that serves the native engine.")
+        "python -m MODULE with SGLang's flags and the engine token); any other module must declare "
+        "RELAX_SGLANG_STAND_IN = True at top level (tests name such a stand-in that serves the native engine).")
     weight_sync: str = opt(
         "disk", "How HTTP engines get each weight version: 'disk' = each reads its folder; 'broadcast' = the "
         "rollout reads it once and broadcasts it over one process group (SGLang's /update_weights_from_distributed), "

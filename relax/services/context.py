@@ -282,12 +282,10 @@ class RunContext:
         if objstore.local_path(self.cfg.root) is None:
             return (f"SGLang loads each weight version from a local folder and root={self.cfg.root!r} is not one: "
                     f"use a local or shared-filesystem root")
-        if r.sglang_module != "sglang.launch_server":  # a stand-in (tests): it only has to import
-            try:
-                found = importlib.util.find_spec(r.sglang_module) is not None
-            except ModuleNotFoundError:
-                found = False
-            return None if found else f"rollout.sglang_module={r.sglang_module!r} is not an importable module"
+        if r.sglang_module != "sglang.launch_server":  # a stand-in (tests), which must declare itself
+            from relax.services.launchers.sglang_process import server_module_problem
+
+            return server_module_problem(r.sglang_module)
         if importlib.util.find_spec("sglang") is None:
             return "the sglang package is not installed (pip install sglang on a GPU machine)"
         from relax.engines.sglang.launch import tp_size

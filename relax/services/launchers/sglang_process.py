@@ -62,6 +62,41 @@ class GPUPool:
                 self._held[g] = holder
 
 
+SGLANG_MODULE = "sglang.launch_server"
+STAND_IN_MARK = "RELAX_SGLANG_STAND_IN"  # a stand-in module declares ``RELAX_SGLANG_STAND_IN = True`` at top level
+
+
+def server_module_problem(module: str) -> str | None:
+    """Why ``module`` may not run as the rollout's SGLang server (``python -m MODULE`` with the engine
+    token in its arguments), or None: it is SGLang's entry point, or a stand-in that declares itself
+    with ``RELAX_SGLANG_STAND_IN = True``, read from its source without running it. ``os`` or
+    ``http.server`` would otherwise start with the token on their command line."""
+    import ast
+    import importlib.util
+
+    if module == SGLANG_MODULE:
+        return None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ModuleNotFoundError, ValueError):
+        spec = None
+    if spec is None:
+        return f"rollout.sglang_module={module!r} is not an importable module"
+    refused = (f"rollout.sglang_module={module!r} is neither {SGLANG_MODULE} nor a stand-in that declares "
+               f"{STAND_IN_MARK} = True; only those run as the rollout's SGLang servers (with the engine token)")
+    if not spec.origin or not spec.origin.endswith(".py"):  # built in, frozen (os), compiled: no declaration
+        return refused
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), spec.origin)
+    except (OSError, SyntaxError, ValueError) as e:
+        return f"rollout.sglang_module={module!r}: its source {spec.origin} cannot be read ({e})"
+    declared = any(isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == STAND_IN_MARK
+                                                        for t in node.targets)
+                   and isinstance(node.value, ast.Constant) and node.value.value is True for node in tree.body)
+    return None if declared else refused
+
+
 class SGLangEngineProcess(EngineProcess):
     """One SGLang server on ``gpus`` (its CUDA_VISIBLE_DEVICES), on a free port of ``host``."""
 
@@ -69,6 +104,9 @@ class SGLangEngineProcess(EngineProcess):
 
     def __init__(self, cfg: RelaxConfig, model_dir: str | Path, gpus: list[str], *, host: str = "127.0.0.1",
                  log_dir: str | Path | None = None, api_token: str | None = None, attempt: int = 0):
+        why = server_module_problem(cfg.rollout.sglang_module)
+        if why is not None:  # checked before the run too (RunContext); here, where the token is handed over
+            raise ValueError(why)
         self.host, self.port, self.gpus = host, free_port(host), gpus
         argv = server_args(cfg, str(model_dir), self.port, host, gpu_ids=list(range(len(gpus))) or None,
                            module=cfg.rollout.sglang_module, api_key=api_token,

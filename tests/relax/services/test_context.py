@@ -81,6 +81,10 @@ def test_sglang_engine_is_refused_before_the_run_record_where_its_servers_cannot
     with pytest.raises(ConfigError, match="'no_such.server' is not an importable module"):
         RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang",
                                "rollout.sglang_module=no_such.server")).check_trainable()
+    for module in ("os", "http.server", "json.tool"):  # importable, and would run with the token in its argv
+        with pytest.raises(ConfigError, match=f"'{module}' is neither sglang.launch_server nor a stand-in"):
+            RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang",
+                                   f"rollout.sglang_module={module}")).check_trainable()
     # settings that would be ignored are refused as the config loads
     for overrides, why in ((("rollout.engine_launcher=ray", "resources.num_gpus=4", "resources.rollout_gpus=4",
                              "rollout.num_engines=2", "rollout.engine_gpus=1"),

@@ -18,6 +18,8 @@ import sys
 
 from relax.engines.guards import TOKEN_ENV
 
+RELAX_SGLANG_STAND_IN = True  # what lets rollout.sglang_module name this module (sglang_process.py)
+
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="sglang.launch_server (stand-in)")
