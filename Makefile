@@ -8,7 +8,7 @@ export RAY_AUTH_MODE := disabled
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test test-fast test-gpu bench lint format docs clean
+.PHONY: setup run check-readme test test-fast test-gpu bench lint format docs clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml infra/setup.sh
 # under the old one, so cached tasks run again
 run: setup
 	$(BIN)/pyflyte run $$([ -d .relax ] || echo --overwrite-cache) workflows/omni_rl.py omni_rl
+
+# after `make run`: does README.md's accuracy table still print what the run printed?
+check-readme: setup
+	$(BIN)/python -m relax.services.report.accuracy README.md .relax/runs/omni-cpu/report/accuracy.json
 
 # every test but the gpu ones, as two pytest sessions side by side (infra/run_tests.py)
 test: setup

@@ -24,6 +24,7 @@ from relax.data.sources import snapshot_from_config
 from relax.models.builders import BUILTIN_MODELS, BUILTIN_VERSION
 from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
 from relax.services.context import RunContext
+from relax.services.report.accuracy import write_accuracy
 from relax.services.train import TrainSummary, train
 from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint
 from relax.trainers.torch.sft import FORMAT_RECIPE, format_warmup
@@ -151,4 +152,5 @@ def run(cfg: RelaxConfig, progress: bool = True, eval_limit: int | None = None) 
     before = evaluate(cfg, start, limit=eval_limit)
     summary = train_run(cfg, init_checkpoint=start, progress=progress)
     after = evaluate(cfg, summary.checkpoint, limit=eval_limit)
+    write_accuracy(summary.report_dir, before, after)
     return PipelineResult(info, before, after, summary, chain_to_text(chain(cfg.root, cfg.run_id)), start)

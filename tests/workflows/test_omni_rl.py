@@ -6,6 +6,7 @@ the omni tiny model, which takes text, images and audio, so every task of the su
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -56,6 +57,11 @@ def test_python_api_trains_evaluates_registers_and_reuses(tmp_path, ray_session)
     assert result.eval_before.checkpoint.startswith(f"file://{tmp_path}/root/warm_start/")
     assert result.eval_after.checkpoint == result.train.checkpoint
     assert result.train.steps == 2 and result.train.run_id == cfg.run_id
+    # the table the run printed, as a file `make check-readme` compares with the README
+    written = json.loads(objstore.read_bytes(objstore.join(result.train.report_dir, "accuracy.json")))
+    assert written["modalities"]["text"]["after"] == round(result.eval_after.by_modality["text"], 3)
+    assert {t: v["before"] for t, v in written["tasks"].items()} == {
+        t: round(a, 3) for t, a in result.eval_before.accuracy.items()}
 
     ckpt = Path(result.checkpoint.path)
     assert f"file://{ckpt}" == result.train.checkpoint and ckpt.is_dir() and any(ckpt.iterdir())
