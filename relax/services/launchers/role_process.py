@@ -83,17 +83,33 @@ class RoleProcess:
         return RoleFailure(self.role, self.attempt, describe_exit(rc), role_error(self.error_file, self.log),
                            self.log.where, healable=rc != USAGE_EXIT)
 
-    def kill_hung(self, idle_s: float, dump_wait_s: float = 1.0) -> None:
+    def kill_hung(self, idle_s: float, dump_wait_s: float = 10.0) -> None:
         """It made no progress for ``idle_s``: have it print every thread's stack to its log (a
         stopped process is continued for that), then kill it. :meth:`finish` names the hang."""
         self.hung_s = idle_s
         try:
             for sig in (signal.SIGUSR1, signal.SIGCONT):  # SIGUSR1: faulthandler in `relax role`
                 self.proc.send_signal(sig)
-            time.sleep(dump_wait_s)  # faulthandler writes from the signal handler: this is plenty
+            # until the stacks reach its log (on a loaded machine the continued process may wait for a
+            # core, and the log's pump for another), or it exits, or dump_wait_s pass
+            deadline = time.monotonic() + dump_wait_s
+            while time.monotonic() < deadline and self.proc.poll() is None and not self._stacks_logged():
+                time.sleep(0.05)
+            time.sleep(0.2)  # the rest of the dump: faulthandler writes all threads at once
             self.proc.kill()
         except ProcessLookupError:
             pass
+
+    def _stacks_logged(self) -> bool:
+        files = self.log.files()
+        if not files:
+            return False
+        try:
+            with open(files[0], "rb") as f:
+                f.seek(max(0, os.path.getsize(files[0]) - 65536))
+                return b"most recent call first" in f.read()
+        except OSError:
+            return False
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -141,7 +141,7 @@ def _frozen_advantage_run(root: str, run_id: str, topology: str) -> dict:
     """A 6-step run whose advantage role is frozen after its first step; ``relax status`` after it,
     once the run is checked whole (nothing lost or doubled)."""
     cfg = tiny_config(root, run_id, f"topology={topology}", "trainer.total_steps=6",
-                      "supervisor.hang_timeout_s=20", "supervisor.heartbeat_s=0.5", *EXACT)
+                      "supervisor.hang_timeout_s=20", "supervisor.heartbeat_s=0.1", *EXACT)
     assert _train_freezing(cfg, "advantage") == 6
     ctx = RunContext(cfg)
     check_run(ctx, 6)
