@@ -286,7 +286,10 @@ class TeacherConfig:
     tokenizer: str = opt("", "The teacher's tokenizer (as model.tokenizer); empty = model.tokenizer. Another "
                          "vocabulary is refused before the run starts.")
     url: str = opt("", "An engine server holding the teacher (Relax's or SGLang's /generate, the student's tokenizer), "
-                   "used instead of name_or_path: it scores the tokens as prompt log-probs, text rows only.")
+                   "used instead of name_or_path: it scores the tokens as prompt log-probs, text rows only. Its "
+                   "bearer token comes from RELAX_TEACHER_API_KEY (never the run's engine token); none if unset.")
+    allow_plain_http: bool = opt(False, "Let teacher.url be plain http:// to a host other than this machine (the rows "
+                                 "and RELAX_TEACHER_API_KEY then travel unencrypted); loopback needs no opt-in.")
 
 
 @dataclass

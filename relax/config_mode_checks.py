@@ -72,3 +72,20 @@ def remote_teacher_checks(cfg: Any) -> None:
         raise ConfigError(f"teacher.url scores tokens at temperature 1 (SGLang's prompt log-probs ignore the sampling "
                           f"temperature) but rollout.temperature={cfg.rollout.temperature:g}: sample at 1, or use a "
                           f"local teacher (teacher.name_or_path), which scores at the rollout's temperature")
+    if t.url.startswith("http://") and not t.allow_plain_http and not _loopback(t.url):
+        raise ConfigError(f"teacher.url={t.url!r} is plain http to another machine: the rows and RELAX_TEACHER_API_KEY "
+                          f"would travel unencrypted. Use https://, or set teacher.allow_plain_http=true on a network "
+                          f"you trust")
+
+
+def _loopback(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

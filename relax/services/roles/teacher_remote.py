@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from relax.services.schema import topk_response_start
 from relax.transfer.consumer import Batch
 
 CONCURRENCY = 16  # rows in flight to the server at once
+TEACHER_KEY_ENV = "RELAX_TEACHER_API_KEY"  # the teacher server's bearer token, if it wants one
 
 
 def run_async(coro: Any) -> Any:
@@ -46,11 +48,14 @@ class RemoteTeacher:
 
     def __init__(self, url: str, topk: int = 0, timeout_s: float = 600.0):
         self.url, self.topk, self.timeout_s = url, topk, timeout_s
+        # the teacher's own credential, if any: the run's engine token controls the run's engines and is
+        # never sent to a server the user named (EngineClient would default to it)
+        self.token = os.environ.get(TEACHER_KEY_ENV) or ""
 
     def vocab_size(self) -> int | None:
         """The served model's vocabulary (``/get_model_info``), or None when the server does not say."""
         async def ask() -> Any:
-            async with EngineClient(self.url, timeout_s=30.0) as client:
+            async with EngineClient(self.url, timeout_s=30.0, token=self.token) as client:
                 return await client.model_info()
 
         info = run_async(ask())
@@ -68,7 +73,7 @@ class RemoteTeacher:
 
     async def _all(self, ids: Sequence[str], tokens: Sequence[Any], masks: Sequence[Any]) -> list[tuple]:
         gate = asyncio.Semaphore(CONCURRENCY)
-        async with EngineClient(self.url, timeout_s=self.timeout_s) as client:
+        async with EngineClient(self.url, timeout_s=self.timeout_s, token=self.token) as client:
             async def one(sid: str, row: Any, mask: Any) -> tuple:
                 async with gate:
                     nothing_trained = topk_response_start(mask) >= len(row)

@@ -120,7 +120,7 @@ def test_a_killed_teacher_heals_with_every_trained_row_scored_once(tmp_path, mon
      "set one of them, not both"),
     (("algorithm.distill_coef=1", "teacher.url=http://t:1", "rollout.temperature=0.7"),
      "scores tokens at temperature 1 .* but rollout.temperature=0.7"),
-    (("teacher.url=http://t:1",), "scores tokens nobody uses"),
+    (("teacher.url=http://127.0.0.1:1",), "scores tokens nobody uses"),
     (("teacher.name_or_path=tiny-qwen2",), "scores tokens nobody uses"),
     (("algorithm.mode=distill",), "set algorithm.distill_coef > 0"),
     (("algorithm.mode=distill", "algorithm.distill_coef=1", "teacher.name_or_path=tiny-qwen2",
@@ -153,3 +153,52 @@ def test_a_served_teacher_is_refused_before_the_run_on_media_rows_or_when_it_doe
     cfg = tiny_config(f"file://{tmp_path}", "down", *served)
     with pytest.raises(ConfigError, match=r"teacher.url=http://127.0.0.1:9 does not answer /get_model_info"):
         RunContext(cfg).check_trainable()
+
+
+def test_a_remote_teacher_gets_its_own_key_never_the_engine_token(monkeypatch):
+    # a capture server in place of the teacher records the Authorization header of each request
+    import http.server
+    import threading
+
+    from relax.services.roles.teacher_remote import RemoteTeacher
+
+    seen: list = []
+
+    class Capture(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization"))
+            body = b'{"vocab_size": 300}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Capture)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        monkeypatch.setenv("RELAX_ENGINE_TOKEN", "the-runs-engine-token")
+        monkeypatch.delenv("RELAX_TEACHER_API_KEY", raising=False)
+        assert RemoteTeacher(url).vocab_size() == 300
+        monkeypatch.setenv("RELAX_TEACHER_API_KEY", "the-teachers-key")
+        assert RemoteTeacher(url).vocab_size() == 300
+    finally:
+        server.shutdown()
+    assert seen == [None, "Bearer the-teachers-key"]
+
+
+@pytest.mark.parametrize("url, refused", [("http://10.0.0.7:30000", True), ("http://teacher.internal", True),
+                                          ("http://127.0.0.1:30000", False), ("http://localhost:1", False),
+                                          ("http://[::1]:30000", False), ("https://teacher.example", False)])
+def test_plain_http_to_another_machine_needs_an_opt_in(url, refused):
+    base = ["algorithm.distill_coef=1", f"teacher.url={url}", "rollout.temperature=1.0"]
+    if refused:
+        with pytest.raises(ConfigError, match="is plain http to another machine.*teacher.allow_plain_http=true"):
+            load_config("tiny-cpu", base)
+        load_config("tiny-cpu", [*base, "teacher.allow_plain_http=true"])
+    else:
+        load_config("tiny-cpu", base)
