@@ -6,7 +6,7 @@ sample's table whenever the reply calls it, and close the session; the run score
 with the task's verifier and trains on the tokens its engine sampled. Run it beside a run with
 ``rollout.agents=external``::
 
-    RELAX_ENGINE_TOKEN=<the run's token> python examples/tool_agent.py --run-root ./.relax/runs/<run_id> --forever
+    RELAX_AGENT_TOKEN=<the run's agent token> python examples/tool_agent.py --run-root ./.relax/runs/<run_id> --forever
 
 It imports nothing of Relax: any program that speaks OpenAI's chat API can train a policy this way.
 """
@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--gateway", help="the gateway's URL, e.g. http://127.0.0.1:8765")
     where.add_argument("--run-root", help="the run's folder (<root>/runs/<run_id>): its gateway.json names the URL")
-    p.add_argument("--token", default=os.environ.get("RELAX_ENGINE_TOKEN"),
-                   help="the run's bearer token (default: $RELAX_ENGINE_TOKEN)")
+    p.add_argument("--token", default=os.environ.get("RELAX_AGENT_TOKEN"),
+                   help="the session gateway's bearer token (default: $RELAX_AGENT_TOKEN)")
     count = p.add_mutually_exclusive_group()
     count.add_argument("--episodes", type=int, default=1, help="episodes to play, then exit")
     count.add_argument("--forever", action="store_true", help="play until the gateway goes away")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wait-s", type=float, default=120.0, help="how long to wait for gateway.json")
     args = p.parse_args(argv)
     if not args.token:
-        sys.exit("no token: pass --token or set RELAX_ENGINE_TOKEN to the run's token")
+        sys.exit("no token: pass --token or set RELAX_AGENT_TOKEN to the run's agent token")
     gateway = openai.OpenAI(base_url=gateway_url(args).rstrip("/") + "/v1", api_key=args.token, max_retries=0)
     if args.parallel == 1:
         return play(gateway, args)

@@ -8,6 +8,7 @@ which may grow to extend a run); a different config is refused unless the caller
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field, fields
 from functools import cached_property
@@ -235,6 +236,13 @@ class RunContext:
             raise ConfigError("rollout.partial_rollout=abort would change nothing with --engine-url (engines over "
                               "HTTP finish what they started): use rollout.partial_rollout=wait")
         r = self.cfg.rollout
+        if r.agents == "external":  # the gateway's token is the agents': the engines' would let them swap weights
+            from relax.engines.guards import AGENT_TOKEN_ENV, TOKEN_ENV
+
+            agent, engine = os.environ.get(AGENT_TOKEN_ENV), os.environ.get(TOKEN_ENV)
+            if not agent or agent == engine:
+                raise ConfigError(f"rollout.agents=external: set {AGENT_TOKEN_ENV} to a secret your agents send to the "
+                                  f"session gateway (its own: not {TOKEN_ENV}, which controls the run's engines)")
         if r.weight_sync == "broadcast" and not (engine_urls or r.engine_processes > 0 or r.engine == "sglang"):
             raise ConfigError("rollout.weight_sync=broadcast sends weights to engine servers, and this rollout runs its "
                               "engine in-process: set rollout.engine_processes >= 1 (or rollout.engine=sglang, or "

@@ -1,7 +1,7 @@
 """The session gateway: the HTTP face of :class:`~relax.rollout.sessions.SessionHub` for external agents.
 
-Routes (docs/agents.md), all behind the run's bearer token (``RELAX_ENGINE_TOKEN``,
-:class:`~relax.engines.guards.Guard`) except ``GET /health``:
+Routes (docs/agents.md), all behind the agents' bearer token (``RELAX_AGENT_TOKEN``, never the
+engines' ``RELAX_ENGINE_TOKEN``; :class:`~relax.engines.guards.Guard`) except ``GET /health``:
 
 * ``POST /v1/sessions`` -> ``{id, base_url, sample}``; 503 with ``Retry-After`` while no episode is
   open (between batches, or every episode of the batch taken). ``{"wait_s": s}`` waits up to s seconds
@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
 import json
 import logging
+import os
 import re
 import socket
 import time
@@ -30,7 +32,7 @@ from typing import Any
 from relax import objstore
 from relax.data.schema import Sample
 from relax.data.suite.tool_lookup import parse_tool_calls
-from relax.engines.guards import Guard, ensure_token
+from relax.engines.guards import AGENT_TOKEN_ENV, TOKEN_ENV, Guard
 from relax.engines.server import error_body
 from relax.rollout.sessions import SessionError, SessionHub
 from relax.services.api.server import ServerThread
@@ -170,6 +172,11 @@ class Gateway:
 
     def __init__(self, hub: SessionHub, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  run_url: str | None = None, media: Callable[[Any], bytes] | None = None):
+        token = token or os.environ.get(AGENT_TOKEN_ENV)
+        engine_token = os.environ.get(TOKEN_ENV)
+        if not token or (engine_token and hmac.compare_digest(token, engine_token)):
+            raise GatewayStartError(f"the session gateway needs its own bearer token: set {AGENT_TOKEN_ENV} to a secret "
+                                    f"for your agents (not {TOKEN_ENV}, which controls the run's engines)")
         self.hub, self.run_url = hub, run_url
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -183,7 +190,7 @@ class Gateway:
         shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
         self.url = f"http://{shown}:{self._sock.getsockname()[1]}"
         hub.base_url = self.url
-        app = create_gateway_app(hub, token or ensure_token(), media)
+        app = create_gateway_app(hub, token, media)
         self._serving = ServerThread(app, "relax-session-gateway", sockets=[self._sock])
 
     def start(self, timeout_s: float = 30.0) -> Gateway:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
@@ -113,3 +114,18 @@ def test_a_local_model_folder_of_another_family_is_refused_before_the_run(tmp_pa
         ctx.check_trainable()
     assert not objstore.exists(objstore.join(ctx.run_url, "run.json"))
     RunContext(tiny_config(f"file://{tmp_path}", "m", f"model.name_or_path={folder}"))._check_model_folder()
+
+
+def test_external_agents_need_a_gateway_token_of_their_own(tmp_path, monkeypatch):
+    from relax.config_loader import ConfigError
+
+    # the engines' token would let an agent swap the weights the run samples from
+    ctx = RunContext(tiny_config(f"file://{tmp_path}", "ag", "rollout.agents=external", "data.tasks=[tool_lookup]"))
+    monkeypatch.delenv("RELAX_AGENT_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="set RELAX_AGENT_TOKEN to a secret your agents send"):
+        ctx.check_trainable()
+    monkeypatch.setenv("RELAX_AGENT_TOKEN", os.environ["RELAX_ENGINE_TOKEN"])
+    with pytest.raises(ConfigError, match="not RELAX_ENGINE_TOKEN"):
+        ctx.check_trainable()
+    monkeypatch.setenv("RELAX_AGENT_TOKEN", "agents-own-secret")
+    ctx.check_trainable()

@@ -22,7 +22,7 @@ import pytest
 
 from relax.config_loader import load_config
 from relax.data.suite import generate_suite
-from relax.engines.guards import TOKEN_ENV
+from relax.engines.guards import AGENT_TOKEN_ENV
 from relax.engines.types import SamplingParams
 from relax.models import build_policy, build_tokenizer
 from relax.rollout.engine_pool import LocalEngines
@@ -69,7 +69,7 @@ def gateway(tmp_path_factory):
 
 
 def _agent(run: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, TOKEN_ENV: TOKEN, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, AGENT_TOKEN_ENV: TOKEN, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, str(AGENT), "--run-root", str(run), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -110,7 +110,8 @@ def test_agent_processes_run_multi_turn_tool_episodes_streamed_or_not(gateway):
 
 def test_the_session_api_answers_bad_requests_with_their_status(gateway):
     gw, *_ = gateway
-    for token in (None, "wrong"):
+    # the engines' token (conftest sets RELAX_ENGINE_TOKEN) opens no session: the gateway has its own
+    for token in (None, "wrong", os.environ["RELAX_ENGINE_TOKEN"]):
         status, headers, body = _call(f"{gw.url}/v1/sessions", {}, token=token)
         assert status == 401 and headers.get("www-authenticate") == "Bearer", body
     status, headers, body = _call(f"{gw.url}/v1/sessions", {})  # no batch is running: no episode to hand out
@@ -159,3 +160,15 @@ def test_an_agent_killed_mid_episode_leaves_no_sample(gateway):
     gw.stop()  # the agent still polling for episodes exits cleanly once the gateway is gone
     out = killed["rescuer"].communicate(timeout=60)[0]
     assert killed["rescuer"].returncode == 0 and "the gateway is gone" in out, out
+
+
+def test_the_gateway_will_not_start_without_a_token_of_its_own(gateway, monkeypatch):
+    from relax.services.gateway import GatewayStartError
+
+    _, hub, *_ = gateway
+    monkeypatch.delenv(AGENT_TOKEN_ENV, raising=False)
+    with pytest.raises(GatewayStartError, match=f"set {AGENT_TOKEN_ENV} to a secret for your agents"):
+        Gateway(hub, "127.0.0.1", 0)
+    monkeypatch.setenv(AGENT_TOKEN_ENV, os.environ["RELAX_ENGINE_TOKEN"])  # the engines' token reused
+    with pytest.raises(GatewayStartError, match="not RELAX_ENGINE_TOKEN"):
+        Gateway(hub, "127.0.0.1", 0)

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from relax.engines.guards import TOKEN_ENV
+from relax.engines.guards import AGENT_TOKEN_ENV
 from relax.pipeline import evaluate, train_run
 from relax.services.context import RunContext
 from relax.trainers.torch.checkpoint import save_checkpoint
@@ -34,7 +34,7 @@ RL_STEPS = 24
 
 
 def test_a_run_played_by_external_agents_trains_on_their_sessions_and_learns(tmp_path, monkeypatch):
-    monkeypatch.setenv(TOKEN_ENV, TOKEN)  # the run's token: its gateway checks it, the agents send it
+    monkeypatch.setenv(AGENT_TOKEN_ENV, TOKEN)  # the agents' token: the gateway checks it, the agents send it
     cfg = tiny_config(f"file://{tmp_path}", "agents", "data.tasks=[tool_lookup]", "data.train_per_task=256",
                       "data.eval_per_task=128", "rollout.agents=external", "rollout.prompts_per_step=16",
                       "rollout.n_samples_per_prompt=8", "rollout.max_new_tokens=32", "rollout.max_turns=3",
