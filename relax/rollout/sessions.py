@@ -49,6 +49,9 @@ class SessionError(Exception):
         self.status, self.message = status, message
 
 
+RELEASE_LIMIT = 1000  # empty sessions on one episode before the batch gives up on it (a livelock guard)
+
+
 class BatchFailed(RuntimeError):
     """The batch cannot finish: a slot was dropped past ``max_retries``, or the gateway stopped."""
 
@@ -59,6 +62,7 @@ class _Slot:
     sample: Sample
     index: int
     drops: int = 0
+    releases: int = 0  # sessions on it closed before any chat turn (not failures: see SessionHub._release)
     done: Trajectory | None = None
 
 
@@ -150,7 +154,7 @@ class SessionHub:
 
     def take_counts(self) -> dict[str, int]:
         with self._cv:
-            out = {k: self.counts[k] for k in ("sessions_opened", "sessions_closed", "sessions_dropped",
+            out = {k: self.counts[k] for k in ("sessions_opened", "sessions_closed", "sessions_dropped", "sessions_released",
                                                "session_turns")}
             self.counts.clear()
             return out
@@ -237,6 +241,21 @@ class SessionHub:
                               f"was dropped {slot.drops} times, last: {why}; check that the agents finish their "
                               f"sessions, or raise rollout.session_max_retries / rollout.session_timeout_s")
         self._open.appendleft(slot)
+
+    def _release(self, s: Session) -> None:
+        """``s`` closed before any chat turn: an agent that looked and passed, not a failed episode, so it
+        does not count against ``max_retries`` (four of them used to fail the whole batch). The slot goes
+        to the back of the queue, so an agent that opens and closes in a loop cannot keep it from the
+        others; only a slot released RELEASE_LIMIT times, which no working agent causes, fails the batch."""
+        s.state, s.why = "closed", "closed before any chat turn"
+        self.counts["sessions_released"] += 1
+        slot = s.slot
+        slot.releases += 1
+        if slot.releases > RELEASE_LIMIT:
+            raise BatchFailed(f"episode {slot.index} of sample {slot.sample.id} (prompt position {slot.position}) "
+                              f"was opened and closed without a chat turn {slot.releases} times: no agent plays it; "
+                              f"check what the agents do with its prompt")
+        self._open.append(slot)
 
     def _abort(self, why: str) -> None:
         with self._cv:
@@ -366,7 +385,7 @@ class SessionHub:
         """Close ``s``: its trajectory, scored by the posted reward or the verifier, fills the slot."""
         with self._cv:
             if s.traj is None:  # nothing was generated: nothing to train, the episode goes to another agent
-                self._drop(s, "closed before any chat turn")
+                self._release(s)
                 return
             s.state = "closed"
             self.counts["sessions_closed"] += 1

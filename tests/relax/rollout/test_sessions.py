@@ -145,7 +145,7 @@ def test_recorded_tokens_are_the_engines_and_observations_are_masked(setup):
     closed = log["closed"]
     assert len(closed) == 4 and all(state["state"] == "closed" for _, state in closed)
     assert hub.take_counts() == {"sessions_opened": 4, "sessions_closed": 4, "sessions_dropped": 0,
-                                 "session_turns": 8}
+                                 "sessions_released": 0, "session_turns": 8}
 
 
 def test_bad_requests_are_400s_and_leave_the_session_usable(setup):
@@ -219,16 +219,52 @@ def test_an_idle_session_is_dropped_and_its_episode_offered_again(setup):
     assert e.value.status == 409 and "dropped" in e.value.message
 
 
-def test_a_slot_dropped_past_max_retries_fails_the_batch(setup):
-    _, _, samples = setup
-    hub, _ = _hub(setup, max_retries=1)
-
-    def closer(stop: threading.Event) -> None:  # closes before chatting: nothing to train, the slot returns
+def _closer(hub: SessionHub, closed: list[str]) -> Callable[[threading.Event], None]:
+    """Opens sessions and closes them before any chat turn, as long as there are any to open."""
+    def play(stop: threading.Event) -> None:
         while (claimed := _claim(hub, stop)) is not None:
             try:
                 hub.close(claimed[0]).result(timeout=60)
             except SessionError:
                 return
+            closed.append(claimed[0])
+    return play
+
+
+def test_sessions_closed_before_any_turn_do_not_fail_the_batch(setup):
+    # an agent that opens and closes without chatting (it looked and passed) used to count as a drop: four of
+    # them failed the whole batch. Beside a working agent the batch finishes; the empty ones are only counted
+    _, _, samples = setup
+    hub, _ = _hub(setup, max_retries=1)
+    log: dict[str, Any] = {}
+    empty: list[str] = []
+    trajs = _run(hub, [(0, samples[0]), (1, samples[1])], 2, [_closer(hub, empty), tool_agent(hub, log, turns=1)])
+    assert len(trajs) == 4 and all(t.turns == 1 for t in trajs)
+    counts = hub.take_counts()
+    assert counts["sessions_dropped"] == 0 and counts["sessions_closed"] == 4
+    assert counts["sessions_released"] == len(empty) and len(empty) > 1 + 1  # past max_retries, harmlessly
+
+
+def test_an_episode_no_agent_ever_plays_fails_the_batch_naming_it(setup, monkeypatch):
+    import relax.rollout.sessions as sessions
+
+    monkeypatch.setattr(sessions, "RELEASE_LIMIT", 20)  # a livelock guard; 1000 in a run
+    _, _, samples = setup
+    hub, _ = _hub(setup)
+    with pytest.raises(BatchFailed, match="opened and closed without a chat turn 21 times: no agent plays it"):
+        _run(hub, [(0, samples[0])], 1, [_closer(hub, [])])
+
+
+def test_a_slot_dropped_past_max_retries_fails_the_batch(setup):
+    _, _, samples = setup
+    hub, _ = _hub(setup, max_retries=1, timeout_s=0.2)
+
+    def quitter(stop: threading.Event) -> None:  # one turn, then silence, on every session it gets
+        while (claimed := _claim(hub, stop)) is not None:
+            try:
+                hub.chat(claimed[0], {"messages": _msgs(claimed[1])}).result(timeout=60)
+            except SessionError:
+                return
 
     with pytest.raises(BatchFailed, match="dropped 2 times.*session_max_retries"):
-        _run(hub, [(0, samples[0])], 1, [closer])
+        _run(hub, [(0, samples[0])], 1, [quitter])
