@@ -189,6 +189,13 @@ class RolloutConfig:
     session_max_retries: int = opt(
         3, "Times one episode is offered again after its sessions were dropped before the batch fails with an "
         "error.", range=(0, 1000))
+    agent_reward_min: float = opt(
+        -1.0, "Smallest reward an external agent may post (agents=external); below it the post is a 400. The "
+              "built-in tasks' verifiers score in [0, 1].", range=(-1e6, 1e6))
+    agent_reward_max: float = opt(
+        1.0, "Largest reward an external agent may post; above it the post is a 400 (a reward such as 1e39 "
+             "would be inf in the float32 reward column and make every advantage of its batch NaN).",
+        range=(-1e6, 1e6))
 
 
 @dataclass

@@ -364,6 +364,9 @@ def cross_checks(cfg: Any) -> None:
         if on:
             raise ConfigError(f"rollout.agents=external cannot run with {on[0]} ({clash[on[0]]}): unset it, or use "
                               f"rollout.agents=builtin")
+        if ro.agent_reward_min >= ro.agent_reward_max:
+            raise ConfigError(f"rollout.agent_reward_min={ro.agent_reward_min:g} must be below rollout.agent_reward_max="
+                              f"{ro.agent_reward_max:g}: they bound the rewards agents may post")
     elif ro.gateway_port:
         raise ConfigError(f"rollout.gateway_port={ro.gateway_port} serves external agents' sessions, and "
                           f"rollout.agents=builtin starts no gateway: set rollout.agents=external, or gateway_port=0")

@@ -93,8 +93,10 @@ class SessionHub:
 
     def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher | None,
                  params: SamplingParams, *, max_seq_len: int, max_turns: int = 4, timeout_s: float = 60.0,
-                 max_retries: int = 3, media: Callable[[Any], bytes] | None = None, gather_s: float = 0.02):
+                 max_retries: int = 3, media: Callable[[Any], bytes] | None = None, gather_s: float = 0.02,
+                 reward_range: tuple[float, float] = (-1.0, 1.0)):
         self.pool, self.tokenizer, self.processor, self.rewards = pool, tokenizer, processor, rewards
+        self.reward_range = reward_range  # what an agent may post (rollout.agent_reward_min/max)
         self.params, self.max_seq_len, self.max_turns = params, max_seq_len, max_turns
         self.timeout_s, self.max_retries, self.gather_s = timeout_s, max_retries, gather_s
         self.media = media or (lambda ref: ref.data)
@@ -127,10 +129,13 @@ class SessionHub:
 
     def post_reward(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
         reward, turns = body.get("reward"), body.get("turn_rewards")
-        if not _number(reward):
-            raise SessionError(400, f"reward must be a finite number, got {reward!r}")
-        if turns is not None and not (isinstance(turns, list) and all(_number(x) for x in turns)):
-            raise SessionError(400, f"turn_rewards must be a list of finite numbers, got {turns!r}")
+        lo, hi = self.reward_range
+        if not _number(reward) or not lo <= reward <= hi:
+            raise SessionError(400, f"reward must be a number in [{lo:g}, {hi:g}] (rollout.agent_reward_min/max), got "
+                                    f"{reward!r}")
+        if turns is not None and not (isinstance(turns, list) and all(_number(x) and lo <= x <= hi for x in turns)):
+            raise SessionError(400, f"turn_rewards must be a list of numbers in [{lo:g}, {hi:g}] "
+                                    f"(rollout.agent_reward_min/max), got {turns!r}")
         with self._cv:
             s = self._sessions.get(sid)
             if s is None or s.state != "open":

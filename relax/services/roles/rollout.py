@@ -147,7 +147,8 @@ class RolloutRole:
         if r.agents == "external":  # outside programs run every episode through the gateway (docs/agents.md)
             self.hub = SessionHub(self.pool, tok, processor, self.rewards, params, max_seq_len=cfg.model.max_seq_len,
                                   max_turns=r.max_turns, timeout_s=r.session_timeout_s,
-                                  max_retries=r.session_max_retries, media=ctx.snapshot.load_media)
+                                  max_retries=r.session_max_retries, media=ctx.snapshot.load_media,
+                                  reward_range=(r.agent_reward_min, r.agent_reward_max))
             try:
                 self.gateway = Gateway(self.hub, r.gateway_host, r.gateway_port, run_url=ctx.run_url,
                                        media=ctx.snapshot.load_media).start()

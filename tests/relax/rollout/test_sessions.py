@@ -268,3 +268,28 @@ def test_a_slot_dropped_past_max_retries_fails_the_batch(setup):
 
     with pytest.raises(BatchFailed, match="dropped 2 times.*session_max_retries"):
         _run(hub, [(0, samples[0])], 1, [quitter])
+
+
+def test_a_reward_outside_the_configured_range_is_a_400_and_changes_nothing(setup):
+    # 1e39 is finite as a Python float but inf in the float32 reward column: every advantage of its batch
+    # would be NaN; -1e30 and 2.0 lie outside the range the run allows (rollout.agent_reward_min/max)
+    _, _, samples = setup
+    hub, _ = _hub(setup, reward_range=(-1.0, 1.0))
+    refused: list[tuple[Any, str]] = []
+
+    def agent(stop: threading.Event) -> None:
+        while (claimed := _claim(hub, stop)) is not None:
+            sid, sample = claimed
+            hub.chat(sid, {"messages": _msgs(sample)}).result(timeout=60)
+            for bad in ({"reward": 1e39}, {"reward": -1e30}, {"reward": 2.0},
+                        {"reward": 0.5, "turn_rewards": [1e39]}):
+                with pytest.raises(SessionError) as e:
+                    hub.post_reward(sid, bad)
+                refused.append((e.value.status, e.value.message))
+            hub.post_reward(sid, {"reward": -0.25})
+            hub.close(sid).result(timeout=60)
+
+    trajs = _run(hub, [(0, samples[0])], 1, [agent])
+    assert [t.reward for t in trajs] == [-0.25]  # the refused posts left no trace
+    assert all(status == 400 and "in [-1, 1] (rollout.agent_reward_min/max)" in msg for status, msg in refused)
+    assert len(refused) == 4
