@@ -242,8 +242,11 @@ class Frontend:
                               sps[i].get("max_new_tokens") is not None)
             reqs.append(GenerateRequest(rid=str(rids[i]), input_ids=pid, params=params, mm_inputs=mm))
         start = body.get("logprob_start_len")
-        if start is not None and start != -1:
+        scoring = start is not None and start != -1
+        if scoring and all(r.params.max_new_tokens == 0 for r in reqs):
             return await self.score(reqs, start, body, t0, batched)
+        if scoring:
+            self._check_scoring(reqs, start, body, generating=True)
         if body.get("stream"):
             if len(reqs) != 1:
                 raise EngineError("stream=true takes one prompt (n may be > 1); send a batch without stream")
@@ -252,48 +255,80 @@ class Frontend:
         # SGLang takes no_stop_trim inside sampling_params; the body level is kept for older callers
         opts = [{**body, "no_stop_trim": bool(body.get("no_stop_trim") or (isinstance(sp, dict) and sp.get("no_stop_trim")))}
                 for sp in sps]
-        out = [self.to_native(c, r.params.n, t0, opts[i], r.params) for i, (r, cs) in enumerate(zip(reqs, results, strict=True))
-               for c in cs]
+        replies = [[self.to_native(c, r.params.n, t0, opts[i], r.params) for c in cs]
+                   for i, (r, cs) in enumerate(zip(reqs, results, strict=True))]
+        if scoring:  # prompt log-probs beside the generated ones, on the same weights
+            await self.generate_scored(reqs, start, body, replies)
+        out = [row for rows in replies for row in rows]
         return out if batched or len(out) > 1 else out[0]
 
     async def score(self, reqs: list[GenerateRequest], start: Any, body: dict[str, Any], t0: float,
                     batched: bool) -> Any:
         """``logprob_start_len`` >= 0 with ``max_new_tokens`` 0: each prompt's ``input_token_logprobs`` (and
         ``input_top_logprobs``) from that position on, as SGLang answers (``native/scoring.py``)."""
+        self._check_scoring(reqs, start, body, generating=False)
+        out = []
+        for r in reqs:
+            scores, version = await self._prompt_scores(r, start)
+            meta: dict[str, Any] = {
+                "id": r.rid, "finish_reason": {"type": "length", "length": 0}, "prompt_tokens": len(r.input_ids),
+                "completion_tokens": 0, "cached_tokens": 0, "weight_version": version,
+                "e2e_latency": time.perf_counter() - t0, "output_token_logprobs": [],
+                **self._input_logprobs(r, start, scores, body)}
+            if scores.top is not None:
+                meta["output_top_logprobs"] = []
+            out.append({"text": "", "output_ids": [], "meta_info": meta})
+        return out if batched else out[0]
+
+    async def generate_scored(self, reqs: list[GenerateRequest], start: Any, body: dict[str, Any],
+                              replies: list[list[dict[str, Any]]]) -> None:
+        """``logprob_start_len`` >= 0 with generation: add each prompt's input log-probs (from ``start``) to
+        its samples' replies (``replies[i]``: prompt i's), as SGLang serves prompt and output log-probs
+        in one ``/generate``. The prompt is scored on the weights its samples were generated with: a
+        weight swap in between is scored again."""
+        for r, rows in zip(reqs, replies, strict=True):
+            want = {str(row["meta_info"]["weight_version"]) for row in rows}
+            for _ in range(2):
+                scores, version = await self._prompt_scores(r, start)
+                if want == {version}:
+                    break
+            else:
+                raise EngineError(f"the weights changed while request {r.rid} generated (versions {sorted(want)}); "
+                                  f"send it again", status=503)
+            for row in rows:
+                row["meta_info"].update(self._input_logprobs(r, start, scores, body))
+
+    def _check_scoring(self, reqs: list[GenerateRequest], start: Any, body: dict[str, Any], generating: bool) -> None:
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise EngineError(f"logprob_start_len must be -1 or a position >= 0, not {start!r}")
-        if not body.get("return_logprob") or body.get("stream") or any(
-                r.params.max_new_tokens != 0 or r.params.n != 1 for r in reqs):
-            raise EngineError("logprob_start_len is served for scoring a prompt only: send return_logprob=true, "
-                              "sampling_params max_new_tokens=0 and n=1, without stream")
-        exclusive = getattr(self.engine, "exclusive", None)
-        if exclusive is None:
+        if not body.get("return_logprob") or body.get("stream"):
+            raise EngineError("logprob_start_len asks for prompt log-probs: send return_logprob=true, without stream")
+        if not generating and any(r.params.n != 1 for r in reqs):
+            raise EngineError("scoring a prompt (max_new_tokens=0) takes n=1")
+        if getattr(self.engine, "exclusive", None) is None:
             raise EngineError("this engine does not score prompts (logprob_start_len)")
         for i, r in enumerate(reqs):
             if start >= len(r.input_ids):
                 raise EngineError(f"logprob_start_len={start} is not below prompt {i}'s length ({len(r.input_ids)})")
 
-        def run(r: GenerateRequest) -> tuple[PromptScores, str]:
-            with exclusive():
+    async def _prompt_scores(self, r: GenerateRequest, start: int) -> tuple[PromptScores, str]:
+        def run() -> tuple[PromptScores, str]:
+            with self.engine.exclusive():
                 return score_prompt(self.engine.model, r.input_ids, start, r.params.top_logprobs_num,
                                     r.mm_inputs), str(self.engine.weight_version)
 
+        return await asyncio.to_thread(run)
+
+    def _input_logprobs(self, r: GenerateRequest, start: int, scores: PromptScores,
+                        body: dict[str, Any]) -> dict[str, Any]:
         with_text = bool(body.get("return_text_in_logprobs"))
-        out = []
-        for r in reqs:
-            scores, version = await asyncio.to_thread(run, r)
-            ids = r.input_ids[start:]
-            meta: dict[str, Any] = {
-                "id": r.rid, "finish_reason": {"type": "length", "length": 0}, "prompt_tokens": len(r.input_ids),
-                "completion_tokens": 0, "cached_tokens": 0, "weight_version": version,
-                "e2e_latency": time.perf_counter() - t0, "output_token_logprobs": [],
-                "input_token_logprobs": [self.entry(lp, t, with_text) for lp, t in zip(scores.logprobs, ids, strict=True)]}
-            if scores.top is not None:
-                meta["output_top_logprobs"] = []
-                meta["input_top_logprobs"] = [None if row is None else [self.entry(lp, t, with_text) for lp, t in row]
-                                              for row in scores.top]
-            out.append({"text": "", "output_ids": [], "meta_info": meta})
-        return out if batched else out[0]
+        ids = r.input_ids[start:]
+        out: dict[str, Any] = {"input_token_logprobs": [self.entry(lp, t, with_text)
+                                                        for lp, t in zip(scores.logprobs, ids, strict=True)]}
+        if scores.top is not None:
+            out["input_top_logprobs"] = [None if row is None else [self.entry(lp, t, with_text) for lp, t in row]
+                                         for row in scores.top]
+        return out
 
     async def update_weights_from_disk(self, body: dict[str, Any], store_root: str | None,
                                        run_id: str | None) -> tuple[int, dict[str, Any]]:

@@ -47,8 +47,8 @@ BAD = [
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "n": 0}}, ["n must be >= 1"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "regex": "a+"}}, ["sampling_params.regex='a+' is not supported"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "min_p": 1.5}}, ["min_p must be in [0, 1]"]),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": GREEDY, "logprob_start_len": 0, "return_logprob": True},
-     ["logprob_start_len is served for scoring a prompt only", "max_new_tokens=0"]),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": GREEDY, "logprob_start_len": 0},
+     ["logprob_start_len asks for prompt log-probs", "return_logprob=true"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}, "logprob_start_len": 2,
                    "return_logprob": True}, ["logprob_start_len=2 is not below prompt 0's length (2)"]),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "stop_token_ids": [99999]}},
@@ -189,3 +189,23 @@ def test_a_prompt_is_scored_from_logprob_start_len_as_sglang_answers(url, model_
     entries = whole["meta_info"]["input_token_logprobs"]
     assert status == 200 and entries[0][0] is None and whole["meta_info"]["input_top_logprobs"][0] is None
     assert [e[1] for e in entries] == ids and entries[2][0] == pytest.approx(meta["input_token_logprobs"][0][0], abs=1e-6)
+
+
+def test_prompt_and_output_logprobs_come_in_one_generate(url):
+    # as SGLang serves it: logprob_start_len with generation answers the prompt's log-probs from that position
+    # beside the sampled tokens' (a 400 before); they equal scoring alone (max_new_tokens 0) and the output
+    # equals generating alone, for n = 2 samples of two prompts
+    ids = [5, 6, 7, 8, 9]
+    sp = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True, "n": 2}
+    base = {"input_ids": [ids, ids[:4]], "return_logprob": True, "logprob_start_len": 1, "top_logprobs_num": 2}
+    status, both = post(url + "/generate", {**base, "sampling_params": sp})
+    assert status == 200 and len(both) == 4  # two prompts x n=2, in order
+    _, scored = post(url + "/generate", {**base, "sampling_params": {"max_new_tokens": 0}})
+    _, generated = post(url + "/generate", {k: v for k, v in {**base, "sampling_params": sp}.items()
+                                            if k != "logprob_start_len"})
+    for k, row in enumerate(both):
+        meta, alone = row["meta_info"], scored[k // 2]["meta_info"]
+        assert meta["input_token_logprobs"] == alone["input_token_logprobs"]
+        assert meta["input_top_logprobs"] == alone["input_top_logprobs"]
+        assert row["output_ids"] == generated[k]["output_ids"] and len(meta["output_token_logprobs"]) == 4
+    assert [e[1] for e in both[0]["meta_info"]["input_token_logprobs"]] == ids[1:]
