@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import Body, FastAPI
 
+from relax.engines.audio import mp3_to_wav
 from relax.engines.frontend import Frontend, decode_media
 from relax.engines.openai_stream import openai_stream
 from relax.engines.types import (
@@ -98,9 +99,12 @@ def chat_prompt(messages: list[dict[str, Any]]) -> tuple[list[dict[str, str]], l
                     parts.append("<image>")
                 elif kind == "input_audio":
                     audio = p.get("input_audio") or {}
-                    if audio.get("format", "wav") != "wav":
-                        raise EngineError(f"input_audio[{len(audios)}]: only format 'wav' is supported")
-                    audios.append(decode_media(audio.get("data", ""), "input_audio", len(audios)))
+                    fmt = audio.get("format", "wav")
+                    if fmt not in ("wav", "mp3"):
+                        raise EngineError(f"input_audio[{len(audios)}].format must be 'wav' or 'mp3' (OpenAI's two), "
+                                          f"got {fmt!r}")
+                    raw = decode_media(audio.get("data", ""), "input_audio", len(audios))
+                    audios.append(mp3_to_wav(raw, len(audios)) if fmt == "mp3" else raw)
                     parts.append("<audio>")
                 else:
                     raise EngineError(f"unsupported content part type {kind!r}")
@@ -113,7 +117,7 @@ async def chat_completion(fe: Frontend, body: dict[str, Any]) -> Any:
     """OpenAI ``/v1/chat/completions`` on top of the engine (``stream: true``: server-sent chunks)."""
     check_chat_request(body)
     params, explicit = sampling_of(body)
-    msgs, images, audios = chat_prompt(body["messages"])
+    msgs, images, audios = await asyncio.to_thread(chat_prompt, body["messages"])  # mp3 decodes off the loop
 
     def tokenize() -> tuple[list[int], dict | None]:  # off the event loop: a long prompt must not stall /health
         text = fe.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
