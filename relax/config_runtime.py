@@ -61,11 +61,8 @@ class SupervisorConfig:
                            "doubles it, up to backoff_max_s.", range=(0.0, 3600.0))
     backoff_max_s: float = opt(30.0, "Longest delay before a restart.", range=(0.0, 86400.0))
     hang_timeout_s: float = opt(
-        900.0, "A role that makes no progress for this long is killed and restarted like one that died "
-        "(\"no progress for N s\"). Waiting for input is progress: every poll of a wait counts, so only a "
-        "frozen or stuck role trips it, or one step or checkpoint write longer than this; 0 = never. "
-        "`make run`'s longest gap between two progress marks is 4.2 s (the actor): the default leaves room "
-        "for GPU-sized steps and checkpoints (docs/runtime.md, \"Hung roles\").",
+        900.0, "A role with no progress for this long (waiting for input counts as progress) is killed and "
+        "restarted like one that died; 0 = never. make run's longest gap is 4.2 s (docs/runtime.md, Hung roles).",
         range=(0.0, 86400.0 * 7))
     heartbeat_s: float = opt(5.0, "How often a role publishes its last progress to runs/<id>/heartbeats/ "
                              "(one small write each; `relax status` shows it).", range=(0.05, 3600.0))

@@ -17,7 +17,6 @@ dropped session leaves no trajectory and its slot is offered again, ``max_retrie
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 import threading
 import time
@@ -36,17 +35,10 @@ from relax.rollout.engine_pool import EnginePool
 from relax.rollout.episodes import Trajectory, observation_tokens, turn_seed
 from relax.rollout.prompts import EncodedPrompt, encode_prompt
 from relax.rollout.rewards import RewardDispatcher
+from relax.rollout.session_requests import SessionError, checked_rewards, comparable, new_messages_start
 
 _TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # read here; the engine routes' check refuses them
 _KEEP_ENDED = 4096  # ended sessions remembered (for 409s and GET) before the oldest are forgotten
-
-
-class SessionError(Exception):
-    """A request the hub refuses: ``status`` is its HTTP code, the message names the problem and the fix."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 RELEASE_LIMIT = 1000  # empty sessions on one episode before the batch gives up on it (a livelock guard)
@@ -128,14 +120,7 @@ class SessionHub:
         return self._submit(sid, "close", {})
 
     def post_reward(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
-        reward, turns = body.get("reward"), body.get("turn_rewards")
-        lo, hi = self.reward_range
-        if not _number(reward) or not lo <= reward <= hi:
-            raise SessionError(400, f"reward must be a number in [{lo:g}, {hi:g}] (rollout.agent_reward_min/max), got "
-                                    f"{reward!r}")
-        if turns is not None and not (isinstance(turns, list) and all(_number(x) and lo <= x <= hi for x in turns)):
-            raise SessionError(400, f"turn_rewards must be a list of numbers in [{lo:g}, {hi:g}] "
-                                    f"(rollout.agent_reward_min/max), got {turns!r}")
+        reward, turns = checked_rewards(body, self.reward_range)
         with self._cv:
             s = self._sessions.get(sid)
             if s is None or s.state != "open":
@@ -145,7 +130,7 @@ class SessionHub:
             taken = s.traj.turns if s.traj else 0
             if turns is not None and len(turns) != taken:
                 raise SessionError(400, f"turn_rewards has {len(turns)} values, one per policy turn: {taken}")
-            s.reward, s.turn_rewards = float(reward), None if turns is None else [float(x) for x in turns]
+            s.reward, s.turn_rewards = reward, turns
             s.last_active = time.monotonic()
             return self._describe(s)
 
@@ -318,7 +303,7 @@ class SessionHub:
             start = self._check_history(s, messages)
             msgs, images, audios = chat_prompt(messages[start:])
             # what the history check compares later, and the transcript text the verifier reads
-            new = ([_comparable(m) for m in messages[start:]], "".join(f"\n[{m['role']}] {m['content']}\n" for m in msgs))
+            new = ([comparable(m) for m in messages[start:]], "".join(f"\n[{m['role']}] {m['content']}\n" for m in msgs))
         except EngineError as e:
             raise SessionError(400, str(e)) from None
         if s.traj is not None and s.traj.turns >= self.max_turns:
@@ -351,22 +336,7 @@ class SessionHub:
 
     def _check_history(self, s: Session, messages: list[dict[str, Any]]) -> int:
         """Where the new messages start: the request must repeat the recorded conversation exactly."""
-        if s.traj is None:
-            return 0
-        for i, recorded in enumerate(s.messages):
-            if i >= len(messages) or _comparable(messages[i]) != recorded:
-                raise SessionError(400, f"messages[{i}] does not match what session {s.id} recorded: resend the "
-                                        f"conversation so far (with the assistant replies as returned), then the "
-                                        f"new messages")
-        start = len(s.messages)
-        if len(messages) == start:
-            raise SessionError(400, f"no new message after the {start} recorded ones: add a tool result or a user "
-                                    f"message")
-        for j in range(start, len(messages)):
-            if messages[j].get("role") == "assistant":
-                raise SessionError(400, f"messages[{j}] is an assistant message the gateway did not generate; "
-                                        f"only tool, user or system messages may follow the recorded conversation")
-        return start
+        return 0 if s.traj is None else new_messages_start(s.id, s.messages, messages)
 
     def _commit(self, s: Session, context: EncodedPrompt, traj: Trajectory, new: tuple, c: Any) -> dict[str, Any]:
         """Record the observation and the sampled turn; the turn's text, finish reason and token counts."""
@@ -410,17 +380,3 @@ class SessionHub:
             w.future.set_exception(result)
         else:
             w.future.set_result(result)
-
-
-def _comparable(m: Any) -> tuple[str, str]:
-    """A message as the history check compares it: role and content (other fields, e.g. tool_calls, are
-    derived from the content the gateway returned)."""
-    if not isinstance(m, dict):
-        return ("?", repr(m))
-    content = m.get("content")
-    return (str(m.get("role", "user")), content if isinstance(content, str) else json.dumps(content or "",
-                                                                                            sort_keys=True))
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")

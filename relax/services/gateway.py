@@ -34,7 +34,8 @@ from relax.data.schema import Sample
 from relax.data.suite.tool_lookup import parse_tool_calls
 from relax.engines.guards import AGENT_TOKEN_ENV, TOKEN_ENV, Guard
 from relax.engines.server import error_body
-from relax.rollout.sessions import SessionError, SessionHub
+from relax.rollout.session_requests import SessionError
+from relax.rollout.sessions import SessionHub
 from relax.services.api.server import ServerThread
 
 log = logging.getLogger(__name__)

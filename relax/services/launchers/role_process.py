@@ -10,6 +10,7 @@ turns into a :class:`RoleFailure`.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,6 +118,9 @@ class RoleProcess:
         self.finish()
 
 
+_DUMP_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):", re.M)
+
+
 def _hung_error(log) -> str:
     """The stacks a hung role printed as it was killed (faulthandler), from the end of its log."""
     for path in reversed(log.files()):
@@ -125,8 +129,8 @@ def _hung_error(log) -> str:
                 text = f.read()
         except OSError:
             continue
-        at = text.rfind("Thread 0x")
-        at = text.rfind("\n", 0, at) + 1 if at >= 0 else -1
-        if at >= 0:
-            return f"(its stacks as it was killed)\n{text[at:][-6000:]}"
+        tail = text[-20000:]  # the dump is the last thing it wrote; its first header opens it
+        found = _DUMP_HEADER.search(tail)
+        if found:
+            return f"(its stacks as it was killed)\n{tail[found.start():][-6000:]}"
     return "(it printed no stacks: it did not answer SIGUSR1)"

@@ -158,7 +158,7 @@ def test_a_role_frozen_past_the_hang_timeout_is_killed_and_restarted(tmp_path):
     assert 20 <= float(reason.split()[3]) < 60
     assert status["roles"]["advantage"]["attempt"] == 1 and status["roles"]["actor"]["attempt"] == 0
     first = (tmp_path / "runs/frozen/logs/advantage/0.log").read_text()
-    assert "Thread 0x" in first and "most recent call first" in first  # its stacks, as it was killed
+    assert "most recent call first" in first  # its stacks (faulthandler), as it was killed
 
 
 @pytest.mark.parametrize("fault", ["reference:recorded:1:1", "actor:publish:2:1", "rollout:start::1",
