@@ -9,14 +9,14 @@ resampled to mono 16 kHz float, and written as a 16-bit PCM WAV. A decoded clip 
 from __future__ import annotations
 
 import io
-import wave
 
 import numpy as np
 
+from relax.data.suite.tones import SAMPLE_RATE, encode_wav
 from relax.engines.types import EngineError
 
 MAX_SECONDS = 600.0  # what one mp3 part may decode to
-RATE = 16000  # the rate Qwen2.5-Omni's audio processor wants; the WAV path resamples others the same way
+RATE = SAMPLE_RATE  # 16 kHz, the rate Qwen2.5-Omni's audio processor wants, as the built-in audio tasks write
 
 
 def mp3_to_wav(data: bytes, index: int) -> bytes:
@@ -45,11 +45,4 @@ def mp3_to_wav(data: bytes, index: int) -> bytes:
         raise EngineError(f"{where} is not a decodable mp3 file: {e}") from None
     if not total:
         raise EngineError(f"{where} holds no audio")
-    pcm = (np.clip(np.concatenate(chunks), -1.0, 1.0) * 32767).astype("<i2")
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(RATE)
-        w.writeframes(pcm.tobytes())
-    return buf.getvalue()
+    return encode_wav(np.clip(np.concatenate(chunks), -1.0, 1.0))
