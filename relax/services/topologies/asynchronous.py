@@ -4,8 +4,9 @@ A replica starts its role loop in a thread when it is constructed and answers ``
 (steps done, finished, restarts, error). A loop that fails is restarted in its replica after a
 backoff (relax.services.supervision); ``error`` is set only once the supervisor gives up. A
 replica whose process dies is replaced by Ray Serve, and its loop resumes the role; so is one the
-driver kills because its role made no progress for ``supervisor.hang_timeout_s``. Roles talk only through the run root (TransferQueue and
-WeightStore), so the rollout keeps generating while the actor trains, at most
+driver kills because its role made no progress for ``supervisor.hang_timeout_s``. Roles talk only
+through the run root (TransferQueue and WeightStore), so the rollout keeps generating while the
+actor trains, at most
 ``queue.max_staleness`` versions ahead. The driver (``run_async``) polls the statuses, mirrors the
 actor's metrics into the progress bar, and deletes the application when the actor is done.
 
