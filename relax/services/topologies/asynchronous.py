@@ -6,9 +6,9 @@ backoff (relax.services.supervision); ``error`` is set only once the supervisor 
 replica whose process dies is replaced by Ray Serve, and its loop resumes the role; so is one the
 driver kills because its role made no progress for ``supervisor.hang_timeout_s``. Roles talk only
 through the run root (TransferQueue and WeightStore), so the rollout keeps generating while the
-actor trains, at most
-``queue.max_staleness`` versions ahead. The driver (``run_async``) polls the statuses, mirrors the
-actor's metrics into the progress bar, and deletes the application when the actor is done.
+actor trains, at most ``queue.max_staleness`` versions ahead. The driver (``run_async``) polls the
+statuses, mirrors the actor's metrics into the progress bar, and deletes the application when the
+actor is done.
 
 Each role process gets half the CPUs for torch threads, so rollout and actor overlap on
 separate cores instead of fighting over the same ones.
