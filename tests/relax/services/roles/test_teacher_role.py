@@ -37,14 +37,16 @@ def _rows(ctx: RunContext, fields: list[str]) -> tuple[list[str], dict]:
     return ids, queue.read(ids, fields)
 
 
+TEACHER_KEY = "teacher-server-key"  # not the run's engine token: the teacher is a server of its own
+
 @contextmanager
 def served_teacher(cfg):
     """The teacher ``build_teacher`` makes for ``cfg``, behind a native engine server in this process."""
     teacher, _ = build_teacher(RunContext(cfg))
     engine = NativeEngine(teacher.model, build_tokenizer(cfg.model.tokenizer), max_batch_size=16,
                           max_seq_len=cfg.model.max_seq_len)
-    try:
-        with InProcessServer(create_app(engine, "teacher")) as server:
+    try:  # a teacher server of its own, with its own key: the run reaches it with RELAX_TEACHER_API_KEY
+        with InProcessServer(create_app(engine, "teacher", token=TEACHER_KEY)) as server:
             yield server.url
     finally:
         engine.stop()
@@ -52,12 +54,13 @@ def served_teacher(cfg):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "url"])
-def test_distillation_alone_trains_on_the_teachers_scores_of_each_sampled_token(tmp_path, where):
+def test_distillation_alone_trains_on_the_teachers_scores_of_each_sampled_token(tmp_path, where, monkeypatch):
     # with distill_topk the teacher's top 4 at every trained position travel too, for the actor's exact KL;
     # "url": the same teacher behind an engine server, which scores the rows as SGLang's prompt log-probs
     cfg = tiny_config(f"file://{tmp_path}", "distill", *TEACHER, "algorithm.mode=distill", "algorithm.distill_topk=4")
     with ExitStack() as stack:
         if where == "url":
+            monkeypatch.setenv("RELAX_TEACHER_API_KEY", TEACHER_KEY)  # role processes inherit it
             url = stack.enter_context(served_teacher(cfg))
             run_cfg = tiny_config(f"file://{tmp_path}", "distill", *TEACHER[3:], "algorithm.mode=distill",
                                   "algorithm.distill_topk=4", f"teacher.url={url}")
