@@ -102,15 +102,7 @@ class RoleProcess:
             pass
 
     def _stacks_logged(self) -> bool:
-        files = self.log.files()
-        if not files:
-            return False
-        try:
-            with open(files[0], "rb") as f:
-                f.seek(max(0, os.path.getsize(files[0]) - 65536))
-                return b"most recent call first" in f.read()
-        except OSError:
-            return False
+        return _last_dump(self.log) is not None
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -121,16 +113,22 @@ class RoleProcess:
 _DUMP_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):", re.M)
 
 
+def _last_dump(log) -> str | None:
+    """The stack dump (faulthandler) at the end of the newest log file, from its first header."""
+    files = log.files()
+    if not files:
+        return None
+    try:
+        with open(files[0], "rb") as f:
+            f.seek(max(0, os.path.getsize(files[0]) - 20000))  # the dump is the last thing it wrote
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    found = _DUMP_HEADER.search(tail)
+    return tail[found.start():][-6000:] if found else None
+
+
 def _hung_error(log) -> str:
-    """The stacks a hung role printed as it was killed (faulthandler), from the end of its log."""
-    for path in reversed(log.files()):
-        try:
-            with open(path, errors="replace") as f:
-                text = f.read()
-        except OSError:
-            continue
-        tail = text[-20000:]  # the dump is the last thing it wrote; its first header opens it
-        found = _DUMP_HEADER.search(tail)
-        if found:
-            return f"(its stacks as it was killed)\n{tail[found.start():][-6000:]}"
-    return "(it printed no stacks: it did not answer SIGUSR1)"
+    """The stacks a hung role printed as it was killed, for its failure."""
+    dump = _last_dump(log)
+    return f"(its stacks as it was killed)\n{dump}" if dump else "(it printed no stacks: it did not answer SIGUSR1)"

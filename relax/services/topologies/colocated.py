@@ -36,8 +36,8 @@ def run_colocated(ctx: RunContext, progress: bool = True, engine_urls: list[str]
                   max_steps: int | None = None) -> None:
     """Run the roles until the run's last step; a role whose step fails is healed by building every
     role again (they resume from the queue and the checkpoint, as a rerun does) after a backoff."""
-    supervisor = Supervisor(ctx.run_url, ctx.cfg.supervisor)
     sup = ctx.cfg.supervisor
+    supervisor = Supervisor(ctx.run_url, sup)
     watch = SelfWatch(sup.hang_timeout_s, check_s=sup.heartbeat_s)  # a stuck step ends the process
     attempt = 0
     try:

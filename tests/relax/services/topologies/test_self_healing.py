@@ -56,20 +56,30 @@ def _check_columns(ctx: RunContext, groups: tuple[str, ...], fields: tuple[str, 
         assert not missing, f"trained sample {sid} lacks {missing}"
 
 
-def test_each_role_killed_once_heals_to_the_weights_of_the_run_never_killed(tmp_path, monkeypatch):
-    calm = tiny_config(f"file://{tmp_path}/calm", "heal", "topology=disaggregated", "trainer.total_steps=6",
-                       "trainer.checkpoint_every=3", *EXACT)
+def _heal(tmp_path, killed_root: str, run_id: str, faults: str, monkeypatch):
+    """A 6-step disaggregated run with ``faults`` injected, checked whole and against the same run
+    never killed (on a local folder): bit-identical final weights. Returns (config, train result)."""
+    def config(root: str):
+        return tiny_config(root, run_id, "topology=disaggregated", "trainer.total_steps=6",
+                           "trainer.checkpoint_every=3", *EXACT)
+
+    calm = config(f"file://{tmp_path}/calm")
     train(calm, progress=False)
-    cfg = tiny_config(f"file://{tmp_path}/killed", "heal", "topology=disaggregated", "trainer.total_steps=6",
-                      "trainer.checkpoint_every=3", *EXACT)
-    # actor mid-step (recorded, not trained), advantage between recording and committing, rollout after a batch
-    monkeypatch.setenv("RELAX_FAULT", "actor:recorded:4:1,advantage:recorded:2:1,rollout:step:1:1")
+    cfg = config(killed_root)
+    monkeypatch.setenv("RELAX_FAULT", faults)
     result = train(cfg, progress=False)  # one call: the controller restarts them itself
     assert result.steps == 6
     check_run(RunContext(cfg), 6)
     _check_columns(RunContext(cfg), (ADVANTAGE_GROUP,), ("advantages",))
     killed, uninterrupted = _final_weights(cfg, 6), _final_weights(calm, 6)
     assert all(torch.equal(killed[k], uninterrupted[k]) for k in killed), "the healed run diverged"
+    return cfg, result
+
+
+def test_each_role_killed_once_heals_to_the_weights_of_the_run_never_killed(tmp_path, monkeypatch):
+    # actor mid-step (recorded, not trained), advantage between recording and committing, rollout after a batch
+    cfg, result = _heal(tmp_path, f"file://{tmp_path}/killed", "heal",
+                        "actor:recorded:4:1,advantage:recorded:2:1,rollout:step:1:1", monkeypatch)
     status = run_status(cfg.root, "heal")
     assert status["restarts"] == {"actor": 1, "advantage": 1, "rollout": 1}
     assert {role: info["restarts"] for role, info in status["roles"].items()} == {
@@ -87,17 +97,7 @@ def test_on_s3_a_killed_actor_and_advantage_heal_to_the_weights_of_the_run_never
                                                                                           s3_url):
     # a restarted role lists every writer's log as it opens the topic; on S3 that listing used to be
     # cached and trusted, so the records written after it never appeared and the run hung (issue 63)
-    calm = tiny_config(f"file://{tmp_path}/calm", "s3heal", "topology=disaggregated", "trainer.total_steps=6",
-                       "trainer.checkpoint_every=3", *EXACT)
-    train(calm, progress=False)
-    cfg = tiny_config(f"{s3_url}/killed", "s3heal", "topology=disaggregated", "trainer.total_steps=6",
-                      "trainer.checkpoint_every=3", *EXACT)
-    monkeypatch.setenv("RELAX_FAULT", "actor:recorded:4:1,advantage:recorded:2:1")
-    assert train(cfg, progress=False).steps == 6
-    check_run(RunContext(cfg), 6)
-    _check_columns(RunContext(cfg), (ADVANTAGE_GROUP,), ("advantages",))
-    killed, uninterrupted = _final_weights(cfg, 6), _final_weights(calm, 6)
-    assert all(torch.equal(killed[k], uninterrupted[k]) for k in killed), "the healed run diverged"
+    cfg, _ = _heal(tmp_path, f"{s3_url}/killed", "s3heal", "actor:recorded:4:1,advantage:recorded:2:1", monkeypatch)
     assert run_status(cfg.root, "s3heal")["restarts"] == {"actor": 1, "advantage": 1}
 
 
