@@ -121,16 +121,15 @@ def seq_mean_token_mean(loss: Tensor, mask: Tensor, denom: float | Tensor | None
     """Mean over sequences of each sequence's token mean (GRPO, arXiv:2402.03300; config
     ``seq-mean-token-mean``).
 
-    Formula: L = (1/N) sum_i [ sum_t m_it l_it / |y_i| ], |y_i| = sum_t m_it, and N the
-    number of sequences with |y_i| > 0 (or ``denom``). Empty rows are left out of N: they
-    are samples removed by a filter, and counting them would silently shrink the loss.
+    Formula: L = (1/B) sum_i [ sum_t m_it l_it / |y_i| ], |y_i| = sum_t m_it, B = all rows
+    (or ``denom``). An empty row (|y_i| = 0) adds 0 and still counts in B, as in every
+    seq-mean mode and in verl's and slime's trainers (they divide by the global batch size).
     Shapes: loss, mask (B, T) -> scalar.
     """
     m = _float_mask(mask, loss)
     per_seq = masked_mean(loss, m, dim=-1)
-    n = (m.sum(dim=-1) > 0).to(loss.dtype).sum() if denom is None else torch.as_tensor(
-        denom, dtype=loss.dtype, device=loss.device
-    )
+    rows = loss.shape[0] if loss.dim() > 1 else 1
+    n = torch.as_tensor(rows if denom is None else denom, dtype=loss.dtype, device=loss.device)
     return per_seq.sum() / n.clamp(min=1.0)
 
 

@@ -57,21 +57,20 @@ def token_weights(masks: Sequence[torch.Tensor], agg: str, norm: float | None = 
 
     token-mean: m_it / sum m; seq-mean-token-mean: m_it / (|m_i| * N);
     seq-mean-token-sum: m_it / N (verl's, no length divisor); seq-mean-token-sum-norm:
-    m_it / (norm * N) with N sequences (Dr.GRPO's constant normalizer). As in
-    relax.algorithms.aggregation, a sequence with an empty mask (a failed or filtered sample)
-    counts in N for the two token-sum modes and not for seq-mean-token-mean.
+    m_it / (norm * N) with N sequences (Dr.GRPO's constant normalizer). N counts every row over
+    the data-parallel ranks, an empty one (a failed or filtered sample) too, as in
+    relax.algorithms.aggregation and verl's trainer (its global batch size).
     """
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {AGGREGATIONS}")
-    local = torch.tensor([float(sum(float(m.sum()) for m in masks)), float(len(masks)),
-                          float(sum(float(m.sum()) > 0 for m in masks))], dtype=torch.float64)
+    local = torch.tensor([float(sum(float(m.sum()) for m in masks)), float(len(masks))], dtype=torch.float64)
     if group is not None or (dist.is_available() and dist.is_initialized()):
         dist.all_reduce(local, group=group)
-    tokens, seqs, nonempty = local.tolist()
+    tokens, seqs = local.tolist()
     if agg == "token-mean":
         return [m.double() / max(tokens, 1.0) for m in masks]  # stays on the masks' device
     if agg == "seq-mean-token-mean":
-        return [m.double() / (max(float(m.sum()), 1.0) * max(nonempty, 1.0)) for m in masks]
+        return [m.double() / (max(float(m.sum()), 1.0) * max(seqs, 1.0)) for m in masks]
     if agg == "seq-mean-token-sum":
         return [m.double() / max(seqs, 1.0) for m in masks]
     if norm is None:

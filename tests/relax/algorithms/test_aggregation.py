@@ -50,7 +50,8 @@ def test_all_zero_row_never_nan():
     # row 2 has no response tokens (e.g. filtered by DAPO)
     mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     assert_close_to(token_mean(LOSS, mask), 2.0)  # (1 + 2 + 3)/3
-    assert_close_to(seq_mean_token_mean(LOSS, mask), 2.0)  # the empty row is not counted: 2/1
+    # the empty row adds 0 and counts in B (verl's trainer divides by the global batch size): (2 + 0)/2
+    assert_close_to(seq_mean_token_mean(LOSS, mask), 1.0)
     assert_close_to(seq_mean_token_sum_norm(LOSS, mask), 1.0)  # constant normaliser: (6/3 + 0)/2
 
 

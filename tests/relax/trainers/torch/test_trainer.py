@@ -42,15 +42,18 @@ def test_token_weights_by_hand():
                                                                                              [1 / 16] * 4]
     # seq-mean-token-sum (verl): no length divisor, 1/2 for every masked token of the 2 sequences
     assert [w.tolist() for w in token_weights(masks, "seq-mean-token-sum")] == [[0, 0.5, 0.5], [0.5] * 4]
+    # an empty row counts in N in every seq-mean mode: 3 rows, so 1/(2*3) and 1/(4*3)
+    empty = [*masks, torch.zeros(3)]
+    assert [w.tolist() for w in token_weights(empty, "seq-mean-token-mean")] == [[0, 1 / 6, 1 / 6], [1 / 12] * 4,
+                                                                                 [0, 0, 0]]
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         token_weights(masks, "mean")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_two_gloo_processes_match_one_process(tmp_path, agg):
+def run_two_ranks(tmp_path, *args: str) -> dict[str, torch.Tensor]:
+    """ddp_worker.py on two gloo ranks; what rank 0 saved."""
     rendezvous, out = str(tmp_path / "rendezvous"), str(tmp_path / "ddp.pt")
-    procs = [subprocess.Popen([sys.executable, WORKER, str(r), "2", rendezvous, out, "3", agg],
+    procs = [subprocess.Popen([sys.executable, WORKER, str(r), "2", rendezvous, out, *args],
                               stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:
         errs = [p.communicate(timeout=150)[1] for p in procs]
@@ -58,7 +61,50 @@ def test_two_gloo_processes_match_one_process(tmp_path, agg):
         for p in procs:
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-3000:] for e in errs)
-    ddp = torch.load(out)
+    return torch.load(out)
+
+
+def verl_agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, rows: int, norm: float) -> torch.Tensor:
+    """verl 0.9.1's ``agg_loss`` (trainer/ppo/core_algos.py) for one row, as its trainer calls it:
+    ``global_batch_size`` = every row of the mini-batch, dp_size folded in by the caller."""
+    row_sum = (loss * mask).sum()
+    if mode == "seq-mean-token-mean":
+        return row_sum / (mask.sum() + 1e-8) / rows
+    return row_sum / rows / (norm if mode == "seq-mean-token-sum-norm" else 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_empty_rows_on_two_ranks_count_as_in_verl(tmp_path, agg):
+    # 8 rows on 2 ranks, 4 each in 2+ micro-batches of <= 24 tokens; rows 2 and 5 empty. verl's trainer
+    # divides by all 8 rows in every seq-mean mode; the reference is its formula on one process
+    from ddp_worker import EMPTY_ROWS
+
+    got = run_two_ranks(tmp_path, "1", agg, "empty")
+    torch.set_default_dtype(torch.float64)
+    try:
+        model, batch = tiny_qwen2().double(), tiny_batch(n=8)
+        total = 0.0
+        for i, (ids, mask) in enumerate(zip(batch.input_ids, batch.loss_mask, strict=True)):
+            mask = mask * 0 if i in EMPTY_ROWS else mask
+            logits = model(ids[None]).logits[0]
+            # token t's log-prob comes from position t - 1; position 0 scores nothing
+            lp = torch.cat([torch.zeros(1), logits[:-1].log_softmax(-1).gather(-1, ids[1:, None])[:, 0]])
+            total = total + verl_agg_loss(-lp, mask, agg, rows=8, norm=16.0)  # sft loss: -log p
+        total.backward()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    # relative to the largest gradient: the packed forward's rotary tables are float32, so agreement is
+    # ~1e-8, far inside the 25% a row count of 6 instead of 8 would make
+    scale = max(p.grad.abs().max().item() for p in model.parameters())
+    diff = max((got[n] - p.grad).abs().max().item() for n, p in model.named_parameters())
+    assert diff < 1e-6 * scale, (diff, scale)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_two_gloo_processes_match_one_process(tmp_path, agg):
+    ddp = run_two_ranks(tmp_path, "3", agg)
     torch.set_default_dtype(torch.float64)
     try:
         model = tiny_qwen2().double()
