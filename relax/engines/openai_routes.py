@@ -18,7 +18,7 @@ from fastapi import Body, FastAPI
 
 from relax.engines.audio import mp3_to_wav
 from relax.engines.frontend import Frontend, decode_media
-from relax.engines.openai_stream import openai_stream
+from relax.engines.openai_stream import openai_stream, reply_model
 from relax.engines.types import (
     EngineError,
     GenerateRequest,
@@ -116,6 +116,7 @@ def chat_prompt(messages: list[dict[str, Any]]) -> tuple[list[dict[str, str]], l
 async def chat_completion(fe: Frontend, body: dict[str, Any]) -> Any:
     """OpenAI ``/v1/chat/completions`` on top of the engine (``stream: true``: server-sent chunks)."""
     check_chat_request(body)
+    reply_model(fe, body)  # a model that is not a string: 400 before any work
     params, explicit = sampling_of(body)
     msgs, images, audios = await asyncio.to_thread(chat_prompt, body["messages"])  # mp3 decodes off the loop
 
@@ -142,14 +143,14 @@ async def chat_completion(fe: Frontend, body: dict[str, Any]) -> Any:
                                                       "content": fe.decode(c.output_ids, c.finish_reason, True)},
                         "logprobs": logprobs, "finish_reason": _FINISH.get(c.finish_reason.get("type"), "stop"),
                         "matched_stop": c.finish_reason.get("matched")})
-    return _reply(fe, req, "chat.completion", choices, completions)
+    return _reply(fe, req, "chat.completion", choices, completions, body)
 
 
 def _reply(fe: Frontend, req: GenerateRequest, kind: str, choices: list[dict[str, Any]],
-           completions: list[Any]) -> dict[str, Any]:
+           completions: list[Any], body: dict[str, Any]) -> dict[str, Any]:
     """A non-streaming OpenAI reply of ``kind`` (``chat.completion`` or ``text_completion``) with its usage."""
     done, prompt = sum(len(c.output_ids) for c in completions), len(req.input_ids)
-    return {"id": req.rid, "object": kind, "created": int(time.time()), "model": fe.model_path, "choices": choices,
+    return {"id": req.rid, "object": kind, "created": int(time.time()), "model": reply_model(fe, body), "choices": choices,
             "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}}
 
 
@@ -185,6 +186,7 @@ async def text_completion(fe: Frontend, body: dict[str, Any]) -> Any:
     """OpenAI ``/v1/completions``: one prompt (a string or token ids), no chat template."""
     refuse_unless_neutral(body, NEUTRAL)
     check_stream_options(body)
+    reply_model(fe, body)
     prompt = body.get("prompt")
     logprobs = body.get("logprobs")
     if logprobs not in (None, 0) and not (isinstance(logprobs, int) and not isinstance(logprobs, bool)):
@@ -214,7 +216,7 @@ async def text_completion(fe: Frontend, body: dict[str, Any]) -> Any:
                   "token_logprobs": [float(x) for x in c.logprobs], "top_logprobs": tops, "text_offset": None}
         choices.append({"index": c.index, "text": fe.decode(c.output_ids, c.finish_reason, True), "logprobs": lp,
                         "finish_reason": _FINISH.get(c.finish_reason.get("type"), "stop")})
-    return _reply(fe, req, "text_completion", choices, completions)
+    return _reply(fe, req, "text_completion", choices, completions, body)
 
 
 def add_openai_routes(app: FastAPI, fe: Frontend) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from relax.engines.streaming import TokenStream
-from relax.engines.types import GenerateRequest
+from relax.engines.types import EngineError, GenerateRequest
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -29,7 +29,16 @@ def openai_stream(fe: Any, req: GenerateRequest, kind: str, body: dict[str, Any]
     chunk carries ``"usage": null`` and one more chunk, with no choices, carries the request's usage
     before ``[DONE]``, as OpenAI streams it (LangChain, LiteLLM and the Agents SDK ask for it)."""
     usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    return StreamingResponse(_events(fe, req, kind, usage), media_type="text/event-stream")
+    return StreamingResponse(_events(fe, req, kind, usage, reply_model(fe, body)), media_type="text/event-stream")
+
+
+def reply_model(fe: Any, body: dict[str, Any]) -> str:
+    """The ``model`` a reply names: the request's, echoed as SGLang's OpenAI routes do (they serve any
+    name; SGLang 0.5.23 checks it only on /v1/responses), else the served model path."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise EngineError(f"model must be a string, got {type(model).__name__}")
+    return model or fe.model_path
 
 
 def _event(req: GenerateRequest, kind: str, model: str, choices: list[dict[str, Any]], usage: Any = ...) -> bytes:
@@ -58,7 +67,7 @@ def _streamable(text: str, stops: list[str], hold: int) -> str:
     return text[:len(text) - hold] if hold else text
 
 
-async def _events(fe: Any, req: GenerateRequest, kind: str, usage: bool) -> AsyncIterator[bytes]:
+async def _events(fe: Any, req: GenerateRequest, kind: str, usage: bool, model: str) -> AsyncIterator[bytes]:
     n = req.params.n
     ids: list[list[int]] = [[] for _ in range(n)]
     sent = [""] * n
@@ -70,14 +79,14 @@ async def _events(fe: Any, req: GenerateRequest, kind: str, usage: bool) -> Asyn
         if text.endswith("\ufffd") or not text.startswith(sent[i]) or len(text) <= len(sent[i]):
             continue  # an incomplete character, or nothing new yet
         piece, sent[i] = text[len(sent[i]):], text
-        yield _chunk(req, kind, fe.model_path, i, piece, None, first=len(piece) == len(text), usage=usage)
+        yield _chunk(req, kind, model, i, piece, None, first=len(piece) == len(text), usage=usage)
     for c in stream.completions:
         final = fe.decode(c.output_ids, c.finish_reason, True)
         rest = final[len(sent[c.index]):] if final.startswith(sent[c.index]) else ""
-        yield _chunk(req, kind, fe.model_path, c.index, rest, _FINISH.get(c.finish_reason.get("type"), "stop"),
+        yield _chunk(req, kind, model, c.index, rest, _FINISH.get(c.finish_reason.get("type"), "stop"),
                      first=not sent[c.index], usage=usage)
     if usage:  # the tokens the engine generated, as the non-streamed reply counts them
         done, prompt = sum(len(c.output_ids) for c in stream.completions), len(req.input_ids)
-        yield _event(req, kind, fe.model_path, [], {"prompt_tokens": prompt, "completion_tokens": done,
-                                                    "total_tokens": prompt + done})
+        yield _event(req, kind, model, [], {"prompt_tokens": prompt, "completion_tokens": done,
+                                             "total_tokens": prompt + done})
     yield b"data: [DONE]\n\n"

@@ -151,3 +151,17 @@ def test_stream_options_include_usage_ends_the_stream_with_the_usage(client: ope
     with pytest.raises(openai.BadRequestError, match="stream_options must be an object"):
         client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, stream=True,
                                        stream_options={"include_usage": True, "other": 1})
+
+
+def test_any_model_name_is_served_and_echoed_as_sglang_does(client: openai.OpenAI) -> None:
+    # SGLang 0.5.23's chat and text routes neither check `model` nor replace it: replies name the request's
+    msgs = [{"role": "user", "content": "hello"}]
+    r = client.chat.completions.create(model="not-served", messages=msgs, max_tokens=2)
+    assert r.model == "not-served"
+    chunks = list(client.chat.completions.create(model="other", messages=msgs, max_tokens=2, stream=True))
+    assert {c.model for c in chunks} == {"other"}
+    assert client.completions.create(model="x/y", prompt=[5, 6], max_tokens=2).model == "x/y"
+    served = client.models.list().data[0].id  # what /v1/models lists is the model path
+    assert served.endswith("model") and served != "not-served"
+    with pytest.raises(openai.BadRequestError, match="model must be a string"):
+        client.chat.completions.create(model=3, messages=msgs, max_tokens=2)  # type: ignore[arg-type]
