@@ -12,10 +12,14 @@ re-sizes the Ray tasks it launches to that config's ``resources``; so a cluster 
 would do the same, but it mutates the shared task object: a fresh task per run is safer.)
 
 Topologies: ``colocated`` and ``async`` are one Ray task (``train_step``). ``disaggregated`` is
-one Ray task per role group (``rollout_group``; ``learner_group`` = advantage + actor) that a Flyte
-cluster runs concurrently; they meet only in the run root. Local Flyte runs execute nodes one after
-another, which would leave the rollout group waiting for a learner that never starts, so a local
-disaggregated run goes through ``train_step`` and relax starts the roles as OS processes.
+one Ray task per role group (``rollout_group``, ``learner_group``; which role runs where is
+``relax.services.roles.factory.ROLE_GROUPS``, over the roles ``role_names(cfg)`` starts) that a
+Flyte cluster runs concurrently; they meet only in the run root. Each group's pod runs the same
+controller as a local disaggregated run (restarts, backoff, hang detection, ``relax status``),
+with its roles placed by Ray (relax.services.launchers.ray_role). Local Flyte runs execute nodes
+one after another, which would leave the rollout group waiting for a learner that never starts,
+so a local disaggregated run goes through ``train_step`` and relax starts the roles as OS
+processes. ``python infra/cluster_run.py`` executes the cluster path (docs/workflows.md).
 
 Retries are safe everywhere: every task resumes the run under its root from its last checkpoint
 (same run id, same config), so a retried pod neither repeats nor skips samples.
@@ -41,7 +45,6 @@ from tasks.image import task_image
 
 CLUSTER_ENV = "RELAX_CLUSTER_CONFIG"
 DASHBOARD_ENV = "RELAX_RAY_DASHBOARD"
-ROLE_GROUPS = {"rollout": ("rollout",), "learner": ("advantage", "actor")}
 # shared by the registered tasks and the per-run copies the dynamic task makes
 RAY_TASK = dict(retries=3, timeout=timedelta(hours=48), container_image=task_image())
 
@@ -66,9 +69,10 @@ def group_gpus(res: ResourcesConfig, group: str) -> int:
 
 
 def role_gpus(res: ResourcesConfig, role: str) -> int:
-    """GPUs the Ray task of one disaggregated role asks for: its group's GPUs, capped at the biggest
-    node of that group's cluster (a Ray task runs on one node; asking for more waits forever)."""
-    if role == "advantage":
+    """GPUs the Ray actor of one disaggregated role asks for: the rollout and the actor get their
+    group's GPUs, capped at the biggest node of that group's cluster (a Ray actor runs on one node;
+    asking for more waits forever); the roles that feed or score them ask for none."""
+    if role not in ("rollout", "actor"):
         return 0
     gpus = group_gpus(res, "rollout" if role == "rollout" else "learner")
     head = max(0, gpus - res.workers * res.gpus_per_worker)
@@ -134,17 +138,19 @@ def train_step(cfg: RelaxConfig, init_checkpoint: str) -> TrainSummary:
 
 
 def run_role_group(group: str, cfg: RelaxConfig) -> dict[str, int]:
-    """Run the roles of ``group`` as Ray tasks on the current Ray cluster until the run's last step;
-    each role is its own Ray worker process (its own torch thread count), placed by Ray."""
-    import ray
+    """Run the roles of ``group`` on the current Ray cluster until the run's last step, under the
+    disaggregated controller (it restarts a role that dies); returns each role's attempts."""
+    from relax.services.context import RunContext
+    from relax.services.launchers.ray_role import ray_role_starter
+    from relax.services.roles.factory import group_roles
+    from relax.services.topologies.disaggregated import run_disaggregated
 
-    from relax.services.topologies.runner import run_role
-
-    remote = ray.remote(run_role)
-    refs = {role: remote.options(num_cpus=1, num_gpus=role_gpus(cfg.resources, role), name=f"relax-{role}")
-            .remote(role, cfg)
-            for role in ROLE_GROUPS[group]}
-    return {role: ray.get(ref) for role, ref in refs.items()}
+    ctx = RunContext(cfg)
+    roles, res = group_roles(cfg, group), cfg.resources
+    # every role must fit at once (a role left waiting for a CPU would stall the run): a share of the cluster
+    cpus = min(1.0, (res.num_cpus + res.workers * res.cpus_per_worker) / len(roles))
+    starter = ray_role_starter(ctx, gpus=lambda role: role_gpus(res, role), cpus=cpus)
+    return run_disaggregated(ctx, progress=False, roles=roles, starter=starter)
 
 
 @task(task_config=ray_job_config(CLUSTER, "rollout"), **RAY_TASK)
@@ -163,21 +169,18 @@ def learner_group(cfg: RelaxConfig) -> dict[str, int]:
 def start_run(cfg: RelaxConfig) -> str:
     """Disaggregated topology, before the role groups: create the run record (or check ``cfg`` against
     it) and fail early on data the trainer cannot train on; returns the run URL."""
-    from relax.services.context import RunContext
-    from relax.services.train import check_warm_started
+    from relax.services.train import prepare_run
 
-    check_warm_started(cfg)
-    ctx = RunContext(cfg)
-    ctx.check_trainable()
-    ctx.ensure_run()
-    return ctx.run_url
+    return prepare_run(cfg).run_url
 
 
 @task(retries=2, requests=Resources(cpu="1", mem="2Gi"), container_image=task_image())
 def finish_run(cfg: RelaxConfig, run_url: str) -> TrainSummary:
-    """Disaggregated topology, after the role groups: the run's summary and report. ``train_run`` on a
-    finished run only confirms every role is done (each exits at once) and writes the report."""
-    return train_run(cfg, progress=False)
+    """Disaggregated topology, after the role groups: the run's summary and its report."""
+    from relax.services.context import RunContext
+    from relax.services.train import summarize
+
+    return summarize(RunContext(cfg))
 
 
 def sized(t, res: ResourcesConfig, group: str = "workers"):

@@ -62,20 +62,32 @@ def check_fault_spec() -> None:
         raise ConfigError(str(e)) from None
 
 
-def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine_urls: list[str] | None = None,
-          max_steps: int | None = None) -> TrainSummary:
-    """Run (or resume) ``cfg``'s run to ``trainer.total_steps``; ``max_steps`` stops early (tests)."""
+def prepare_run(cfg: RelaxConfig, *, fork: bool = False, engine_urls: list[str] | None = None) -> RunContext:
+    """Everything before a run's roles start, wherever they start (``relax train``, a Flyte task):
+    the config checks, the trainability check, and the run record (created, or ``cfg`` checked against it)."""
     check_warm_started(cfg)
     check_fault_spec()
     ctx = RunContext(cfg)
     ctx.check_trainable(engine_urls)
     ctx.ensure_run(fork)
+    return ctx
+
+
+def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine_urls: list[str] | None = None,
+          max_steps: int | None = None) -> TrainSummary:
+    """Run (or resume) ``cfg``'s run to ``trainer.total_steps``; ``max_steps`` stops early (tests)."""
+    ctx = prepare_run(cfg, fork=fork, engine_urls=engine_urls)
     if cfg.topology == "colocated":
         run_colocated(ctx, progress, engine_urls, max_steps)
     elif cfg.topology == "disaggregated":
         run_disaggregated(ctx, progress)
     else:
         run_async(ctx, progress, engine_urls)
+    return summarize(ctx)
+
+
+def summarize(ctx: RunContext) -> TrainSummary:
+    """The summary of the run in ``ctx`` as its roles left it; writes its report (JSONL, TensorBoard, PNG)."""
     metrics = read_all_metrics(ctx.run_url)
     export_report(ctx.run_url, metrics)
     steps = max((m["step"] for m in metrics["actor"]), default=-1) + 1
@@ -83,7 +95,7 @@ def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine
     rewards = [m["reward"] for m in metrics["rollout"]]
     tenth = max(1, len(rewards) // 10)
     return TrainSummary(
-        run_url=ctx.run_url, run_id=cfg.run_id, steps=steps,
+        run_url=ctx.run_url, run_id=ctx.cfg.run_id, steps=steps,
         checkpoint=objstore.join(ctx.run_url, "checkpoints", checkpoint_name(done[-1])) if done else "",
         report_dir=objstore.join(ctx.run_url, "report"),
         reward_first=sum(rewards[:tenth]) / tenth if rewards else 0.0,

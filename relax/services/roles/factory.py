@@ -42,6 +42,21 @@ def role_names(cfg: RelaxConfig) -> tuple[str, ...]:
             + (("teacher",) if cfg.algorithm.distill_coef > 0 else ()))
 
 
+#: The Ray cluster each role runs on in a cluster deployment of the disaggregated topology: the
+#: rollout group beside the engines (rollout_gpus) with the roles that score what they generate,
+#: the learner group beside the actor (actor_gpus) with the roles that feed its batches.
+ROLE_GROUPS: dict[str, str] = {"rollout": "rollout", "reward": "rollout", "teacher": "rollout",
+                               "actor": "learner", "advantage": "learner", "reference": "learner",
+                               "critic": "learner"}
+
+
+def group_roles(cfg: RelaxConfig, group: str) -> tuple[str, ...]:
+    """The roles of ``role_names(cfg)`` that run in ``group`` (``rollout`` or ``learner``)."""
+    if group not in set(ROLE_GROUPS.values()):
+        raise ValueError(f"unknown role group {group!r}; groups are rollout, learner")
+    return tuple(r for r in role_names(cfg) if ROLE_GROUPS[r] == group)
+
+
 def make_role(role: str, ctx: RunContext, *, engine_urls: list[str] | None = None, wait_s: float | None = 600.0,
               api_mode: str = "thread") -> Role:
     """Build role ``role`` of ``ctx``'s run. ``wait_s`` bounds how long a role that needs another's first

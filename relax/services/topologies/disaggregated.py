@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
 
 from relax.config_loader import config_to_dict
 from relax.services.context import RunContext
@@ -26,9 +27,14 @@ from relax.services.roles.factory import role_names
 from relax.services.supervision import Supervisor
 from relax.services.topologies.progress import Progress
 
+Starter = Callable[[str, int], RoleProcess]  # (role, attempt) -> a started role with RoleProcess's interface
 
-def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.5) -> None:
-    """Run every role of the run as a separate process, restarting those that die, until all are done."""
+
+def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.5,
+                      roles: Sequence[str] | None = None, starter: Starter | None = None) -> dict[str, int]:
+    """Run ``roles`` (default: every role of the run) as separate processes, restarting those that die,
+    until all are done; returns each role's attempts. ``starter(role, attempt)`` starts one (default:
+    an OS process here; relax.services.launchers.ray_role: one placed by Ray)."""
     tmp = owned_temp_dir("relax-roles-")  # also clears what a SIGKILLed controller left
     procs: dict[str, RoleProcess] = {}
     bar = Progress(ctx.cfg.trainer.total_steps, 0, progress)
@@ -39,9 +45,11 @@ def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.
         supervisor = Supervisor(ctx.run_url, ctx.cfg.supervisor, notify=bar.note)
 
         def start(role: str, attempt: int) -> RoleProcess:
+            if starter is not None:
+                return starter(role, attempt)
             return RoleProcess(role, cfg_path, ctx.run_url, attempt, tmp, ctx.cfg.supervisor)
 
-        procs = {role: start(role, 0) for role in role_names(ctx.cfg)}
+        procs = {role: start(role, 0) for role in (role_names(ctx.cfg) if roles is None else roles)}
         due: dict[str, float] = {}  # role -> when its restart is due (monotonic)
         actor = MetricsReader(ctx.run_url, "actor")
         sup = ctx.cfg.supervisor
@@ -69,6 +77,7 @@ def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.
             time.sleep(poll_s)
         for p in procs.values():
             p.finish()  # uploads the logs of an object-store root
+        return {role: p.attempt + 1 for role, p in procs.items()}
     finally:
         for p in procs.values():
             p.kill()
