@@ -1,0 +1,1 @@
+"""A Flyte cluster, minus Kubernetes, for tests and dry runs (``python infra/cluster_run.py``)."""
