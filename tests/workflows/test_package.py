@@ -114,3 +114,65 @@ def test_register_output_is_the_checkpoint_artifact(cluster_package):
     artifact = out["artifactPartialId"]
     assert artifact["artifactKey"]["name"] == "relax_checkpoint"
     assert set(artifact["partitions"]["value"]) == {"model", "dataset", "run"}
+
+
+def _quantity(value: str) -> float:
+    """A Kubernetes quantity ("64Gi", "500m", "8") as a number."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3}
+    for unit, scale in units.items():
+        if str(value).endswith(unit):
+            return float(str(value)[:-len(unit)]) * scale
+    return float(value)
+
+
+@pytest.fixture(scope="module")
+def infra_package(tmp_path_factory):
+    """What `RELAX_CLUSTER_CONFIG=infra/kuberay/cluster.yaml pyflyte register` would register."""
+    return package(tmp_path_factory.mktemp("infra"), RELAX_CLUSTER_CONFIG=str(REPO / "infra/kuberay/cluster.yaml"))
+
+
+def test_the_registered_ray_cluster_is_the_one_in_infra_kuberay(infra_package):
+    import ray
+
+    kube = yaml.safe_load((REPO / "infra/kuberay/raycluster.yaml").read_text())["spec"]
+    assert kube["rayVersion"] == ray.__version__  # the image's ray, which the emulator and tests run
+    spec = ray_spec(infra_package, "train_step")
+    for registered, group, container in ((spec["headGroupSpec"], kube["headGroupSpec"], "ray-head"),
+                                         (spec["workerGroupSpec"][0], kube["workerGroupSpecs"][0], "ray-worker")):
+        (c,) = group["template"]["spec"]["containers"]
+        want = {k: str(v) for k, v in c["resources"]["requests"].items()}
+        got = pod(registered, container)
+        assert {k: _quantity(v) for k, v in got.items() if k != "start"} == {k: _quantity(v) for k, v in want.items()}
+        assert got["start"] == {k: group["rayStartParams"][k] for k in ("num-cpus", "num-gpus")}
+    (worker,) = spec["workerGroupSpec"]
+    assert (worker["groupName"], worker["replicas"]) == (kube["workerGroupSpecs"][0]["groupName"],
+                                                        kube["workerGroupSpecs"][0]["replicas"])
+
+
+def test_every_task_fits_the_projects_limits_and_has_a_plugin(infra_package):
+    limits = yaml.safe_load((REPO / "infra/flyte/task-resources.yaml").read_text())["limits"]
+    cap = {"cpu": _quantity(limits["cpu"]), "memory": _quantity(limits["memory"]), "nvidia.com/gpu": float(limits["gpu"])}
+    values = yaml.safe_load((REPO / "infra/flyte/values-ray.yaml").read_text())["configuration"]["inline"]
+    plugins = values["tasks"]["task-plugins"]
+    tasks = {k: v for k, v in infra_package.items() if k.endswith("_1")}
+    assert len(tasks) >= 10
+    for name, data in tasks.items():
+        spec = task_pb2.TaskSpec()
+        spec.ParseFromString(data)
+        t = spec.template
+        assert t.container.image == "relax:dev", name  # every pod runs the one registered image
+        kind = "container" if t.type == "python-task" else t.type
+        assert kind in plugins["default-for-task-types"] and plugins["default-for-task-types"][kind] in \
+            plugins["enabled-plugins"], f"{name}: task type {t.type} has no enabled plugin"
+        asked = [{r.name: r.value for r in t.container.resources.requests}]
+        if t.type == "ray":
+            assert t.metadata.retries.retries >= 1, f"{name}: a lost Ray pod must be retried"
+            cluster = MessageToDict(t.custom)["rayCluster"]
+            asked = [pod(g, c) for g, c in ((cluster["headGroupSpec"], "ray-head"),
+                                            *((w, "ray-worker") for w in cluster["workerGroupSpec"]))]
+        names = {1: "cpu", 3: "memory", 2: "nvidia.com/gpu"}  # flyteidl's ResourceName enum
+        for res in asked:
+            for key, value in res.items():
+                key = names.get(key, key)
+                if key in cap:
+                    assert _quantity(value) <= cap[key], f"{name}: {key}={value} over the project's limit"
