@@ -200,6 +200,12 @@ def train(cfg: RelaxConfig, init_checkpoint: str) -> TrainSummary:
         return sized(train_step, cfg.resources)(cfg=cfg, init_checkpoint=init_checkpoint)
     # the roles know only cfg, so the starting checkpoint travels in it
     cfg = replace(cfg, model=replace(cfg.model, init_checkpoint=init_checkpoint or cfg.model.init_checkpoint))
+    from relax.services.context import RunContext
+    from relax.services.train import run_finished
+
+    ctx = RunContext(cfg)
+    if run_finished(ctx):  # a rerun of a finished run: no Ray clusters for roles that would exit at once
+        return finish_run(cfg=cfg, run_url=ctx.run_url)
     run_url = start_run(cfg=cfg)
     rollout = sized(rollout_group, cfg.resources, "rollout")(cfg=cfg)
     learner = sized(learner_group, cfg.resources, "learner")(cfg=cfg)

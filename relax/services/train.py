@@ -86,6 +86,12 @@ def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine
     return summarize(ctx)
 
 
+def run_finished(ctx: RunContext) -> bool:
+    """Whether the run's actor wrote its final checkpoint: a rerun of it has nothing to train."""
+    done = list_checkpoints(ctx)
+    return bool(done) and done[-1] + 1 >= ctx.cfg.trainer.total_steps
+
+
 def summarize(ctx: RunContext) -> TrainSummary:
     """The summary of the run in ``ctx`` as its roles left it; writes its report (JSONL, TensorBoard, PNG)."""
     metrics = read_all_metrics(ctx.run_url)

@@ -128,9 +128,10 @@ def test_the_role_groups_start_exactly_the_roles_of_the_run(overrides):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_role_groups_train_a_run_together(tmp_path, ray_session):
+def test_role_groups_train_a_run_together(tmp_path, ray_session, monkeypatch):
     """The disaggregated cluster path for real, on the session's Ray: two role groups at once (as two
-    Ray tasks would run on a cluster), then the summary."""
+    Ray tasks would run on a cluster), one role healed by its group's controller, then the summary."""
+    from relax.cli.train_cmd import run_status
     from tests.workflows.test_omni_rl import TINY
 
     cfg = load_config(None, [f"root=file://{tmp_path}/root", "topology=disaggregated", *TINY])
@@ -138,10 +139,12 @@ def test_role_groups_train_a_run_together(tmp_path, ray_session):
         train_tasks.start_run(cfg=cfg)  # the roles never warm-start: the workflow passes the warm start in
     cfg = replace(cfg, trainer=replace(cfg.trainer, sft_steps=0))
     run_url = train_tasks.start_run(cfg=cfg)
+    monkeypatch.setenv("RELAX_FAULT", "actor:step:0:1")  # the actor dies once, after its first step
     with ThreadPoolExecutor(2) as pool:
         rollout, learner = pool.map(lambda g: run_role_group(g, cfg), ("rollout", "learner"))
-    # each role once (attempt counts: nothing died), under the controller, on the Ray cluster
-    assert rollout == {"rollout": 1} and learner == {"advantage": 1, "actor": 1}
+    # attempts per role: the group's controller restarted the actor on the Ray cluster, as locally
+    assert rollout == {"rollout": 1} and learner == {"advantage": 1, "actor": 2}
+    assert run_status(cfg.root, cfg.run_id)["restarts"] == {"actor": 1}
     summary = train_tasks.finish_run(cfg=cfg, run_url=run_url)
     assert summary.steps == 2 and summary.run_url == run_url
     assert summary.checkpoint.endswith("checkpoints/step-000001")

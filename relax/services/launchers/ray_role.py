@@ -21,20 +21,23 @@ from collections.abc import Callable
 from typing import Any
 
 from relax.config_loader import config_to_dict
+from relax.faults import FAULT_ENV
 from relax.services.context import RunContext
 from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.launchers.role_process import RoleProcess
 from relax.services.supervision import RoleFailure
 
+FORWARDED = (FAULT_ENV,)  # variables the controller's roles inherit, as local role processes do
 CALL_TIMEOUT_S = 60.0  # a live host answers in milliseconds; a call that waits this long counts as a death
 
 
 class RoleHost:
     """Runs on the node Ray chose: holds one role process at a time (a Ray actor class)."""
 
-    def __init__(self, cfg: dict[str, Any], run_url: str):
+    def __init__(self, cfg: dict[str, Any], run_url: str, env: dict[str, str]):
         from relax.config_loader import config_from_dict
 
+        os.environ.update(env)  # what a local controller's roles inherit from it (FORWARDED)
         self.cfg = config_from_dict(cfg)
         self.run_url = run_url
         self.tmp = owned_temp_dir("relax-roles-")
@@ -131,6 +134,7 @@ def ray_role_starter(ctx: RunContext, gpus: Callable[[str], float], cpus: float 
 
     remote = ray.remote(RoleHost)
     cfg = config_to_dict(ctx.cfg)
+    env = {k: os.environ[k] for k in FORWARDED if k in os.environ}
     hosts: dict[str, Any] = {}
 
     def start(role: str, attempt: int) -> RayRole:
@@ -139,7 +143,7 @@ def ray_role_starter(ctx: RunContext, gpus: Callable[[str], float], cpus: float 
             if host is not None:
                 ray.kill(host)  # a restart gets a fresh host: the old one's node may be the cause
             host = remote.options(num_cpus=cpus, num_gpus=gpus(role), name=f"relax-{role}-{attempt}",
-                                  max_restarts=0).remote(cfg, ctx.run_url)
+                                  max_restarts=0).remote(cfg, ctx.run_url, env)
             hosts[role] = host
         return RayRole(host, role, attempt)
 
