@@ -1,6 +1,7 @@
 """Dry-run a deployment: the registered workflows executed as a Flyte cluster runs them, minus Kubernetes.
 
-    python infra/cluster_run.py [--preset P] [--work DIR] [--no-kill] [--no-rerun] [--ticks N] [key=value ...]
+    python infra/cluster_run.py [--preset P] [--work DIR] [--no-kill] [--no-rerun] [--ticks N]
+                                [--nightly key=value ...] [key=value ...]
 
 Packages the workflows as ``pyflyte package`` does, then executes them node by node: every node
 a process of its own running the task's container command (``pyflyte-execute``), inputs and
@@ -30,11 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-kill", action="store_true", help="do not SIGKILL the learner group's pod mid-run")
     p.add_argument("--no-rerun", action="store_true", help="do not execute the workflow a second time")
     p.add_argument("--ticks", type=int, default=2, help="nightly schedule ticks to fire (default 2)")
+    p.add_argument("--nightly", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override of the nightly launch plan's config only (repeatable)")
     args = p.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="relax-cluster-"))
     print(f"cluster_run: logs and pods' output under {work}", file=sys.stderr, flush=True)
     summary = run_scenario(work, args.overrides, args.preset, kill=not args.no_kill, rerun=not args.no_rerun,
-                           ticks=args.ticks)
+                           ticks=args.ticks, nightly=args.nightly)
     print_summary(summary)
     return 0 if summary["ok"] else 1
 

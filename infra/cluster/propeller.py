@@ -55,6 +55,7 @@ class NodeRecord:
     attempts: int = 0
     status: str = "running"  # succeeded | failed | cached
     errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # from the first attempt's start to the node's end, cluster start-ups included
 
 
 @dataclass
@@ -153,6 +154,13 @@ class Propeller:
         rec = NodeRecord(f"{path}:{short}", tmpl.id.name)
         with self._lock:
             self.records.append(rec)
+        started = time.monotonic()
+        try:
+            return self._run_task(tmpl, inputs, path, rec)
+        finally:
+            rec.seconds = round(time.monotonic() - started, 1)
+
+    def _run_task(self, tmpl, inputs, path: str, rec: NodeRecord) -> literals_pb2.LiteralMap:
         key = cache_key(tmpl, inputs) if tmpl.metadata.discoverable else None
         if key and exists(f"{self.catalog}/{key}/outputs.pb"):
             rec.status = "cached"
@@ -224,7 +232,8 @@ class Propeller:
             time.sleep(self.poll_s)
 
     def summary(self) -> list[dict]:
-        return [{"name": r.name, "pids": r.pids, "attempts": r.attempts, "status": r.status} for r in self.records]
+        return [{"name": r.name, "pids": r.pids, "attempts": r.attempts, "status": r.status, "seconds": r.seconds}
+                for r in self.records]
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps([r.__dict__ for r in self.records], indent=1))

@@ -120,8 +120,10 @@ def lineage_ok(root: str, runs: list[str]) -> bool:
 
 
 def run_scenario(work: Path, overrides: list[str], preset: str = "omni-cpu", kill: bool = True,
-                 rerun: bool = True, ticks: int = 2) -> dict:
-    """Everything above; returns the summary (also the last line ``cluster_run.py`` prints)."""
+                 rerun: bool = True, ticks: int = 2, nightly: list[str] | None = None) -> dict:
+    """Everything above; returns the summary (also the last line ``cluster_run.py`` prints).
+    ``nightly``: overrides of the nightly launch plan's config over the run's (as a user registers
+    a nightly config of its own)."""
     from flytekit.core.context_manager import FlyteContextManager
     from flytekit.core.type_engine import TypeEngine
 
@@ -143,7 +145,8 @@ def run_scenario(work: Path, overrides: list[str], preset: str = "omni-cpu", kil
         bucket = f"relax-cluster-{int(time.time() * 1000) % 10**9}"
         fsspec.filesystem("s3").mkdir(bucket)
         cfg = load_config(preset, [f"root=s3://{bucket}/relax", *SHORT, *overrides])
-        (work / "nightly.yaml").write_text(yaml.safe_dump({**config_to_dict(cfg), "run_id": "nightly"}))
+        night = load_config(preset, [f"root=s3://{bucket}/relax", *SHORT, *overrides, "run_id=nightly", *(nightly or [])])
+        (work / "nightly.yaml").write_text(yaml.safe_dump(config_to_dict(night)))
         pkg = package(REPO, work, {**env, "RELAX_NIGHTLY_CONFIG": str(work / "nightly.yaml")})
         prop = Propeller(pkg, f"s3://{bucket}/flyte", image_root(work / "image"), env, logs)
         ctx = FlyteContextManager.current_context()
@@ -152,11 +155,14 @@ def run_scenario(work: Path, overrides: list[str], preset: str = "omni-cpu", kil
         if kill:
             prop.kills.append(KillPlan("tasks.train.learner_group",
                                        lambda: any(m.get("step", -1) >= 1 for m in read_metrics(run_url, "actor"))))
-        summary: dict = {"nodes": [], "schedule_runs": 0, "cached_on_rerun": 0, "lineage_chain_ok": False}
+        summary: dict = {"nodes": [], "root": cfg.root, "runs": {}, "schedule_runs": 0, "cached_on_rerun": 0,
+                         "lineage_chain_ok": False}
         ok = True
         try:
             prop.launch("workflows.omni_rl.omni_rl", "main", {"cfg": cfg_lit})
-            summary.update(audit(cfg))
+            summary["runs"][cfg.run_id] = audit(cfg)
+            summary.update({k: summary["runs"][cfg.run_id][k]
+                            for k in ("lost", "doubled", "roles_started", "role_names")})
             summary["killed_pods"] = sum(k.done for k in prop.kills)
             if rerun:
                 prop.launch("workflows.omni_rl.omni_rl", "rerun", {"cfg": cfg_lit})
@@ -170,7 +176,7 @@ def run_scenario(work: Path, overrides: list[str], preset: str = "omni-cpu", kil
                 prop.launch("omni_rl_nightly", f"tick{i + 1}", {"kickoff_time": lit})
                 runs.append(retrain_run_id("nightly", tick))
                 summary["schedule_runs"] += 1
-                tick_audit = audit(replace(cfg, run_id=runs[-1]))
+                tick_audit = summary["runs"][runs[-1]] = audit(replace(night, run_id=runs[-1]))
                 summary["lost"] += tick_audit["lost"]
                 summary["doubled"] += tick_audit["doubled"]
             summary["lineage_chain_ok"] = lineage_ok(cfg.root, runs) if ticks else None
@@ -190,8 +196,8 @@ def passed(s: dict) -> bool:
     """The exit criteria: every node succeeded (or was cached), every role started, nothing lost or
     doubled, the lineage chain holds, and every pod was a process of its own."""
     pids = [p for n in s["nodes"] for p in n["pids"]]
-    return (all(n["status"] in ("succeeded", "cached") for n in s["nodes"])
-            and set(s.get("role_names", ["?"])) <= set(s.get("roles_started", []))
+    return (all(n["status"] in ("succeeded", "cached") for n in s["nodes"]) and s["runs"]
+            and all(set(r["role_names"]) <= set(r["roles_started"]) for r in s["runs"].values())
             and s.get("lost", 1) == 0 and s.get("doubled", 1) == 0
             and s["lineage_chain_ok"] is not False and len(pids) == len(set(pids)))
 
