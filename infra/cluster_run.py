@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="config overrides key=value, over the preset and the short run")
     p.add_argument("--preset", default="omni-cpu", help="config preset the run starts from (default omni-cpu)")
     p.add_argument("--work", default=None, help="folder for logs, the package and the pods' image root")
-    p.add_argument("--no-kill", action="store_true", help="do not SIGKILL the learner group's pod mid-run")
+    p.add_argument("--no-kill", action="store_true", help="do not SIGKILL the role groups' pods mid-run")
     p.add_argument("--no-rerun", action="store_true", help="do not execute the workflow a second time")
     p.add_argument("--ticks", type=int, default=2, help="nightly schedule ticks to fire (default 2)")
     p.add_argument("--nightly", action="append", default=[], metavar="KEY=VALUE",

@@ -27,6 +27,7 @@ Retries are safe everywhere: every task resumes the run under its root from its 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import replace
@@ -77,6 +78,16 @@ def role_gpus(res: ResourcesConfig, role: str) -> int:
     gpus = group_gpus(res, "rollout" if role == "rollout" else "learner")
     head = max(0, gpus - res.workers * res.gpus_per_worker)
     return min(gpus, max(head, res.gpus_per_worker if res.workers else 0))
+
+
+def role_cpus(res: ResourcesConfig, roles: int) -> float:
+    """CPUs each of ``roles`` role hosts asks Ray for: the most (at most 1) at which all of them fit on
+    the cluster's nodes at once, node by node (a role left waiting for a CPU would stall the run).
+    Rounded down to Ray's resolution of 1e-4, so a share of 2/3 really fits three times in 2 CPUs."""
+    caps = [res.num_cpus] + [res.cpus_per_worker] * res.workers
+    shares = sorted({min(1.0, math.floor(c / k * 10_000) / 10_000) for c in caps for k in range(1, roles + 1)},
+                    reverse=True)
+    return next(s for s in shares if s > 0 and sum(math.floor(c / s + 1e-9) for c in caps) >= roles)
 
 
 class RelaxRayJobConfig(RayJobConfig):
@@ -147,9 +158,7 @@ def run_role_group(group: str, cfg: RelaxConfig) -> dict[str, int]:
 
     ctx = RunContext(cfg)
     roles, res = group_roles(cfg, group), cfg.resources
-    # every role must fit at once (a role left waiting for a CPU would stall the run): a share of the cluster
-    cpus = min(1.0, (res.num_cpus + res.workers * res.cpus_per_worker) / len(roles))
-    starter = ray_role_starter(ctx, gpus=lambda role: role_gpus(res, role), cpus=cpus)
+    starter = ray_role_starter(ctx, gpus=lambda role: role_gpus(res, role), cpus=role_cpus(res, len(roles)))
     return run_disaggregated(ctx, progress=False, roles=roles, starter=starter)
 
 

@@ -39,8 +39,11 @@ def test_make_tests_two_sessions_cover_every_test_file_once_and_the_local_one_sh
     assert 0 < len(in_local) < len(files)  # the rest is the cluster session: tests minus the local paths
     # the local session runs beside the cluster one: no session Ray cluster, no Flyte, no fixed ports
     shared = re.compile(r"ray_session|flytekit|pyflyte|ray\.init|ray start")
+    # (the cluster emulator's test shares none: its Ray clusters have their own ports and temp folders, and
+    # its pods their own TMPDIR, so the other session's clean-up of /tmp/flyte* cannot reach them)
     assert [str(f.relative_to(REPO)) for f in in_local if shared.search(f.read_text())
-            and f.name not in ("test_layers.py", "test_repo.py", "test_registry.py", "test_config.py")] == []
+            and f.name not in ("test_layers.py", "test_repo.py", "test_registry.py", "test_config.py",
+                               "test_cluster.py")] == []
 
 
 def test_make_tests_exit_status_fails_on_any_failure_and_on_an_empty_session():

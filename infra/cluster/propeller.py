@@ -13,10 +13,13 @@ in the catalog is not executed; a Ray task gets a Ray cluster of its own for eac
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +79,9 @@ class Propeller:
         self.poll_s = poll_s
         self.records: list[NodeRecord] = []
         self._lock = threading.Lock()
+        # each pod's own /tmp (flytekit's sandbox, its downloads): a pod's filesystem is its own
+        self.pod_tmp = Path(tempfile.mkdtemp(prefix="relax-pods-"))
+        self._pods = itertools.count()
         self._abort = threading.Event()
 
     # --- workflows -----------------------------------------------------------------------------
@@ -184,7 +190,10 @@ class Propeller:
         log = self.log_dir / f"{path.replace('/', '.')}.{attempt}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         cluster = None
+        tmp = self.pod_tmp / str(next(self._pods))
+        tmp.mkdir()
         env = {**self.env, **{e.key: e.value for e in tmpl.container.env}, "FLYTE_ATTEMPT_NUMBER": str(attempt),
+               "TMPDIR": str(tmp),
                "FLYTE_INTERNAL_EXECUTION_ID": path.split("/", 1)[0], "FLYTE_INTERNAL_EXECUTION_PROJECT": "relax",
                "FLYTE_INTERNAL_EXECUTION_DOMAIN": "development", "FLYTE_INTERNAL_TASK_NAME": tmpl.id.name,
                "FLYTE_INTERNAL_TASK_PROJECT": "relax", "FLYTE_INTERNAL_TASK_DOMAIN": "development",
@@ -230,6 +239,10 @@ class Propeller:
                     plan.done = True
                     os.killpg(proc.pid, signal.SIGKILL)  # the pod is lost with everything in it
             time.sleep(self.poll_s)
+
+    def close(self) -> None:
+        """Remove the pods' /tmp folders (their logs stay under the log folder)."""
+        shutil.rmtree(self.pod_tmp, ignore_errors=True)
 
     def summary(self) -> list[dict]:
         return [{"name": r.name, "pids": r.pids, "attempts": r.attempts, "status": r.status, "seconds": r.seconds}

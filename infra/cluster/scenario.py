@@ -4,7 +4,8 @@ On a local S3 server (moto, started here unless ``AWS_ENDPOINT_URL`` names one):
 packaged as a user registers them (the nightly launch plan's default config is the scenario's, via
 ``RELAX_NIGHTLY_CONFIG``), then executed by :class:`~infra.cluster.propeller.Propeller`:
 
-1. ``omni_rl`` once, with the pod of ``learner_group`` SIGKILLed after the actor's first step;
+1. ``omni_rl`` once, with the pod of ``rollout_group`` SIGKILLed after its first batch and the pod
+   of ``learner_group`` after the actor's second step;
 2. the same execution again: cached tasks must be skipped, the finished run trains nothing;
 3. the nightly launch plan fired twice at the schedule's next two times (``kickoff_time`` as the
    scheduler sets it): two continuation runs whose lineage chain runs back through the first run.
@@ -152,9 +153,12 @@ def run_scenario(work: Path, overrides: list[str], preset: str = "omni-cpu", kil
         ctx = FlyteContextManager.current_context()
         cfg_lit = TypeEngine.to_literal(ctx, cfg, RelaxConfig, TypeEngine.to_literal_type(RelaxConfig)).to_flyte_idl()
         run_url = f"{cfg.root}/runs/{cfg.run_id}"
-        if kill:
-            prop.kills.append(KillPlan("tasks.train.learner_group",
-                                       lambda: any(m.get("step", -1) >= 1 for m in read_metrics(run_url, "actor"))))
+        if kill:  # each role group's pod lost once: the rollout's after its first batch, the learner's after a step
+            prop.kills += [
+                KillPlan("tasks.train.rollout_group",
+                         lambda: any(m.get("batch", -1) >= 0 for m in read_metrics(run_url, "rollout"))),
+                KillPlan("tasks.train.learner_group",
+                         lambda: any(m.get("step", -1) >= 1 for m in read_metrics(run_url, "actor")))]
         summary: dict = {"nodes": [], "root": cfg.root, "runs": {}, "schedule_runs": 0, "cached_on_rerun": 0,
                          "lineage_chain_ok": False}
         ok = True
@@ -185,6 +189,7 @@ def run_scenario(work: Path, overrides: list[str], preset: str = "omni-cpu", kil
             summary["error"] = str(e)
         summary["nodes"] = prop.summary()
         prop.dump(work / "nodes.json")
+        prop.close()
         summary["ok"] = ok and passed(summary)
         return summary
     finally:

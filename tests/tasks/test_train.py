@@ -15,7 +15,7 @@ from flytekit.core.type_engine import TypeEngine
 from relax.config import RelaxConfig, ResourcesConfig
 from relax.config_loader import ConfigError, load_config
 from tasks import train as train_tasks
-from tasks.train import cluster_resources, group_gpus, ray_job_config, role_gpus, run_role_group
+from tasks.train import cluster_resources, group_gpus, ray_job_config, role_cpus, role_gpus, run_role_group
 
 SETTINGS = SerializationSettings(project="relax", domain="development", version="v1",
                                  image_config=ImageConfig(default_image=Image(name="default", fqn="relax", tag="dev")))
@@ -41,6 +41,15 @@ def test_role_groups_split_the_gpus():
     # 3 learner GPUs on 1-GPU workers: one node never has more than 1, so the actor asks for 1
     spread = ResourcesConfig(num_gpus=4, rollout_gpus=1, actor_gpus=3, workers=3, gpus_per_worker=1)
     assert role_gpus(spread, "actor") == 1
+
+
+def test_role_hosts_ask_for_a_cpu_share_that_fits_node_by_node():
+    # 4 roles on a 2-CPU head and a 1-CPU worker: a share of 3/4 fits twice on the head and once on the
+    # worker (3 < 4); 2/3 fits 3 + 1 = 4 times, rounded down to Ray's 1e-4 so 3 x 0.6666 <= 2 really holds
+    assert role_cpus(ResourcesConfig(num_cpus=2, workers=1, cpus_per_worker=1), 4) == 0.6666
+    assert role_cpus(ResourcesConfig(num_cpus=2), 3) == 0.6666  # one node: 2 CPUs / 3 roles
+    assert role_cpus(ResourcesConfig(num_cpus=8), 3) == 1.0  # room for a whole CPU each
+    assert role_cpus(ResourcesConfig(num_cpus=1, workers=2, cpus_per_worker=1), 3) == 1.0  # one per node
 
 
 def test_cluster_resources_come_from_the_named_preset(monkeypatch):

@@ -85,8 +85,10 @@ def _run_config(root: str, run_id: str):
 
 # the main preset plus a reward role; the nightly config, registered separately as a user's would be, is PPO
 # with a critic and a teacher: between them every role a run can start runs on the cluster path
-NIGHTLY = ["algorithm.advantage=gae", "model.value_head=true", "algorithm.stuck_group_push=0",
-           "algorithm.distill_coef=0.5", "teacher.name_or_path=tiny-omni"]
+# with every role group's Ray cluster of two nodes (a worker beside the head), so roles are placed across nodes
+NIGHTLY = ["data.reward_role=false", "algorithm.advantage=gae", "model.value_head=true", "algorithm.stuck_group_push=0",
+           "algorithm.distill_coef=0.5", "teacher.name_or_path=tiny-omni", "resources.workers=1",
+           "resources.cpus_per_worker=1"]
 
 
 @pytest.mark.slow
@@ -103,10 +105,11 @@ def test_the_workflow_a_killed_pod_a_cached_rerun_and_two_nightly_ticks(tmp_path
     nodes = {n["name"]: n for n in s["nodes"]}
     pids = [p for n in s["nodes"] for p in n["pids"]]
     assert len(pids) == len(set(pids)) > 30  # every pod a process of its own
-    # both role groups ran at once, and the learner group's pod, SIGKILLed mid-run, was executed again
-    learner = nodes["main/n5/dyn/dn2:learner_group"]
-    assert learner["attempts"] == 2 and learner["status"] == "succeeded"
-    assert nodes["main/n5/dyn/dn1:rollout_group"]["attempts"] == 1
+    # both role groups ran at once, and each group's pod, SIGKILLed mid-run, was executed again
+    for group in ("dn1:rollout_group", "dn2:learner_group"):
+        node = nodes[f"main/n5/dyn/{group}"]
+        assert node["attempts"] == 2 and node["status"] == "succeeded" and len(set(node["pids"])) == 2
+    assert s["killed_pods"] == 2
     main = s["runs"]["omni-cpu"]
     assert main["steps"] == [0, 1, 2, 3] and main["lost"] == main["doubled"] == 0
     assert sorted(main["roles_started"]) == ["actor", "advantage", "reference", "reward", "rollout"]

@@ -78,6 +78,9 @@ class RayRole:
         except Exception as e:  # noqa: BLE001 - a host that cannot start the role: a failed attempt
             self.started_at = time.time()
             self._lose(e)
+            if isinstance(e, ray.exceptions.GetTimeoutError):
+                self._lost = (f"its Ray actor was not placed or did not start within {CALL_TIMEOUT_S:.0f} s: the "
+                              f"cluster may have no node with the CPUs and GPUs it asks for ({e})")
 
     def _lose(self, error: BaseException) -> None:
         self._lost = f"{type(error).__name__}: {error}"
@@ -119,7 +122,8 @@ class RayRole:
     def finish(self) -> RoleFailure | None:
         failure = self._call("finish")
         if self._lost is not None:
-            return RoleFailure(self.role, self.attempt, "its Ray actor died (a lost node or worker)", self._lost,
+            return RoleFailure(self.role, self.attempt, "its Ray actor was lost (a lost node or worker, or never placed)",
+                               self._lost,
                                "(on the lost node; the run's logs/ folder has what it uploaded)")
         return failure
 
