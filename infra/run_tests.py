@@ -33,7 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL = ["tests/relax/trainers", "tests/relax/algorithms", "tests/relax/data", "tests/relax/models",
          "tests/relax/rollout", "tests/relax/transfer", "tests/relax/engines", "tests/relax/test_config.py",
          "tests/relax/test_objstore.py", "tests/test_docs.py", "tests/test_layers.py", "tests/test_repo.py",
-         "tests/relax/services/roles", "tests/relax/services/test_learning.py",
+         *(f"tests/relax/services/roles/{f.name}" for f in sorted((REPO / "tests/relax/services/roles").glob("test_*.py"))
+           if f.name != "test_external_agents.py"),  # 200 s: in the cluster session, to balance the two
+         "tests/relax/services/test_learning.py",
          "tests/relax/services/test_video_learning.py",
          # the cluster emulator starts Ray clusters and an S3 server of its own, not the session's
          "tests/workflows/test_cluster.py"]

@@ -27,11 +27,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# every service of a node on a port of its own: Ray's defaults (workers on 10002-19999, the agent on
+# 52365, ...) would collide with the other clusters on this machine (another role group's, a test's)
+NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+              "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
+
+
 def _start_params(group: dict) -> list[str]:
     params = group.get("rayStartParams", {})
     return [f"--num-cpus={params.get('num-cpus', '1')}", f"--num-gpus={params.get('num-gpus', '0')}",
-            f"--object-store-memory={OBJECT_STORE_BYTES}", f"--dashboard-agent-listen-port={free_port()}",
-            "--disable-usage-stats", "--block"]
+            f"--object-store-memory={OBJECT_STORE_BYTES}", "--min-worker-port=0", "--max-worker-port=0",
+            *(f"{flag}={free_port()}" for flag in NODE_PORTS), "--disable-usage-stats", "--block"]
 
 
 class RayCluster:

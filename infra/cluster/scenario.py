@@ -106,6 +106,21 @@ def audit(cfg) -> dict:
             "roles_started": started, "role_names": list(role_names(cfg)), "steps": sorted(st.steps)}
 
 
+def registered(result, cfg) -> dict:
+    """What the workflow returned (``OmniRLResult``, read from its output literal): the trained steps,
+    the registered checkpoint and whether the lineage it carries starts at that checkpoint and ends
+    at the dataset snapshot the run trained on."""
+    import msgpack
+
+    (lit,) = result.literals.values()
+    r = msgpack.unpackb(lit.scalar.binary.value)
+    steps = r["lineage"]["steps"]
+    return {"steps": r["train"]["steps"], "checkpoint": r["train"]["checkpoint"],
+            "ok": (r["train"]["steps"] == cfg.trainer.total_steps and r["train"]["checkpoint"].startswith(cfg.root)
+                   and bool(steps) and r["train"]["checkpoint"].endswith(steps[0]["checkpoint"])
+                   and steps[-1]["parent"] == "" and steps[-1]["dataset_snapshot"] == r["snapshot"]["id"])}
+
+
 def lineage_ok(root: str, runs: list[str]) -> bool:
     """The newest run's chain holds every step of ``runs`` (oldest first), newest first, back to a
     record without a parent, and ``relax lineage`` prints it."""
@@ -163,8 +178,9 @@ def run_scenario(work: Path, overrides: list[str], preset: str = "omni-cpu", kil
                          "lineage_chain_ok": False}
         ok = True
         try:
-            prop.launch("workflows.omni_rl.omni_rl", "main", {"cfg": cfg_lit})
+            result = prop.launch("workflows.omni_rl.omni_rl", "main", {"cfg": cfg_lit})
             summary["runs"][cfg.run_id] = audit(cfg)
+            summary["registered"] = registered(result, cfg)
             summary.update({k: summary["runs"][cfg.run_id][k]
                             for k in ("lost", "doubled", "roles_started", "role_names")})
             summary["killed_pods"] = sum(k.done for k in prop.kills)
@@ -202,6 +218,7 @@ def passed(s: dict) -> bool:
     doubled, the lineage chain holds, and every pod was a process of its own."""
     pids = [p for n in s["nodes"] for p in n["pids"]]
     return (all(n["status"] in ("succeeded", "cached") for n in s["nodes"]) and s["runs"]
+            and s.get("registered", {}).get("ok", False)
             and all(set(r["role_names"]) <= set(r["roles_started"]) for r in s["runs"].values())
             and s.get("lost", 1) == 0 and s.get("doubled", 1) == 0
             and s["lineage_chain_ok"] is not False and len(pids) == len(set(pids)))

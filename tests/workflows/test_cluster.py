@@ -65,10 +65,10 @@ def test_the_exit_criteria_fail_on_each_broken_check():
     good = {"nodes": [{"name": "a", "pids": [1], "status": "succeeded"}, {"name": "b", "pids": [2],
                                                                           "status": "cached"}],
             "runs": {"r": {"role_names": ["actor", "reference"], "roles_started": ["actor", "reference"]}},
-            "lost": 0, "doubled": 0, "lineage_chain_ok": True}
+            "lost": 0, "doubled": 0, "lineage_chain_ok": True, "registered": {"ok": True}}
     assert passed(good)
     for broken in ({"runs": {"r": {"role_names": ["actor", "reference"], "roles_started": ["actor"]}}},
-                   {"lost": 1}, {"doubled": 2}, {"lineage_chain_ok": False},
+                   {"lost": 1}, {"doubled": 2}, {"lineage_chain_ok": False}, {"registered": {"ok": False}},
                    {"nodes": [{"name": "a", "pids": [1], "status": "failed"}]},
                    {"nodes": [{"name": "a", "pids": [1], "status": "succeeded"},
                               {"name": "b", "pids": [1], "status": "succeeded"}]}):
@@ -112,6 +112,9 @@ def test_the_workflow_a_killed_pod_a_cached_rerun_and_two_nightly_ticks(tmp_path
     assert s["killed_pods"] == 2
     main = s["runs"]["omni-cpu"]
     assert main["steps"] == [0, 1, 2, 3] and main["lost"] == main["doubled"] == 0
+    # the workflow's result: 4 steps, the final checkpoint under the run's root, its lineage to the snapshot
+    assert s["registered"]["ok"] and s["registered"]["steps"] == 4
+    assert s["registered"]["checkpoint"] == f"{s['root']}/runs/omni-cpu/checkpoints/step-000003"
     assert sorted(main["roles_started"]) == ["actor", "advantage", "reference", "reward", "rollout"]
     # the rerun: snapshot, warm start and both evaluations from the cache, and the finished run only
     # summarized (no role group, so no Ray cluster)
