@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from relax.config_loader import config_to_dict
+from relax.config_loader import config_from_dict, config_to_dict
 from relax.faults import FAULT_ENV
 from relax.services.context import RunContext
 from relax.services.launchers.lifetime import owned_temp_dir
@@ -35,8 +35,6 @@ class RoleHost:
     """Runs on the node Ray chose: holds one role process at a time (a Ray actor class)."""
 
     def __init__(self, cfg: dict[str, Any], run_url: str, env: dict[str, str]):
-        from relax.config_loader import config_from_dict
-
         os.environ.update(env)  # what a local controller's roles inherit from it (FORWARDED)
         self.cfg = config_from_dict(cfg)
         self.run_url = run_url
@@ -70,20 +68,18 @@ class RayRole:
         import ray
 
         self.host, self.role, self.attempt = host, role, attempt
-        self.hung_s: float | None = None
         self._lost: str | None = None
         self._final: tuple[int | None, bool] | None = None
         try:
             self.started_at = ray.get(host.start.remote(role, attempt), timeout=CALL_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - a host that cannot start the role: a failed attempt
             self.started_at = time.time()
-            self._lose(e)
-            if isinstance(e, ray.exceptions.GetTimeoutError):
-                self._lost = (f"its Ray actor was not placed or did not start within {CALL_TIMEOUT_S:.0f} s: the "
-                              f"cluster may have no node with the CPUs and GPUs it asks for ({e})")
+            unplaced = isinstance(e, ray.exceptions.GetTimeoutError)
+            self._lose(e, f"its Ray actor was not placed or did not start within {CALL_TIMEOUT_S:.0f} s: the "
+                          f"cluster may have no node with the CPUs and GPUs it asks for ({e})" if unplaced else None)
 
-    def _lose(self, error: BaseException) -> None:
-        self._lost = f"{type(error).__name__}: {error}"
+    def _lose(self, error: BaseException, why: str | None = None) -> None:
+        self._lost = why or f"{type(error).__name__}: {error}"
         self._final = (-9, True)
 
     def _call(self, name: str, *args: Any) -> Any:
@@ -116,8 +112,7 @@ class RayRole:
         return self._poll()[1]
 
     def kill_hung(self, idle_s: float) -> None:
-        self.hung_s = idle_s
-        self._call("kill_hung", idle_s)
+        self._call("kill_hung", idle_s)  # the host's RoleProcess records the hang for its finish()
 
     def finish(self) -> RoleFailure | None:
         failure = self._call("finish")
