@@ -24,7 +24,7 @@ from relax.pipeline import lineage
 
 REPO = Path(__file__).resolve().parents[2]
 PYFLYTE = str(Path(sys.executable).with_name("pyflyte"))
-STEPS = 40
+STEPS = 16  # killed at step 7's checkpoint: half the run is still to go
 SMALL = ["data.tasks=[largest]", "data.train_per_task=32", "data.eval_per_task=4", f"trainer.total_steps={STEPS}",
          "trainer.checkpoint_every=4", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2",
          "rollout.max_new_tokens=6", "trainer.sft_steps=2", "run_id=killed"]
