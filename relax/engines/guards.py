@@ -23,7 +23,7 @@ import secrets
 from typing import Any
 
 TOKEN_ENV = "RELAX_ENGINE_TOKEN"
-# the session gateway's, for external agents (relax.services.gateway): an agent's token must not let it
+# the session gateway's, for external agents (relax.services.api.gateway): an agent's token must not let it
 # swap the engines' weights, and the engines' must not open sessions
 AGENT_TOKEN_ENV = "RELAX_AGENT_TOKEN"
 MAX_BODY_BYTES = 8 << 20

@@ -1,7 +1,7 @@
 """Episodes run by outside agents: sessions whose chat calls the rollout generates, recording every token.
 
 A :class:`SessionHub` turns a batch of prompts into episode *slots* (``n`` per prompt). An agent
-(through the HTTP gateway, :mod:`relax.services.gateway`) claims a slot by opening a session, chats
+(through the HTTP gateway, :mod:`relax.services.api.gateway`) claims a slot by opening a session, chats
 through it, may post a reward, and closes it. Token in, token out: the first call's messages are
 chat-templated into the prompt; each later call repeats the recorded conversation and adds only
 non-assistant messages, tokenized as an observation (masked out of the loss) as the built-in agent

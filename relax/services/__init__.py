@@ -9,7 +9,8 @@
 * :mod:`relax.services.topologies`: ``colocated`` (one process), ``asynchronous`` (Ray Serve
   deployments), ``disaggregated`` (one OS process per role), and ``runner`` (one role's loop).
 * :mod:`relax.services.launchers`: engine servers as local processes or Ray actors.
-* :mod:`relax.services.api`: the elastic rollout REST API and the server that hosts it.
+* :mod:`relax.services.api`: the HTTP fronts of a run: the elastic rollout REST API, the server
+  that hosts it, and the session gateway for external agents.
 * :mod:`relax.services.report`: metrics logs, TensorBoard events and PNG curves.
 * :mod:`relax.services.replay`: retrain a run's recorded steps from a checkpoint and compare.
 

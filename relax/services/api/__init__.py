@@ -1,2 +1,3 @@
-"""The elastic rollout REST API: the scale operations and their FastAPI app (``elastic``), and the
-server that runs it beside the rollout loop in the rollout's own process (``server``)."""
+"""The HTTP fronts of a run: the elastic rollout REST API (``elastic``), the server that runs it
+beside the rollout loop in the rollout's own process (``server``), and the session gateway that
+external agents talk to (``gateway``)."""

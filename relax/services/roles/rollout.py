@@ -38,9 +38,9 @@ from relax.rollout.remote_engines import RemoteEngines
 from relax.rollout.rewards import RewardDispatcher, reward_metrics
 from relax.rollout.sessions import SessionHub
 from relax.services.api.elastic import ElasticRollout
+from relax.services.api.gateway import Gateway, GatewayStartError
 from relax.services.api.server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import RunContext
-from relax.services.gateway import Gateway, GatewayStartError
 from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.launchers.process import LocalProcessLauncher
 from relax.services.launchers.sglang_process import SGLangEngines

@@ -28,7 +28,7 @@ from relax.models import build_policy, build_tokenizer
 from relax.rollout.engine_pool import LocalEngines
 from relax.rollout.rewards import RewardDispatcher
 from relax.rollout.sessions import SessionHub
-from relax.services.gateway import Gateway
+from relax.services.api.gateway import Gateway
 from tests.relax.services.tool_episodes import AGENT, teach_tool_use
 
 pytestmark = pytest.mark.slow
@@ -163,7 +163,7 @@ def test_an_agent_killed_mid_episode_leaves_no_sample(gateway):
 
 
 def test_the_gateway_will_not_start_without_a_token_of_its_own(gateway, monkeypatch):
-    from relax.services.gateway import GatewayStartError
+    from relax.services.api.gateway import GatewayStartError
 
     _, hub, *_ = gateway
     monkeypatch.delenv(AGENT_TOKEN_ENV, raising=False)
