@@ -163,7 +163,7 @@ class Completion:
     weight_version: str
     top_logprobs: list[list[tuple[float, int]]] | None = None  # per output token, with top_logprobs_num > 0
     # MoE: (prompt_tokens + len(output_ids) - 1, layers, k) int16 expert ids of every position fed
-    # to the model (relax.engines.native.routes); None for dense models
+    # to the model (relax.engines.native.expert_routes); None for dense models
     routed_experts: Any = None
 
 

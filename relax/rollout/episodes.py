@@ -50,7 +50,7 @@ class Trajectory:
     images: list[bytes] = field(default_factory=list)
     audios: list[bytes] = field(default_factory=list)
     # MoE: the engine's (positions, layers, k) experts of the latest turn, which covers every earlier
-    # token (its prefill re-read them); None for dense models (relax.engines.native.routes)
+    # token (its prefill re-read them); None for dense models (relax.engines.native.expert_routes)
     routes: Any = None
 
     @property

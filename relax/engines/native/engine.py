@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from relax.engines.native import routes
+from relax.engines.native import expert_routes
 from relax.engines.native.forward import decode_logits, prefill_logits
 from relax.engines.native.fused_decode import FusedDecoder
 from relax.engines.native.kv_cache import cache_for
@@ -46,7 +46,7 @@ class _Seq:
     out_top: list[list[tuple[float, int]]] = field(default_factory=list)  # with top_logprobs_num > 0
     finish: dict[str, Any] | None = None
     rope_delta: int = 0  # text rope position minus cache position (multimodal 3-D rope models)
-    routes: list[torch.Tensor] = field(default_factory=list)  # MoE: experts of each fed position (routes.py)
+    routes: list[torch.Tensor] = field(default_factory=list)  # MoE: experts of each fed position (expert_routes.py)
 
     @property
     def last_pos(self) -> int:  # position of the newest token, the one the next decode step feeds in
@@ -77,7 +77,7 @@ class NativeEngine:
         self.cache = cache_for(model, max_batch_size, self.max_context_length)
         self.fused = FusedDecoder.maybe(model)  # lean decode step for plain text decoders
         self.banned = input_only_token_ids(model)
-        self.recorder = RouteRecorder.maybe(model) if record_routes else None  # R3 (routes.py)
+        self.recorder = RouteRecorder.maybe(model) if record_routes else None  # R3 (expert_routes.py)
         self.weight_version = str(weight_version)
         self.model_path = model_path
         self.seed = seed
@@ -303,11 +303,11 @@ class NativeEngine:
                 members.append(p)
         if not members:
             return
-        with routes.capture(self.recorder) as captured:
+        with expert_routes.capture(self.recorder) as captured:
             last, deltas = prefill_logits(self.model, self.fused, self.cache, [p.req.input_ids for p in todo],
                                           [p.seqs[0].slot for p in todo],
                                           [p.req.mm_inputs for p in todo] if todo[0].req.mm_inputs else None)
-        prompt_routes = routes.prompt_rows(captured, [len(p.req.input_ids) for p in todo])
+        prompt_routes = expert_routes.prompt_rows(captured, [len(p.req.input_ids) for p in todo])
         if deltas is not None:  # media rows: decode continues from the model's rope offset
             for p in members:
                 for s in p.seqs:
@@ -332,10 +332,10 @@ class NativeEngine:
 
     def _decode(self) -> None:
         seqs = sorted(self._running, key=lambda s: s.slot)  # consecutive slots read the cache without a copy
-        with routes.capture(self.recorder) as captured:
+        with expert_routes.capture(self.recorder) as captured:
             logits = decode_logits(self.model, self.fused, self.cache, [s.out_ids[-1] for s in seqs],
                                    [s.last_pos for s in seqs], [s.slot for s in seqs], [s.rope_delta for s in seqs])
-        routes.add_step(seqs, captured)
+        expert_routes.add_step(seqs, captured)
         tokens, lps = sample(logits, [s.pending.req.params for s in seqs], [s.uniforms.next() for s in seqs],
                              self.banned, [(s.pending.req.input_ids, s.out_ids) for s in seqs])
         for k, (s, t, lp) in enumerate(zip(seqs, tokens, lps, strict=True)):
@@ -377,7 +377,7 @@ class NativeEngine:
         for p in done:
             p.future.set_result([Completion(p.req.rid, s.index, s.out_ids, s.out_lps, s.finish, len(p.req.input_ids),
                                             p.version, s.out_top if s.pending.req.params.top_logprobs_num else None,
-                                            routes.joined(s.routes))
+                                            expert_routes.joined(s.routes))
                                  for s in p.seqs])
 
     def _aborted(self, p: _Pending, index: int) -> Completion:
