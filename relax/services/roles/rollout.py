@@ -26,12 +26,10 @@ import numpy as np
 from relax import objstore
 from relax.config_loader import ConfigError
 from relax.data.suite import load_env_fn
-from relax.engines.guards import ensure_token
 from relax.engines.types import SamplingParams
 from relax.models.builders import policy_config
 from relax.models.moe_routing import config_route_shape
 from relax.rollout.engine_pool import EnginePool, LocalEngines
-from relax.rollout.engine_supervisor import EngineLauncher
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
 from relax.rollout.prompts import PromptStream
 from relax.rollout.remote_engines import RemoteEngines
@@ -41,9 +39,8 @@ from relax.services.api.elastic import ElasticRollout
 from relax.services.api.gateway import Gateway, GatewayStartError
 from relax.services.api.server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import RunContext
+from relax.services.launchers.factory import engine_launcher, first_engines
 from relax.services.launchers.lifetime import owned_temp_dir
-from relax.services.launchers.process import LocalProcessLauncher
-from relax.services.launchers.sglang_process import SGLangEngines
 from relax.services.report.role_logs import logs_url
 from relax.services.roles.media import pack_media
 from relax.services.schema import ACTOR_GROUP, rollout_fields, routes_column, routes_field
@@ -179,11 +176,9 @@ class RolloutRole:
         self.ctx.tokenizer.save_pretrained(self._model_dir)
         text_cfg = getattr(model.config, "text_config", None) or model.config
         try:
-            launcher = self._launcher(max(n, self.cfg.rollout.max_engine_processes), slots)
-            if isinstance(launcher, LocalProcessLauncher):  # one killed as it starts is replaced, not fatal
-                started, killed = launcher.launch_surviving(n)
-            else:
-                started, killed = launcher.launch(n), 0  # a startup error quotes the engine's error
+            launcher = engine_launcher(self.cfg, self._model_dir, max(n, self.cfg.rollout.max_engine_processes),
+                                       slots, self.ctx.run_url)
+            started, killed = first_engines(launcher, n)
         except BaseException:
             shutil.rmtree(self._model_dir, ignore_errors=True)
             raise
@@ -194,39 +189,6 @@ class RolloutRole:
         if killed and not started:
             pool.supervise()  # no engine to route to: replace one now rather than at the first request
         return pool
-
-    def _launcher(self, max_engines: int, slots: int) -> EngineLauncher:
-        r = self.cfg.rollout
-        if r.engine_launcher == "ray":
-            import ray
-
-            from relax.services.launchers.ray_actors import RayEngineLauncher
-
-            if not ray.is_initialized():
-                try:  # a cluster started with `ray start --head` (or RAY_ADDRESS); never a new local one
-                    ray.init(address="auto", log_to_driver=False)
-                except ConnectionError as e:
-                    raise ConfigError(f"rollout.engine_launcher=ray needs a running Ray cluster ({e}); start one "
-                                      f"with `ray start --head`, or use engine_launcher=process") from None
-            placement = {"num_cpus": r.engine_cpus, "num_gpus": r.engine_gpus, "resources": r.engine_resources}
-            if r.engine == "sglang":  # model loads take minutes on a GPU; the token reaches SGLang as --api-key
-                return RayEngineLauncher(self._model_dir, max_engines, **placement, startup_timeout_s=900.0,
-                                         sglang=self.cfg, api_token=ensure_token())
-            return RayEngineLauncher(self._model_dir, max_engines, **placement,
-                                     max_batch_size=slots, seed=self.cfg.seed, weight_store_root=self.cfg.root,
-                                     run_id=self.cfg.run_id, api_token=ensure_token(),
-                                     record_routes=self.cfg.algorithm.routing_replay)
-        # engine logs beside the roles' (runs/<id>/logs/engines/) on a local root; else with the model copy
-        log_dir = objstore.local_path(logs_url(self.ctx.run_url, "engines")) or self._model_dir
-        os.makedirs(log_dir, exist_ok=True)
-        if r.engine == "sglang":  # the token reaches SGLang as --api-key; model loads take minutes on a GPU
-            return LocalProcessLauncher(self._model_dir, max_engines=max_engines, factory=SGLangEngines(self.cfg),
-                                        startup_timeout_s=900.0, api_token=ensure_token(), log_dir=log_dir)
-        # the engines inherit this process's token (and its clients send it): only they may change an engine
-        return LocalProcessLauncher(self._model_dir, max_engines=max_engines, max_batch_size=slots,
-                                    seed=self.cfg.seed, weight_store_root=self.cfg.root, run_id=self.cfg.run_id,
-                                    api_token=ensure_token(), log_dir=log_dir,
-                                    record_routes=self.cfg.algorithm.routing_replay)
 
     # -- weights ------------------------------------------------------------------------------
     def _newer_weights(self) -> bool:
