@@ -9,6 +9,7 @@
 * :mod:`relax.services.topologies`: ``colocated`` (one process), ``asynchronous`` (Ray Serve
   deployments), ``disaggregated`` (one OS process per role), and ``runner`` (one role's loop).
 * :mod:`relax.services.launchers`: engine servers as local processes or Ray actors.
+* :mod:`relax.services.rollout_engines`: the engines of a rollout's config, in one call.
 * :mod:`relax.services.api`: the HTTP fronts of a run: the elastic rollout REST API, the server
   that hosts it, and the session gateway for external agents.
 * :mod:`relax.services.report`: metrics logs, TensorBoard events and PNG curves.

@@ -16,33 +16,25 @@ batch index) is stored in the meta of each commit, so a restarted rollout resume
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from typing import Any
 
 import numpy as np
 
-from relax import objstore
 from relax.config_loader import ConfigError
 from relax.data.suite import load_env_fn
 from relax.engines.types import SamplingParams
 from relax.models.builders import policy_config
 from relax.models.moe_routing import config_route_shape
-from relax.rollout.engine_pool import EnginePool, LocalEngines
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
 from relax.rollout.prompts import PromptStream
-from relax.rollout.remote_engines import RemoteEngines
 from relax.rollout.rewards import RewardDispatcher, reward_metrics
 from relax.rollout.sessions import SessionHub
 from relax.services.api.elastic import ElasticRollout
 from relax.services.api.gateway import Gateway, GatewayStartError
-from relax.services.api.server import APIStartError, RolloutAPIServer, preflight
 from relax.services.context import RunContext
-from relax.services.launchers.factory import engine_launcher, first_engines
-from relax.services.launchers.lifetime import owned_temp_dir
-from relax.services.report.role_logs import logs_url
 from relax.services.roles.media import pack_media
+from relax.services.rollout_engines import RolloutEngines, check_api_port, open_engines
 from relax.services.schema import ACTOR_GROUP, rollout_fields, routes_column, routes_field
 from relax.transfer.consumer import GroupView, wait_for_capacity
 
@@ -80,17 +72,10 @@ class RolloutRole:
                  api_mode: str = "thread"):
         """``api_mode`` (with ``rollout.api_port``): 'thread' serves the REST API from this process
         (uvicorn on a thread); 'ingress' only builds ``self.elastic`` for Ray Serve's ingress."""
-        cfg, r = ctx.cfg, ctx.cfg.rollout
+        cfg = ctx.cfg
         self.ctx, self.cfg = ctx, cfg
-        if r.api_port:  # before the producer or any engine starts: a run that cannot serve its API fails at once
-            if not (engine_urls or r.engine_processes > 0):
-                raise ConfigError(f"rollout.api_port={r.api_port} scales HTTP engines, but this rollout runs its "
-                                  f"engine in-process; set rollout.engine_processes=N (or pass --engine-url), or "
-                                  f"rollout.api_port=0")
-            try:
-                preflight(r.api_host, r.api_port, check_port=api_mode == "thread")
-            except APIStartError as e:
-                raise ConfigError(str(e)) from None
+        # before the producer or any engine starts: a run that cannot serve its API fails at once
+        check_api_port(cfg, engine_urls, check_port=api_mode == "thread")
         self.queue = ctx.queue()
         self.scores = not cfg.data.reward_role  # else the reward role does (relax.services.roles.reward)
         fields = rollout_fields(not self.scores)
@@ -115,21 +100,8 @@ class RolloutRole:
         """The engines, the episode runner and (``rollout.api_port``) the REST API on the pool."""
         ctx, cfg, r = self.ctx, self.cfg, self.cfg.rollout
         tok = ctx.tokenizer
-        slots = max(r.n_samples_per_prompt * r.prompts_per_step, 8)
-        self._model_dir: str | None = None
-        sglang = r.engine == "sglang"  # SGLang servers it owns (with --engine-url: those URLs)
-        processor = ctx.processor if (engine_urls or r.engine_processes > 0 or sglang) else None
-        faults = {"timeout_s": r.engine_timeout_s, "max_failures": r.engine_max_failures,
-                  "supervise_interval_s": r.supervise_interval_s, "weight_sync": r.weight_sync,
-                  "routed_experts": cfg.algorithm.routing_replay}
-        if engine_urls:  # external engines: routed around when they fail, never replaced
-            self.pool: EnginePool = RemoteEngines(engine_urls, **faults)
-        elif sglang or r.engine_processes > 0:
-            self.pool = self._owned_engines(r.num_engines if sglang else r.engine_processes, slots, faults)
-        else:
-            model, processor = ctx.build_model()
-            self.pool = LocalEngines(model, tok, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
-                                     seed=cfg.seed, record_routes=cfg.algorithm.routing_replay)
+        self.engines: RolloutEngines = open_engines(ctx, engine_urls, self.store)
+        self.pool, processor = self.engines.pool, self.engines.processor
         self.rewards = RewardDispatcher.for_training(cfg) if self.scores else None
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                 top_k=r.top_k, stop=list(r.stop))
@@ -150,45 +122,23 @@ class RolloutRole:
                 self.gateway = Gateway(self.hub, r.gateway_host, r.gateway_port, run_url=ctx.run_url,
                                        media=ctx.snapshot.load_media).start()
             except GatewayStartError as e:  # the port: a setting to change
-                self.pool.close()
+                self.engines.close()
                 raise ConfigError(str(e)) from None
             except BaseException:
-                self.pool.close()
+                self.engines.close()
                 raise
-        self.api, self.elastic = None, None
-        if r.api_port and self.api_mode == "ingress":  # Serve's proxy serves it (relax.services.topologies.asynchronous)
-            self.elastic = ElasticRollout(self.pool, self.store, self.pool.launcher)
-        elif r.api_port:
-            try:
-                self.api = RolloutAPIServer(self.pool, self.store, r.api_host, r.api_port).start()
-            except BaseException:
-                if self.gateway is not None:
-                    self.gateway.stop()
-                self.pool.close()  # stops the engine processes started above
-                raise
-
-    def _owned_engines(self, n: int, slots: int, faults: dict[str, Any]) -> RemoteEngines:
-        """Start ``n`` engine servers (native, or SGLang with rollout.engine=sglang) on the initial model;
-        the pool owns and supervises them."""
-        model, _ = self.ctx.build_model()
-        self._model_dir = owned_temp_dir("relax-engine-model-")  # swept by the next run if this process is killed
-        model.save_pretrained(self._model_dir)
-        self.ctx.tokenizer.save_pretrained(self._model_dir)
-        text_cfg = getattr(model.config, "text_config", None) or model.config
         try:
-            launcher = engine_launcher(self.cfg, self._model_dir, max(n, self.cfg.rollout.max_engine_processes),
-                                       slots, self.ctx.run_url)
-            started, killed = first_engines(launcher, n)
+            self.engines.start_api(cfg, self.store, self.api_mode)
         except BaseException:
-            shutil.rmtree(self._model_dir, ignore_errors=True)
+            if self.gateway is not None:
+                self.gateway.stop()
+            self.engines.close()  # stops the engine processes started above
             raise
-        pool = RemoteEngines([], owned=started, launcher=launcher, store=self.store,
-                             vocab_size=getattr(text_cfg, "vocab_size", None),
-                             local_weights=self.cfg.rollout.engine == "sglang", **faults)
-        pool.supervisor.vacancies += killed  # the pool's supervisor starts their replacements
-        if killed and not started:
-            pool.supervise()  # no engine to route to: replace one now rather than at the first request
-        return pool
+
+    @property
+    def elastic(self) -> ElasticRollout | None:
+        """The elastic API's operations for Ray Serve's ingress (``api_mode='ingress'``), once built."""
+        return self.engines.elastic
 
     # -- weights ------------------------------------------------------------------------------
     def _newer_weights(self) -> bool:
@@ -250,8 +200,7 @@ class RolloutRole:
                    "reward_errors": sum(bool(t.error) for t in trajs),
                    "aborted_partials": self.runner.aborted, "wait_s": t_wait - t0, "time_s": elapsed,
                    "samples_per_s": len(rows) / max(elapsed, 1e-9), "epoch": self.stream.epoch}
-        if isinstance(self.pool, RemoteEngines):
-            metrics.update(self.pool.fault_counts())  # engine retries, unhealthy marks, replacements
+        metrics.update(self.engines.fault_counts())  # engine retries, unhealthy marks, replacements
         if self.hub is not None:  # sessions opened, closed, dropped (timed out, agent died) and their turns
             metrics.update(self.hub.take_counts())
         if not self.scores:  # the reward role reports them (merged by batch in the run's report)
@@ -275,22 +224,6 @@ class RolloutRole:
     def close(self) -> None:
         if self.gateway is not None:
             self.gateway.stop()
-        if self.api is not None:
-            self.api.stop()
+        self.engines.stop_api()
         self.producer.close()
-        try:
-            self.pool.close()  # stops the engine processes the pool owns
-        finally:
-            if self._model_dir is not None:
-                self._keep_engine_logs()
-                shutil.rmtree(self._model_dir, ignore_errors=True)
-
-    def _keep_engine_logs(self) -> None:
-        """On an object-store root the engines logged into the model copy: their logs go to the run."""
-        logs = logs_url(self.ctx.run_url, "engines")
-        if objstore.local_path(logs) is not None or self._model_dir is None:
-            return
-        for name in os.listdir(self._model_dir):
-            if name.startswith("relax-engine-") and name.endswith(".log"):
-                with open(os.path.join(self._model_dir, name), "rb") as f:
-                    objstore.write_bytes(objstore.join(logs, name), f.read())
+        self.engines.close()  # stops the engine processes the pool owns
