@@ -30,7 +30,7 @@ from relax.config_loader import load_config  # noqa: E402
 from relax.engines.guards import TOKEN_ENV  # noqa: E402
 from relax.pipeline import evaluate, train_run  # noqa: E402
 from relax.services.context import RunContext  # noqa: E402
-from relax.trainers.torch.checkpoint import save_checkpoint  # noqa: E402
+from relax.trainers.checkpoint.trainer_state import save_checkpoint  # noqa: E402
 from tests.relax.services.tool_episodes import AGENT, teach_tool_use  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 Two gloo ranks (this script started once per rank) hold a tensor-parallel Qwen2 (random weights from a
 config) after one training step, and write and resume its checkpoint both ways, interleaved in one run:
 gathered (every rank gathers the weights and AdamW moments by Hugging Face name, rank 0 writes one
-file) and sharded (each rank writes its own part; relax.trainers.megatron.shards). Measured: seconds until
+file) and sharded (each rank writes its own part; relax.trainers.checkpoint.sharded). Measured: seconds until
 every rank is done writing, bytes the busiest rank writes, the tensor bytes rank 0 holds for it, seconds
 to resume at the same layout (medians of the repeats), and, for the sharded one, seconds to consolidate it
 (what resuming at another layout or on the PyTorch backend reads). Reported as ratios sharded / gathered.
@@ -55,16 +55,16 @@ def rank_main(rank: int, port: int, quick: bool, out: str) -> None:
     torch.set_num_threads(1)  # two ranks on two cores
     from trainer import make_batch
 
-    from relax.trainers.megatron.cpu import init_cpu_distributed, shutdown_distributed
-    from relax.trainers.megatron.policy import megatron_policy
-    from relax.trainers.torch.checkpoint import (
+    from relax.trainers.checkpoint.files import read_meta
+    from relax.trainers.checkpoint.trainer_state import (
         load_checkpoint,
-        read_meta,
         read_state,
         save_sharded_checkpoint,
         trainer_state,
         write_checkpoint,
     )
+    from relax.trainers.megatron.cpu import init_cpu_distributed, shutdown_distributed
+    from relax.trainers.megatron.policy import megatron_policy
     from relax.trainers.torch.trainer import TorchTrainer, sft_loss
 
     hidden, layers, vocab = (128, 2, 512) if quick else (512, 4, 8192)

@@ -47,9 +47,9 @@ def rank_main(rank: int, port: int, quick: bool, out: str) -> None:
     torch.set_num_threads(1)  # two ranks on two cores
     from trainer import make_batch
 
+    from relax.trainers.checkpoint.optim_state import optimizer_state
     from relax.trainers.megatron.cpu import init_cpu_distributed, shutdown_distributed
     from relax.trainers.megatron.policy import megatron_policy
-    from relax.trainers.torch.checkpoint import optimizer_state
     from relax.trainers.torch.trainer import TorchTrainer, sft_loss
 
     hidden, layers, vocab = (128, 2, 512) if quick else (256, 4, 2048)

@@ -44,8 +44,8 @@ def train_teacher(args: argparse.Namespace, root: str) -> dict:
     import random
 
     from relax.data.suite import TASKS
+    from relax.trainers.checkpoint.trainer_state import save_checkpoint
     from relax.trainers.torch.batch import RolloutBatch
-    from relax.trainers.torch.checkpoint import save_checkpoint
     from relax.trainers.torch.sft import demonstration_tokens
     from relax.trainers.torch.trainer import TorchTrainer, sft_loss
 

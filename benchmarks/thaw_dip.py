@@ -27,7 +27,7 @@ from relax.objstore import absolute_url
 from relax.pipeline import evaluate
 from relax.services.context import RunContext
 from relax.services.roles.actor import checkpoint_name
-from relax.trainers.torch.checkpoint import read_state
+from relax.trainers.checkpoint.trainer_state import read_state
 
 STEM = "model.visual.patch_embed.proj.weight"
 

@@ -26,8 +26,8 @@ import torch
 from output import Output, add_arguments
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from relax.trainers.packing import waste
 from relax.trainers.torch.batch import RolloutBatch
-from relax.trainers.torch.packing import waste
 from relax.trainers.torch.trainer import TorchTrainer, sft_loss
 
 

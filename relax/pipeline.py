@@ -26,7 +26,7 @@ from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
 from relax.services.context import RunContext
 from relax.services.report.accuracy import write_accuracy
 from relax.services.train import TrainSummary, train
-from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint
+from relax.trainers.checkpoint.trainer_state import load_checkpoint, save_checkpoint
 from relax.trainers.torch.sft import FORMAT_RECIPE, format_warmup
 from relax.transfer.lineage import chain, chain_to_json, chain_to_text, list_records, list_runs
 from relax.transfer.lineage_render import render_svg

@@ -25,9 +25,10 @@ from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.roles.teacher import teacher_identity
 from relax.services.schema import ACTOR_GROUP
 from relax.services.supervision import read_restarts
-from relax.trainers.megatron.shards import SHARDED
+from relax.trainers.checkpoint.files import read_meta
+from relax.trainers.checkpoint.sharded import SHARDED
+from relax.trainers.checkpoint.trainer_state import load_newest_good, write_checkpoint
 from relax.trainers.torch.actor import Reference, kl_loss_term, reference_fields, teacher_fields
-from relax.trainers.torch.checkpoint import load_newest_good, read_meta, write_checkpoint
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, record_url, write_record
 

@@ -35,14 +35,10 @@ from relax.config_loader import config_from_dict, config_to_dict
 from relax.services.context import RunContext
 from relax.services.launchers.process import free_port, kill_on_parent_death
 from relax.services.launchers.role_process import describe_exit
+from relax.trainers.checkpoint.files import CheckpointError
+from relax.trainers.checkpoint.trainer_state import load_checkpoint, save_sharded_checkpoint, trainer_state
+from relax.trainers.model_parallel import unwrap
 from relax.trainers.torch.actor import Actor
-from relax.trainers.torch.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    save_sharded_checkpoint,
-    trainer_state,
-    unwrap,
-)
 from relax.trainers.torch.trainer import StepResult, wrap_ddp
 
 RANK_ENV, WORLD_ENV, PORT_ENV = "RELAX_ACTOR_RANK", "RELAX_ACTOR_WORLD", "RELAX_ACTOR_PORT"

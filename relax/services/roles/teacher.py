@@ -54,7 +54,7 @@ def teacher_identity(cfg: RelaxConfig) -> dict[str, Any]:
 def build_teacher(ctx: RunContext) -> tuple[Reference, Any]:
     """The frozen teacher (a Reference scorer) and its processor."""
     from relax.models import build_policy
-    from relax.trainers.torch.checkpoint import load_checkpoint
+    from relax.trainers.checkpoint.trainer_state import load_checkpoint
 
     cfg = ctx.cfg
     model, processor = build_policy(teacher_model_config(cfg), ctx.tokenizer, seed=cfg.seed)

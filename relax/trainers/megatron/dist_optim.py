@@ -15,7 +15,7 @@ non-finite skip and the checkpoint code stay the backends' one copy, with megatr
   norm and clips by it; ``step`` copies the scheduled learning rate and weight decay into megatron's
   groups and steps them;
 * ``state_dict`` / ``load_state_dict`` speak the ordinary AdamW layout (each parameter's moments whole
-  over the data-parallel ranks), so the by-name checkpoint (relax.trainers.megatron.optim_state)
+  over the data-parallel ranks), so the by-name checkpoint (relax.trainers.checkpoint.optim_state)
   resumes with or without this optimizer and at another layout.
 
 Weights stay float32 (bf16 runs autocast, as on the PyTorch backend): megatron's "main" parameters are

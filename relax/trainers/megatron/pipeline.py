@@ -41,7 +41,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from relax.trainers.megatron.context import model_rows, whole_logits
 from relax.trainers.megatron.cpu import megatron_calls_on_cpu
 from relax.trainers.megatron.samples import rows_of
-from relax.trainers.torch.packing import MicroBatch
+from relax.trainers.packing import MicroBatch
 
 # (micro-batch, its (R, T, V) logits) -> (micro-batch loss, a 0-dim tensor; its metrics)
 MicroLoss = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]

@@ -18,7 +18,7 @@ Scope (docs/megatron.md): tensor, pipeline and data parallel over the process gr
 set up (the actor role's ranks, relax.services.roles.actor_ranks; one process otherwise), gloo
 on CPU and NCCL on CUDA; at pipeline parallel > 1 the trainer runs megatron's schedule
 (relax.trainers.megatron.pipeline). The optimizer is the PyTorch trainer's AdamW; its state is
-checkpointed by Hugging Face name (relax.trainers.megatron.optim_state), so a checkpoint resumes
+checkpointed by Hugging Face name (relax.trainers.checkpoint.optim_state), so a checkpoint resumes
 at another layout. Qwen2-/Qwen3-MoE models convert too (relax.trainers.megatron.mlp), and replay the
 engine's experts under ``replay_routes`` (replay.py); expert parallelism splits their experts over the
 data-parallel ranks (``trainer.expert_parallel``), whose forwards then run in lockstep. Context
@@ -39,7 +39,24 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from torch.nn.modules.module import _IncompatibleKeys
 
-from relax.trainers.checkpoint_files import CheckpointError
+from relax.trainers.checkpoint.files import CheckpointError
+from relax.trainers.checkpoint.optim_state import (
+    load_by_name,
+    local_optimizer_state,
+    param_names,
+    state_from_hf,
+    state_to_hf,
+)
+from relax.trainers.checkpoint.sharded import (
+    Place,
+    every_rank,
+    layout_of,
+    places,
+    read_shard,
+    sizes_of,
+    write_shard,
+)
+from relax.trainers.checkpoint.trainer_state import check_compatible
 from relax.trainers.megatron.context import model_rows, whole_logits
 from relax.trainers.megatron.convert import LayoutConfig, clean_mcore_state, layout_from_hf_config
 from relax.trainers.megatron.cpu import cuda_device_as_cpu, init_cpu_single_process
@@ -52,20 +69,9 @@ from relax.trainers.megatron.model import (
     pipeline_stage,
     shard_hf,
 )
-from relax.trainers.megatron.optim_state import state_from_hf, state_to_hf
 from relax.trainers.megatron.pipeline import attach_pipeline
 from relax.trainers.megatron.replay import replaying, sample_routes
 from relax.trainers.megatron.samples import rows_of, widened
-from relax.trainers.megatron.shards import (
-    Place,
-    every_rank,
-    layout_of,
-    places,
-    read_shard,
-    sizes_of,
-    write_shard,
-)
-from relax.trainers.torch.checkpoint import check_compatible, load_by_name, local_optimizer_state, param_names
 
 
 def _padding_row_without_gradient(pad: int) -> Any:
@@ -235,8 +241,8 @@ class MegatronPolicy(torch.nn.Module):
 
     def optimizer_state_to_checkpoint(self, local: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per-parameter optimizer state under this module's names -> under Hugging Face names, moments
-        gathered over the shards (relax.trainers.megatron.optim_state), so a checkpoint resumes at another
-        parallel layout or backend (relax.trainers.torch.checkpoint.optimizer_state). Collective."""
+        gathered over the shards (relax.trainers.checkpoint.optim_state), so a checkpoint resumes at another
+        parallel layout or backend (its ``optimizer_state``). Collective."""
         return state_to_hf(self, {n.removeprefix("gpt."): st for n, st in local.items()})
 
     def optimizer_state_from_checkpoint(self, saved: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -244,7 +250,7 @@ class MegatronPolicy(torch.nn.Module):
         return {f"gpt.{n}": st for n, st in state_from_hf(self, saved).items()}
 
     def shard_place(self) -> tuple[Place, dict[str, int]]:
-        """This rank's part of the model and the parallel sizes (relax.trainers.megatron.shards)."""
+        """This rank's part of the model and the parallel sizes (relax.trainers.checkpoint.sharded)."""
         ps = parallel_state
         sizes = {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
                  "ep": ps.get_expert_model_parallel_world_size()}

@@ -14,7 +14,7 @@ What ``Critic`` / ``span_values`` and the critic role see:
 * ``backbone`` is a ``MegatronPolicy`` (what the role loads policy version 0 into, HF layout).
 * ``state_dict()`` / ``load_state_dict()`` speak ValueHeadModel's layout, ``backbone.<HF name>``
   and ``value_head.{weight,bias}``, and so does the optimizer state of a checkpoint
-  (``optimizer_state_to_checkpoint``, relax.trainers.torch.checkpoint): critic checkpoints of either
+  (``optimizer_state_to_checkpoint``, relax.trainers.checkpoint.optim_state): critic checkpoints of either
   backend resume on the other. The LM head is kept (the layout has it) but never run, so it gets
   no gradient and no optimizer state, as in ValueHeadModel.
 

@@ -23,11 +23,11 @@ from relax.algorithms import (
     topk_forward_kl,
 )
 from relax.config import AlgorithmConfig, RelaxConfig
+from relax.trainers.model_parallel import unwrap
+from relax.trainers.packing import MicroBatch
 from relax.trainers.torch.batch import TEACHER_TOPK_FIELDS, TOPK_FIELDS, RolloutBatch, data_parallel_share
-from relax.trainers.torch.checkpoint import unwrap
 from relax.trainers.torch.encoders import EncoderSchedule
 from relax.trainers.torch.forward import PositionReader, compute_logprobs, token_logprobs
-from relax.trainers.torch.packing import MicroBatch
 from relax.trainers.torch.trainer import StepResult, TorchTrainer, combine_metrics, plan_micro_batches
 
 log = logging.getLogger(__name__)

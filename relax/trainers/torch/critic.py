@@ -20,10 +20,10 @@ from torch import nn
 
 from relax.algorithms import clipped_value_loss, value_loss
 from relax.config import RelaxConfig
+from relax.trainers.packing import MicroBatch
 from relax.trainers.torch.actor import pad
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.forward import model_inputs
-from relax.trainers.torch.packing import MicroBatch
 from relax.trainers.torch.trainer import StepResult, TorchTrainer
 
 __all__ = ["Critic", "ValueModel", "clipped_value_loss", "span_values"]

@@ -22,8 +22,9 @@ from typing import NamedTuple
 import torch
 
 from relax.models.moe_routing import replay_routes
+from relax.trainers.model_parallel import hook, unwrap
+from relax.trainers.packing import MicroBatch
 from relax.trainers.torch.attention import NAME as PACKED
-from relax.trainers.torch.packing import MicroBatch
 from relax.trainers.torch.prefix import PrefixMicroBatch, first_row, pad_front, prefix_logprobs
 
 PositionReader = Callable[[list[int], list[int], torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]
@@ -87,9 +88,9 @@ def token_logprobs(model: torch.nn.Module, mb: MicroBatch | PrefixMicroBatch, te
 
 def lockstep_fillers(model: torch.nn.Module, n: int) -> int:
     """Idle forwards to run after this rank's ``n`` micro-batches so that ranks exchanging tokens inside
-    every forward (megatron expert parallelism, ``MegatronPolicy.lockstep_micro_batches``) run as many
+    every forward (a ``model_parallel.LockstepModel``: megatron expert parallelism) run as many
     as the busiest of them; 0 for any other model (collective where it is not 0)."""
-    count = getattr(getattr(model, "module", model), "lockstep_micro_batches", None)
+    count = hook(model, "lockstep_micro_batches")
     return 0 if count is None else count(n) - n
 
 
@@ -98,14 +99,14 @@ def compute_logprobs(model: torch.nn.Module, batches: Sequence[MicroBatch | Pref
                      temperature: float = 1.0) -> list[torch.Tensor]:
     """Logprobs of every sample under ``model`` without gradients (reference, proximal policy)."""
     result: list[torch.Tensor | None] = [None] * n
-    pipeline = getattr(getattr(model, "module", model), "pipeline_schedule", None)
-    if pipeline is not None:  # stages of a megatron model: the last one scores (relax.trainers.megatron.pipeline)
+    pipeline = hook(model, "pipeline_schedule")
+    if pipeline is not None:  # stages of a model split into a pipeline: the last one scores
         outs = pipeline.forward_only(batches, lambda mb, logits: span_logprobs(logits, mb, temperature).logprobs)
     else:
         fillers = lockstep_fillers(model, len(batches))  # before the first forward: counted collectively
         outs = [token_logprobs(model, mb, temperature).logprobs for mb in batches]
         for _ in range(fillers):
-            getattr(model, "module", model).idle_forward()
+            unwrap(model).idle_forward()
     for mb, logprobs in zip(batches, outs, strict=True):
         for s, lp in zip(mb.spans, logprobs, strict=True):
             result[s.index] = lp.detach()

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from relax.trainers.model_parallel import hook
+
 SCHEDULES = ("constant", "cosine")
 
 
@@ -41,8 +43,9 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, warm
     and norms), then the scaled or ramped ones, so a run without scales keeps the two-group
     layout its checkpoints were saved with.
 
-    A model may name the AdamW that steps it: ``model.adamw_class``, called as ``torch.optim.AdamW``
-    is (the Megatron policy's ``DistributedAdam`` under ``trainer.distributed_optimizer``)."""
+    A model may name the AdamW that steps it: ``model.adamw_class`` (a ``model_parallel`` hook), called
+    as ``torch.optim.AdamW`` is (the Megatron policy's ``DistributedAdam`` under
+    ``trainer.distributed_optimizer``)."""
     base_groups = ((1.0, True, ""), (1.0, False, ""))  # kept even when empty: the checkpoint layout
     groups: dict[tuple[float, bool, str], list[torch.nn.Parameter]] = {key: [] for key in base_groups}
     for name, p in model.named_parameters():
@@ -54,7 +57,7 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, warm
         # no weight decay on biases and norms: decaying them only hurts small models
         groups.setdefault((scale, p.ndim >= 2, ramp), []).append(p)
     kept = [(key, params) for key, params in groups.items() if params or key in base_groups]
-    adamw = getattr(model, "adamw_class", None) or torch.optim.AdamW
+    adamw = hook(model, "adamw_class") or torch.optim.AdamW
     optimizer = adamw(
         [{"params": params, "lr": lr * scale, "weight_decay": weight_decay if decay else 0.0}
          for (scale, decay, _), params in kept],

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from relax.models.video_inputs import audio_in_video, model_media_kwargs
-from relax.trainers.torch.checkpoint import unwrap
-from relax.trainers.torch.packing import Span, concat_media, right_pad
+from relax.trainers.model_parallel import unwrap
+from relax.trainers.packing import Span, concat_media, right_pad
 
 Media = dict[str, torch.Tensor] | None
 

@@ -9,6 +9,7 @@ it takes: 2 gloo processes give the same weights as 1 process on the whole batch
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -18,9 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from relax.trainers.checkpoint.trainer_state import load_checkpoint, save_checkpoint
+from relax.trainers.model_parallel import hook, unwrap
+from relax.trainers.packing import MicroBatch, lay_out_routes, micro_batches
 from relax.trainers.torch.attention import enable_packed_attention
 from relax.trainers.torch.batch import RolloutBatch
-from relax.trainers.torch.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from relax.trainers.torch.forward import (
     PositionReader,
     TokenOutputs,
@@ -29,7 +32,6 @@ from relax.trainers.torch.forward import (
     token_logprobs,
 )
 from relax.trainers.torch.optim import build_optimizer
-from relax.trainers.torch.packing import MicroBatch, lay_out_routes, micro_batches
 from relax.trainers.torch.prefix import PrefixMicroBatch, plan_prefix
 
 log = logging.getLogger(__name__)
@@ -162,7 +164,7 @@ class TorchTrainer:
     def data_group(self) -> dist.ProcessGroup | None:
         """The data-parallel ranks when the model is sharded over others (Megatron's tensor
         parallelism: those ranks hold the same data); None = every rank of the process group."""
-        group = getattr(self.model, "data_parallel_group", None)
+        group = hook(self.model, "data_parallel_group")
         return group() if group is not None else None
 
     @property
@@ -198,7 +200,7 @@ class TorchTrainer:
             losses, m = token_loss(mb, out.logprobs, out.entropies, batch, **extra)
             return sum((loss.double() * weights[s.index]).sum() for s, loss in zip(mb.spans, losses, strict=True)), m
 
-        pipeline = getattr(unwrap(self.model), "pipeline_schedule", None)
+        pipeline = hook(self.model, "pipeline_schedule")
         if pipeline is not None:
             if forward is not None:
                 raise ValueError("a pipelined model trains on token log-probs only; the critic's custom forward "
@@ -213,7 +215,7 @@ class TorchTrainer:
             fillers = lockstep_fillers(self.model, len(mbs))  # before the first forward: counted collectively
             for k, mb in enumerate(mbs):
                 sync = k == len(mbs) - 1
-                ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else _null()
+                ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else contextlib.nullcontext()
                 with ctx, self._precision():
                     if forward is None:
                         out = token_logprobs(self.model, mb, self.temperature, with_entropy, read)
@@ -234,7 +236,7 @@ class TorchTrainer:
         grad_norm = float("nan")
         if finite:
             limit = self.grad_clip if self.grad_clip > 0 else float("inf")
-            clip = getattr(self.model, "clip_grad_norm_", None)  # a sharded model knows its global norm
+            clip = hook(self.model, "clip_grad_norm_")  # a sharded model knows its global norm
             if clip is not None:
                 grad_norm = clip(limit)
             else:
@@ -256,7 +258,7 @@ class TorchTrainer:
 
     def _precision(self):
         if self.autocast is None:
-            return _null()
+            return contextlib.nullcontext()
         device = next(self.model.parameters()).device.type
         return torch.autocast(device_type=device, dtype=self.autocast)
 
@@ -268,14 +270,6 @@ class TorchTrainer:
         meta = load_checkpoint(url, self.model, self.optimizer, self.scheduler)
         self.steps_done = int(meta.get("steps_done", 0))
         return meta
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def sft_loss(mb: MicroBatch, logprobs: list[torch.Tensor], entropies, batch: RolloutBatch):

@@ -60,8 +60,8 @@ def _served_logprob_gap(cfg, version: int) -> float:
     """Largest gap between the log-probs the servers reported for the response tokens of the samples
     they drew with weight ``version`` and a Hugging Face forward with that version's published weights."""
     from relax.services.schema import ACTOR_GROUP
+    from relax.trainers.packing import micro_batches
     from relax.trainers.torch.forward import compute_logprobs
-    from relax.trainers.torch.packing import micro_batches
     from relax.transfer.consumer import load_group_state
 
     ctx = RunContext(cfg)

@@ -12,8 +12,8 @@ from relax import objstore
 from relax.services.context import RunContext
 from relax.services.roles.actor import behaviour_is_proximal
 from relax.services.train import train
+from relax.trainers.checkpoint.trainer_state import load_checkpoint
 from relax.trainers.torch.actor import Actor
-from relax.trainers.torch.checkpoint import load_checkpoint
 from relax.transfer.lineage import ParentRef, chain, read_record, record_url
 from tests.relax.services.runtime_helpers import tiny_config
 

@@ -23,8 +23,8 @@ from relax.services.roles.advantage import batch_gae
 from relax.services.roles.critic import CriticRole, critic_checkpoints
 from relax.services.schema import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP
 from relax.services.train import train
+from relax.trainers.checkpoint.trainer_state import load_checkpoint
 from relax.trainers.torch.batch import RolloutBatch
-from relax.trainers.torch.checkpoint import load_checkpoint
 from relax.trainers.torch.critic import Critic
 from relax.transfer.consumer import load_group_state
 from tests.relax.services.runtime_helpers import tiny_config

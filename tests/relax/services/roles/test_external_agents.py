@@ -19,7 +19,7 @@ import pytest
 from relax.engines.guards import AGENT_TOKEN_ENV
 from relax.pipeline import evaluate, train_run
 from relax.services.context import RunContext
-from relax.trainers.torch.checkpoint import save_checkpoint
+from relax.trainers.checkpoint.trainer_state import save_checkpoint
 from tests.relax.services.runtime_helpers import tiny_config
 from tests.relax.services.tool_episodes import AGENT, teach_tool_use
 

@@ -57,7 +57,7 @@ def test_an_expert_parallel_megatron_moe_actor_replays_the_engines_experts_in_th
     import torch
 
     from relax.services.report.metrics import read_metrics
-    from relax.trainers.torch.checkpoint import read_state
+    from relax.trainers.checkpoint.trainer_state import read_state
     from relax.transfer.weights import WeightStore
 
     repo = Path(__file__).resolve().parents[4]

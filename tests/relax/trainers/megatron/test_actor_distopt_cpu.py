@@ -91,8 +91,8 @@ def _main(rank: int, port: str, out_dir: str) -> None:
     from tiny import tiny_batch
 
     from relax.config_loader import load_config
+    from relax.trainers.checkpoint.optim_state import optimizer_state
     from relax.trainers.torch.actor import Actor
-    from relax.trainers.torch.checkpoint import optimizer_state
 
     def cfg(*extra: str):
         return load_config(None, ["trainer.warmup_steps=2", "trainer.lr=1e-3", "trainer.weight_decay=0.1",

@@ -66,9 +66,9 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
     from relax.config import ModelConfig
     from relax.config_loader import load_config
     from relax.models import build_policy, build_tokenizer
+    from relax.trainers.checkpoint.optim_state import optimizer_state
     from relax.trainers.torch.actor import Actor
     from relax.trainers.torch.batch import RolloutBatch
-    from relax.trainers.torch.checkpoint import optimizer_state
 
     tok = build_tokenizer("bpe-tiny")
     g = torch.Generator().manual_seed(0)

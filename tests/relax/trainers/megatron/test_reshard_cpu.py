@@ -3,7 +3,7 @@ PyTorch backend) and the next step equals the uninterrupted tp=2 run; data paral
 the PyTorch backend's step.
 
 Checkpoints hold the weights and the optimizer's moments in the Hugging Face layout, by name
-(``relax.trainers.torch.checkpoint.optimizer_state``), so resharding is a conversion on load.
+(``relax.trainers.checkpoint.optim_state.optimizer_state``), so resharding is a conversion on load.
 The resumed step is the second one: AdamW's moments from the first shape it, so a moment
 loaded into the wrong place or shard would show. Each phase is a child process per rank (this
 file as a script; megatron keeps process-wide state) writing what it measured to files.
@@ -110,7 +110,7 @@ def _finish(actor, result: dict, name: str, out: Path, rank: int) -> None:
 
 
 def _main(mode: str, rank: int, world: int, port: str, out: Path) -> None:
-    from relax.trainers.torch.checkpoint import trainer_state, write_checkpoint
+    from relax.trainers.checkpoint.trainer_state import trainer_state, write_checkpoint
 
     cfg, hf, first, second = _setup()
     ckpt = str(out / "ckpt")
@@ -162,9 +162,9 @@ def _megatron_fresh_step(cfg, ckpt: str, second, trained) -> float:
     weights with empty optimizer moments (this rank's process group, tp=2)."""
     from tiny import tiny_qwen2
 
+    from relax.trainers.checkpoint.trainer_state import read_state
     from relax.trainers.megatron.policy import megatron_policy
     from relax.trainers.torch.actor import Actor
-    from relax.trainers.torch.checkpoint import read_state
 
     fresh = Actor(megatron_policy(tiny_qwen2()), cfg)
     fresh.model.load_state_dict(read_state(ckpt)[1]["model"])

@@ -84,7 +84,8 @@ def _copy(ranks: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> Path:
 
 
 def test_a_corrupt_or_missing_part_is_named_before_anything_loads(ranks, tmp_path: Path) -> None:
-    from relax.trainers.torch.checkpoint import CheckpointError, read_state
+    from relax.trainers.checkpoint.files import CheckpointError
+    from relax.trainers.checkpoint.trainer_state import read_state
 
     ckpt = _copy(ranks, tmp_path)
     part = ckpt / "shards" / "tp1-pp0-ep0.pt"
@@ -104,7 +105,8 @@ def test_a_corrupt_or_missing_part_is_named_before_anything_loads(ranks, tmp_pat
 
 
 def test_places_read_back_are_checked_not_trusted(ranks, tmp_path: Path) -> None:
-    from relax.trainers.torch.checkpoint import CheckpointError, read_state
+    from relax.trainers.checkpoint.files import CheckpointError
+    from relax.trainers.checkpoint.trainer_state import read_state
 
     ckpt = _copy(ranks, tmp_path)
     meta = json.loads((ckpt / "meta.json").read_text())
@@ -123,7 +125,8 @@ def test_places_read_back_are_checked_not_trusted(ranks, tmp_path: Path) -> None
 
 
 def test_another_model_is_refused_naming_the_tensor_and_both_shapes(ranks, tmp_path: Path) -> None:
-    from relax.trainers.torch.checkpoint import CheckpointError, load_checkpoint
+    from relax.trainers.checkpoint.files import CheckpointError
+    from relax.trainers.checkpoint.trainer_state import load_checkpoint
     from tests.relax.trainers.torch.tiny import tiny_qwen2
 
     model = tiny_qwen2()
@@ -141,15 +144,14 @@ def _main(rank: int, port: str, out_dir: str) -> None:
     from tiny import tiny_batch
 
     from relax.config_loader import load_config
-    from relax.trainers.checkpoint_files import read_verified
-    from relax.trainers.torch.actor import Actor
-    from relax.trainers.torch.checkpoint import (
-        read_meta,
+    from relax.trainers.checkpoint.files import read_meta, read_verified
+    from relax.trainers.checkpoint.trainer_state import (
         read_state,
         save_sharded_checkpoint,
         trainer_state,
         write_checkpoint,
     )
+    from relax.trainers.torch.actor import Actor
 
     def cfg(*extra: str):
         return load_config(None, ["trainer.warmup_steps=2", "trainer.lr=1e-3", "trainer.weight_decay=0.1",

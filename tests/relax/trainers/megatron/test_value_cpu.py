@@ -158,9 +158,9 @@ def _run_checks(root: Path) -> dict[str, Any]:
     from relax.services.roles.critic import CriticRole, critic_checkpoints
     from relax.services.schema import CRITIC_VALUES_GROUP
     from relax.services.train import train
+    from relax.trainers.checkpoint.trainer_state import load_checkpoint
     from relax.trainers.megatron.value import MegatronValueModel
     from relax.trainers.torch.batch import RolloutBatch
-    from relax.trainers.torch.checkpoint import load_checkpoint
     from relax.trainers.torch.critic import Critic
     from relax.transfer.consumer import load_group_state
 
@@ -195,8 +195,8 @@ def _main(out: str) -> None:
     from tiny import tiny_batch, tiny_qwen2
 
     from relax.models.value_head import ValueHeadModel
+    from relax.trainers.checkpoint.trainer_state import load_checkpoint
     from relax.trainers.megatron.value import megatron_value_model
-    from relax.trainers.torch.checkpoint import load_checkpoint
     from relax.trainers.torch.critic import Critic
 
     tmp = Path(out).parent

@@ -10,10 +10,10 @@ from tiny import tiny_batch, tiny_qwen2
 from relax.config import ModelConfig
 from relax.data.suite import generate_suite
 from relax.models import build_policy, build_tokenizer, prepare_inputs
+from relax.trainers.packing import micro_batches
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.critic import critic_layout
 from relax.trainers.torch.forward import compute_logprobs
-from relax.trainers.torch.packing import micro_batches
 from relax.trainers.torch.prefix import plan_prefix, prefix_groups, prompt_length
 from relax.trainers.torch.trainer import TorchTrainer, plan_micro_batches, sft_loss
 

@@ -10,9 +10,9 @@ from relax.config import ModelConfig
 from relax.data.suite import flash_beep, shapes
 from relax.models import build_policy, build_tokenizer, prepare_inputs
 from relax.models.video_inputs import audio_in_video
+from relax.trainers.packing import micro_batches
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.forward import compute_logprobs, token_logprobs
-from relax.trainers.torch.packing import micro_batches
 from relax.trainers.torch.prefix import plan_prefix
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny import tiny_batch, tiny_qwen2
 
-from relax.trainers.torch.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from relax.trainers.checkpoint.trainer_state import export_hf, load_checkpoint, save_checkpoint
 from relax.trainers.torch.trainer import TorchTrainer, combine_metrics, sft_loss, token_weights
 
 WORKER = str(Path(__file__).with_name("ddp_worker.py"))

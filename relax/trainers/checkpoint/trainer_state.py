@@ -3,12 +3,13 @@
 ``<url>/trainer.pt`` holds model, optimizer and LR-schedule state plus every RNG the step
 touches (torch, Python, numpy); ``<url>/meta.json`` is written last with the file's sha256
 and whatever the caller records (step, manifest versions consumed up to, weight version).
-The files are read as ``relax.trainers.checkpoint_files`` says: sha256 first, then a
+The files are read as ``relax.trainers.checkpoint.files`` says: sha256 first, then a
 weights-only unpickling, so nothing read back runs code. The RNG states are stored as
-tensors and ints for that reason.
+tensors and ints for that reason. The optimizer's state is kept by parameter name
+(``relax.trainers.checkpoint.optim_state``).
 
 A Megatron actor may write its checkpoint sharded instead (``trainer.checkpoint_format=sharded``,
-``relax.trainers.megatron.shards``): :func:`read_state` consolidates one into this same state, so
+``relax.trainers.checkpoint.sharded``): :func:`read_state` consolidates one into this same state, so
 every reader (another layout, the other backend, an ``init_checkpoint``) loads either format.
 """
 
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from relax.objstore import absolute_url
-from relax.trainers.checkpoint_files import (
+from relax.trainers.checkpoint.files import (
     CheckpointError,
     read_meta,
     read_verified,
@@ -32,16 +33,11 @@ from relax.trainers.checkpoint_files import (
     write_file,
     write_meta,
 )
-from relax.trainers.megatron.shards import SHARDED, consolidate, every_rank, write_sharded
+from relax.trainers.checkpoint.optim_state import load_optimizer_state, optimizer_state
+from relax.trainers.checkpoint.sharded import SHARDED, consolidate, every_rank, write_sharded
+from relax.trainers.model_parallel import hook, unwrap
 
 log = logging.getLogger(__name__)
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside DDP/FSDP/compile wrappers."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 def rng_state() -> dict[str, Any]:
@@ -64,63 +60,6 @@ def set_rng_state(rng: dict[str, Any]) -> None:
     if isinstance(npy, dict):
         npy = (npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached"])
     np.random.set_state(npy)
-
-
-def local_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``optimizer``'s state keyed by the name of each parameter in ``model`` (as this rank holds it):
-    ``{"format": "by-name", "groups": [hyper-parameters], "state": {name: {"step", "exp_avg", ...}}}``."""
-    sd = optimizer.state_dict()
-    order = param_names(unwrap(model), optimizer)
-    return {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
-            "state": {order[i]: st for i, st in sd["state"].items()}}
-
-
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """:func:`local_optimizer_state`, not by position, so a checkpoint resumes on either backend and any
-    parallel layout: a model that is a view of another layout (the Megatron policy: Hugging Face names,
-    tensor-parallel shards gathered) renames and gathers its parameters' states
-    (``optimizer_state_to_checkpoint``)."""
-    out = local_optimizer_state(model, optimizer)
-    convert = getattr(unwrap(model), "optimizer_state_to_checkpoint", None)
-    return {**out, "state": convert(out["state"])} if convert is not None else out
-
-
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-    """Inverse of :func:`optimizer_state` (``optimizer_state_from_checkpoint`` maps a view's names
-    back); a positional state dict (checkpoints before by-name) loads as it is."""
-    if saved.get("format") != "by-name":
-        optimizer.load_state_dict(saved)
-        return
-    m = unwrap(model)
-    convert = getattr(m, "optimizer_state_from_checkpoint", None)
-    by_name = convert(saved["state"]) if convert is not None else saved["state"]
-    load_by_name(optimizer, saved, by_name, param_names(m, optimizer))
-
-
-def param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The name in ``model`` of each parameter of ``optimizer``, in its groups' order."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-
-
-def load_by_name(optimizer: torch.optim.Optimizer, saved: dict[str, Any], by_name: dict[str, dict[str, Any]],
-                 order: list[str]) -> None:
-    """Load per-name optimizer state into ``optimizer`` whose parameters are named ``order`` (its
-    groups' order), through ``Optimizer.load_state_dict`` (which casts to each parameter's dtype and
-    device). Names the checkpoint has and this model lacks (a tied head's alias) are skipped."""
-    if len(saved["groups"]) != len(optimizer.param_groups):
-        raise CheckpointError(f"checkpoint optimizer has {len(saved['groups'])} parameter groups, this one "
-                              f"{len(optimizer.param_groups)}: another optimizer layout")
-    groups, start = [], 0
-    for g, hyper in zip(optimizer.param_groups, saved["groups"], strict=True):
-        groups.append({**hyper, "params": list(range(start, start + len(g["params"])))})
-        start += len(g["params"])
-    # a parameter never stepped (a head without gradient) has no state, as in a fresh optimizer; each
-    # gets its own copy of a shared scalar (AdamW's step), which the optimizer increments in place
-    state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in by_name[n].items()}
-             for i, n in enumerate(order) if n in by_name}
-    optimizer.load_state_dict({"state": state,
-                               "param_groups": groups})
 
 
 def trainer_head(optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None) -> dict[str, Any]:
@@ -155,8 +94,8 @@ def write_checkpoint(url: str, state: dict[str, Any], meta: dict[str, Any] | Non
 
 def save_sharded_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                             scheduler: Any = None, meta: dict[str, Any] | None = None) -> str:
-    """A sharded checkpoint (relax.trainers.megatron.shards) of a model that writes its own part (the
-    Megatron policy's ``save_shard``). Collective: every rank writes its part, then rank 0 writes
+    """A sharded checkpoint (relax.trainers.checkpoint.sharded) of a model that writes its own part (a
+    ``model_parallel.ShardWriter``: the Megatron policy). Collective: every rank writes its part, then rank 0 writes
     ``trainer.pt`` and, last, ``meta.json`` listing every part."""
     m, url = unwrap(model), absolute_url(url)
     entries = every_rank(m.save_shard(url, optimizer))  # after every rank has written its part
@@ -190,7 +129,7 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     of a differently shaped model fails naming the first mismatched tensor.
     """
     meta, head = _read_head(url)
-    own = getattr(unwrap(model), "load_own_shard", None)  # the same parallel layout: read only this rank's
+    own = hook(model, "load_own_shard")  # the same parallel layout: read only this rank's
     if meta.get("format") == SHARDED and own is not None and own(url, meta, head, optimizer):
         return _restore_rest(head, meta, scheduler, restore_rng)
     state = _whole(url, meta, head)

@@ -1,9 +1,12 @@
-"""Optimizer state of a megatron model in the Hugging Face layout, by parameter name.
+"""Optimizer state in a checkpoint: by parameter name, in the Hugging Face layout.
 
-A checkpoint keeps AdamW's moments under the Hugging Face names of the weights they belong to
-(relax.trainers.torch.checkpoint ``optimizer_state``), so it resumes at another tensor/pipeline
-layout or on the other backend. Moments are elementwise, so converting them like the weights
-(a permutation and concatenation, ``relax.trainers.megatron.convert``) is exact.
+A checkpoint keeps AdamW's state keyed by the name of the parameter it belongs to, not by its
+position in the optimizer (:func:`optimizer_state`), so it resumes on either backend and at any
+parallel layout. A model that is a view of another layout (a ``model_parallel.ShardedModel``: the
+Megatron policy, Hugging Face names over tensor-parallel shards) renames and gathers its states
+through ``optimizer_state_to_checkpoint`` / ``optimizer_state_from_checkpoint``, which use
+:func:`state_to_hf` / :func:`state_from_hf` below. Moments are elementwise, so converting them like
+the weights (a permutation and concatenation, ``relax.trainers.megatron.convert``) is exact.
 
 A parameter that was never stepped (a critic's LM head: it gets no gradient) has no state; its
 Hugging Face entry is ``{}``, what a fresh optimizer has. ``policy`` below is a
@@ -17,8 +20,65 @@ from typing import Any
 
 import torch
 
-from relax.trainers.checkpoint_files import CheckpointError
+from relax.trainers.checkpoint.files import CheckpointError
 from relax.trainers.megatron.convert import hf_shapes
+from relax.trainers.model_parallel import hook, unwrap
+
+
+def local_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer``'s state keyed by the name of each parameter in ``model`` (as this rank holds it):
+    ``{"format": "by-name", "groups": [hyper-parameters], "state": {name: {"step", "exp_avg", ...}}}``."""
+    sd = optimizer.state_dict()
+    order = param_names(unwrap(model), optimizer)
+    return {"format": "by-name", "groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
+            "state": {order[i]: st for i, st in sd["state"].items()}}
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """:func:`local_optimizer_state`, not by position, so a checkpoint resumes on either backend and any
+    parallel layout: a model that is a view of another layout (the Megatron policy: Hugging Face names,
+    tensor-parallel shards gathered) renames and gathers its parameters' states
+    (``optimizer_state_to_checkpoint``)."""
+    out = local_optimizer_state(model, optimizer)
+    convert = hook(model, "optimizer_state_to_checkpoint")
+    return {**out, "state": convert(out["state"])} if convert is not None else out
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Inverse of :func:`optimizer_state` (``optimizer_state_from_checkpoint`` maps a view's names
+    back); a positional state dict (checkpoints before by-name) loads as it is."""
+    if saved.get("format") != "by-name":
+        optimizer.load_state_dict(saved)
+        return
+    convert = hook(model, "optimizer_state_from_checkpoint")
+    by_name = convert(saved["state"]) if convert is not None else saved["state"]
+    load_by_name(optimizer, saved, by_name, param_names(unwrap(model), optimizer))
+
+
+def param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name in ``model`` of each parameter of ``optimizer``, in its groups' order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def load_by_name(optimizer: torch.optim.Optimizer, saved: dict[str, Any], by_name: dict[str, dict[str, Any]],
+                 order: list[str]) -> None:
+    """Load per-name optimizer state into ``optimizer`` whose parameters are named ``order`` (its
+    groups' order), through ``Optimizer.load_state_dict`` (which casts to each parameter's dtype and
+    device). Names the checkpoint has and this model lacks (a tied head's alias) are skipped."""
+    if len(saved["groups"]) != len(optimizer.param_groups):
+        raise CheckpointError(f"checkpoint optimizer has {len(saved['groups'])} parameter groups, this one "
+                              f"{len(optimizer.param_groups)}: another optimizer layout")
+    groups, start = [], 0
+    for g, hyper in zip(optimizer.param_groups, saved["groups"], strict=True):
+        groups.append({**hyper, "params": list(range(start, start + len(g["params"])))})
+        start += len(g["params"])
+    # a parameter never stepped (a head without gradient) has no state, as in a fresh optimizer; each
+    # gets its own copy of a shared scalar (AdamW's step), which the optimizer increments in place
+    state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in by_name[n].items()}
+             for i, n in enumerate(order) if n in by_name}
+    optimizer.load_state_dict({"state": state,
+                               "param_groups": groups})
 
 
 def is_moment(value: Any) -> bool:

@@ -6,8 +6,8 @@ Whoever can write the run root can write a matching sha256 too, so the hash guar
 corruption only: every file is read with ``torch.load(weights_only=True)``, which builds tensors
 and plain containers and never runs code. Checkpoints written before RNG states were stored as
 tensors (numpy's state as an ndarray) load through an allow-list of numpy's array constructors,
-nothing wider. ``relax.trainers.torch.checkpoint`` gives these files their meaning (one gathered
-``trainer.pt``); ``relax.trainers.megatron.shards`` writes and reads a file per model-parallel rank.
+nothing wider. ``checkpoint.trainer_state`` gives these files their meaning (one gathered
+``trainer.pt``); ``checkpoint.sharded`` writes and reads a file per model-parallel rank.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ Data-parallel replicas write nothing: a part is written by the rank of expert-da
 that holds it (without experts: data-parallel rank 0). Resuming at the same layout, each rank reads
 its own part (``MegatronPolicy.load_own_shard``). Any other reader (another layout, the PyTorch
 backend, an ``init_checkpoint``) gets :func:`consolidate`'s gathered state by Hugging Face name, the
-same as a ``trainer.pt`` written whole (relax.trainers.torch.checkpoint), merged with the pure
-functions of ``convert``/``mlp`` (no megatron-core needed). This is megatron's ``dist_checkpointing``
-idea in a format read without unpickling anything but tensors: file names are computed from the
-recorded ranks (integers checked against the recorded sizes), never taken from storage, and every
-file's sha256 is checked before it is loaded (relax.trainers.checkpoint_files).
+same as a ``trainer.pt`` written whole (relax.trainers.checkpoint.trainer_state), merged with the pure
+functions of ``relax.trainers.megatron.convert``/``mlp`` (no megatron-core needed). This is
+megatron's ``dist_checkpointing`` idea in a format read without unpickling anything but tensors: file
+names are computed from the recorded ranks (integers checked against the recorded sizes), never
+taken from storage, and every file's sha256 is checked before it is loaded (checkpoint.files).
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from relax.trainers.checkpoint_files import (
+from relax.trainers.checkpoint.files import (
     CheckpointError,
     read_verified,
     tensor_file,
     write_file,
     write_meta,
 )
+from relax.trainers.checkpoint.optim_state import moments_to_hf
 from relax.trainers.megatron.convert import (
     LayoutConfig,
     gather_tp,
@@ -44,7 +45,6 @@ from relax.trainers.megatron.convert import (
     stage_merge,
 )
 from relax.trainers.megatron.mlp import expert_merge
-from relax.trainers.megatron.optim_state import moments_to_hf
 
 SHARDED = "sharded"
 SIZES = ("tp", "pp", "ep")
@@ -163,7 +163,7 @@ def merge_parts(parts: dict[Place, dict[str, torch.Tensor]], sizes: dict[str, in
 
 
 def consolidate(url: str, meta: dict[str, Any], head: dict[str, Any]) -> dict[str, Any]:
-    """A sharded checkpoint as the gathered ``trainer.pt`` state (``relax.trainers.torch.checkpoint``):
+    """A sharded checkpoint as the gathered ``trainer.pt`` state (``checkpoint.trainer_state``):
     weights and AdamW moments whole, by Hugging Face name. Every part is verified before any is merged."""
     sizes, cfg = sizes_of(head, url), layout_of(head, url)
     parts = {p: read_shard(url, p, sha) for p, sha in places(url, meta, sizes, cfg.num_layers).items()}

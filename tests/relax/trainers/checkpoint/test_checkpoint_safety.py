@@ -13,15 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny import tiny_qwen2
 
-from relax.trainers.torch.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    load_newest_good,
-    read_meta,
-    save_checkpoint,
-)
+from relax.trainers.checkpoint.files import CheckpointError, read_meta
+from relax.trainers.checkpoint.trainer_state import load_checkpoint, load_newest_good, save_checkpoint
+from tests.relax.trainers.torch.tiny import tiny_qwen2
 
 PACKAGE = Path(__file__).resolve().parents[4] / "relax"
 
@@ -91,10 +86,10 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_says_so(tmp_path, caplog):
 
 
 def test_the_package_unpickles_nothing_but_weights():
-    # one reader (checkpoint_files.safe_load, weights_only=True); no pickle, no weights_only=False anywhere
+    # one reader (checkpoint/files.py safe_load, weights_only=True); no pickle, no weights_only=False anywhere
     loads = []
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
         for m in re.finditer(r"torch\.load\((?:[^()]|\([^()]*\))*\)|pickle\.loads?\(|weights_only\s*=\s*False", text):
             loads.append((path.relative_to(PACKAGE).as_posix(), m.group(0)))
-    assert loads and all(f == "trainers/checkpoint_files.py" and "weights_only=True" in call for f, call in loads), loads
+    assert loads and all(f == "trainers/checkpoint/files.py" and "weights_only=True" in call for f, call in loads), loads
