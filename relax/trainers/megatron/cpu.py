@@ -50,7 +50,7 @@ from megatron.core.tensor_parallel import random as mcore_random
 from megatron.core.utils import GlobalMemoryBuffer
 from torch.overrides import TorchFunctionMode
 
-from relax.trainers.megatron.context import zigzag_positions
+from relax.trainers.megatron.context_parallel import zigzag_positions
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ embedding group after ``weight.data.cuda()`` (``language_module.py``
 ``setup_embeddings_and_output_layer``); on CPU that ``.cuda()`` is made a no-op (workaround 4).
 
 Context parallelism without Transformer Engine: the local spec's core attention becomes
-``ContextParallelAttention`` (relax.trainers.megatron.context; megatron's own refuses cp > 1).
+``ContextParallelAttention`` (relax.trainers.megatron.context_parallel; megatron's own refuses cp > 1).
 
 MoE without Transformer Engine: ``moe_utils.py``'s router linear tests ``te_general_gemm is not
 None``, a name it only defines when TE imports; it is defined as None (workaround 5).
@@ -42,7 +42,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from relax.trainers.megatron.context import ContextParallelAttention
+from relax.trainers.megatron.context_parallel import ContextParallelAttention
 from relax.trainers.megatron.convert import (
     LayoutConfig,
     clean_mcore_state,
@@ -186,7 +186,7 @@ def build_gpt_model(
         moe_utils.te_general_gemm = None  # workaround 5
     spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, normalization="RMSNorm",
                                     qk_layernorm=layout.qk_layernorm)
-    if cp > 1:  # megatron's local attention refuses cp > 1 (relax.trainers.megatron.context)
+    if cp > 1:  # megatron's local attention refuses cp > 1 (relax.trainers.megatron.context_parallel)
         spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
     # tied embeddings at pp > 1: megatron moves the last stage's embedding copy with .cuda() before
     # syncing it over the embedding group; on CPU that move is a no-op (workaround 4)

@@ -13,7 +13,7 @@ last stage, so every rank reports the same step.
 Shapes: megatron's GPTModel takes RoPE positions from the sequence length, so packed rows are cut
 into samples and right-padded (``samples.sample_rows``), as ``MegatronPolicy.forward`` does; at
 context parallel > 1 each stage runs its rank's share of those rows and the last stage gathers the
-logits whole (``context.model_rows`` / ``whole_logits``). The
+logits whole (``context_parallel.model_rows`` / ``whole_logits``). The
 number of samples and their longest length differ between micro-batches, so the model is built
 with ``variable_seq_lengths=True`` (``model.transformer_config_from_hf`` at pp > 1): stages send
 each tensor's shape before the tensor. Padding every micro-batch to one shape would save that
@@ -38,7 +38,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from relax.trainers.megatron.context import model_rows, whole_logits
+from relax.trainers.megatron.context_parallel import model_rows, whole_logits
 from relax.trainers.megatron.cpu import megatron_calls_on_cpu
 from relax.trainers.megatron.samples import rows_of
 from relax.trainers.packing import MicroBatch

@@ -23,7 +23,7 @@ at another layout. Qwen2-/Qwen3-MoE models convert too (relax.trainers.megatron.
 engine's experts under ``replay_routes`` (replay.py); expert parallelism splits their experts over the
 data-parallel ranks (``trainer.expert_parallel``), whose forwards then run in lockstep. Context
 parallelism (``trainer.context_parallel``) gives each rank of a context group a zigzag share of every
-row (relax.trainers.megatron.context); the logits are gathered whole for the loss.
+row (relax.trainers.megatron.context_parallel); the logits are gathered whole for the loss.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from relax.trainers.checkpoint.sharded import (
     write_shard,
 )
 from relax.trainers.checkpoint.trainer_state import check_compatible
-from relax.trainers.megatron.context import model_rows, whole_logits
+from relax.trainers.megatron.context_parallel import model_rows, whole_logits
 from relax.trainers.megatron.convert import LayoutConfig, clean_mcore_state, layout_from_hf_config
 from relax.trainers.megatron.cpu import cuda_device_as_cpu, init_cpu_single_process
 from relax.trainers.megatron.dist_optim import DistributedAdam
@@ -206,7 +206,7 @@ class MegatronPolicy(torch.nn.Module):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         params = [p for p in self.parameters() if p.grad is not None]
-        # context-parallel ranks hold the same data, each its tokens' part of the gradient (x cp, context.py)
+        # context-parallel ranks hold the same data, each its tokens' part of the gradient (x cp, context_parallel.py)
         data = parallel_state.get_data_parallel_group(with_context_parallel=True)
         dp = dist.get_world_size(data)
         if dp > 1:  # what megatron's DDP does in finish_grad_sync, unbucketed

@@ -1,4 +1,4 @@
-"""The zigzag split of context parallelism (relax.trainers.megatron.context), on hand-worked sequences.
+"""The zigzag split of context parallelism (relax.trainers.megatron.context_parallel), on hand-worked sequences.
 The two-rank forward, step and loop checks are test_actor_cp2_cpu.py and test_actor_ranks.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
                     exc_type=ImportError)
 
-from relax.trainers.megatron.context import padded_length, rank_order, zigzag_positions  # noqa: E402
+from relax.trainers.megatron.context_parallel import padded_length, rank_order, zigzag_positions  # noqa: E402
 
 
 def test_padded_length_is_the_next_multiple_of_twice_cp() -> None:
