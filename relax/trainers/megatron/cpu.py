@@ -1,5 +1,10 @@
-"""megatron-core on a CPU: a gloo process group, megatron's parallel state, and the workarounds
-megatron-core 0.16.1 needs where it assumes CUDA in places that have nothing to do with the math.
+"""megatron-core on a CPU: a gloo process group, megatron's parallel state, and every workaround
+megatron-core 0.16.1 needs where it assumes CUDA (or Transformer Engine) in places that have nothing
+to do with the math. This module is the only place that changes megatron's or torch's behaviour (the
+numbers are docs/megatron.md's); the rest of the backend calls the context managers and initialisers
+below. A temporary change swaps an attribute within a block and restores it however the block ends
+(:func:`_patched`); the ones :func:`init_cpu_distributed` and :func:`building_gpt_model` install
+last for the process.
 
 1. ``tensor_parallel/random.py`` ``model_parallel_cuda_manual_seed`` calls
    ``torch.cuda.manual_seed`` and forks CUDA RNG states; we install the inference RNG
@@ -11,23 +16,32 @@ megatron-core 0.16.1 needs where it assumes CUDA in places that have nothing to 
 3. ``rotary_pos_embedding.py`` ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to
    ``torch.cuda.current_device()`` on the first forward; we run it with that call
    answering "cpu".
-6. ``tensor_parallel/mappings.py``'s gathers and reduce-scatters allocate their outputs on
-   ``torch.cuda.current_device()``, also inside autograd's backward (the expert-parallel token
-   exchange: a gather's gradient is a reduce-scatter and back), where no block of ours is active;
-   those functions are wrapped to run with that call answering "cpu".
-7. Outside the model's own math megatron assumes CUDA in whole call paths: the pipeline schedule's
-   p2p code allocates on ``torch.cuda.current_device()``, calls ``torch.cuda.synchronize()`` and makes
-   ``total_num_tokens`` with ``device="cuda"``; ``DistributedDataParallel``, ``DistributedOptimizer``
-   and their norm/clip helpers allocate with ``device="cuda"``, call ``.cuda()`` and accept only
-   parameters whose ``.type()`` is ``torch.cuda.FloatTensor``; building a tied last pipeline stage
-   calls ``.cuda()``. :func:`megatron_calls_on_cpu` runs such a path with the current device "cpu",
-   ``synchronize`` a no-op and a ``TorchFunctionMode`` that sends CUDA allocations to the CPU, keeps
-   ``.cuda()`` in place and names a float tensor's type as its CUDA twin (no model code tests it).
-8. ``rope_utils.py`` ``get_pos_emb_on_this_cp_rank`` (RoPE at context parallel > 1) builds its index
-   with ``pin_memory=True``, which needs CUDA; the rotary module's name for it is replaced by the same
-   selection on the embedding's own device.
-
-(Workarounds 4 and 5 are build-time ones, in relax.trainers.megatron.model.)
+4. ``transformer/utils.py`` ``get_default_causal_mask`` builds the mask with ``device="cuda"`` when
+   ``attention_mask=None``: callers pass an explicit ``samples.causal_attention_mask`` (no patch).
+5. ``tensor_parallel/mappings.py``'s gathers and reduce-scatters allocate their outputs on
+   ``torch.cuda.current_device()``, in our forwards (:func:`forward_on_cpu`) and also inside
+   autograd's backward (the expert-parallel token exchange: a gather's gradient is a reduce-scatter
+   and back), where no block of ours is active; those functions are wrapped to run with that call
+   answering "cpu".
+6. The pipeline schedule's p2p code allocates on ``torch.cuda.current_device()`` and calls
+   ``torch.cuda.synchronize()``, and ``schedules.py`` makes ``total_num_tokens`` with
+   ``device="cuda"``: the schedule runs under :func:`megatron_calls_on_cpu` (see 9).
+7. Tied embeddings at pipeline parallel > 1: megatron gives the last stage a copy of the embedding as
+   ``output_layer.weight`` and, while building, all-reduces it over the embedding group after
+   ``weight.data.cuda()`` (``language_module.py`` ``setup_embeddings_and_output_layer``); the build
+   runs under :func:`megatron_calls_on_cpu` (:func:`building_gpt_model`), where ``.cuda()`` stays put.
+8. MoE without Transformer Engine (on any device): ``moe_utils.py``'s router linear tests
+   ``te_general_gemm is not None``, a name it only defines when TE imports; :func:`building_gpt_model`
+   defines it as None.
+9. Outside the model's own math megatron assumes CUDA in whole call paths: besides 6 and 7,
+   ``DistributedDataParallel``, ``DistributedOptimizer`` and their norm/clip helpers allocate with
+   ``device="cuda"``, call ``.cuda()`` and accept only parameters whose ``.type()`` is
+   ``torch.cuda.FloatTensor``. :func:`megatron_calls_on_cpu` runs such a path with the current device
+   "cpu", ``synchronize`` a no-op and a ``TorchFunctionMode`` that sends CUDA allocations to the CPU,
+   keeps ``.cuda()`` in place and names a float tensor's type as its CUDA twin (no model code tests it).
+10. ``rope_utils.py`` ``get_pos_emb_on_this_cp_rank`` (RoPE at context parallel > 1) builds its index
+    with ``pin_memory=True``, which needs CUDA; the rotary module's name for it is replaced by the same
+    selection on the embedding's own device.
 """
 
 from __future__ import annotations
@@ -38,7 +52,6 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -47,6 +60,7 @@ from megatron.core.models.common.embeddings import rotary_pos_embedding
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.tensor_parallel import mappings
 from megatron.core.tensor_parallel import random as mcore_random
+from megatron.core.transformer.moe import moe_utils
 from megatron.core.utils import GlobalMemoryBuffer
 from torch.overrides import TorchFunctionMode
 
@@ -54,12 +68,28 @@ from relax.trainers.megatron.context_parallel import zigzag_positions
 
 
 @contextlib.contextmanager
-def cuda_device_as_cpu() -> Iterator[None]:
-    """Within the block, ``torch.cuda.current_device()`` answers "cpu" (workarounds 2 and 3).
-
-    Not thread-safe (it swaps a module attribute); meant for CPU-only test processes."""
-    with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """Within the block ``owner.<name>`` is ``value``; the original is restored however the block ends.
+    Not thread-safe (it swaps a module attribute); meant for CPU processes that run one step at a time."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
         yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def cuda_device_as_cpu() -> Iterator[None]:
+    """Within the block, ``torch.cuda.current_device()`` answers "cpu" (workarounds 2, 3 and 5)."""
+    with _patched(torch.cuda, "current_device", lambda: "cpu"):
+        yield
+
+
+def forward_on_cpu() -> contextlib.AbstractContextManager[None]:
+    """Around a forward of megatron's model: without CUDA, :func:`cuda_device_as_cpu` (megatron's
+    tensor-parallel gathers allocate on ``torch.cuda.current_device()``); nothing where CUDA exists."""
+    return contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu()
 
 
 class CpuGlobalMemoryBuffer(GlobalMemoryBuffer):
@@ -72,7 +102,7 @@ class CpuGlobalMemoryBuffer(GlobalMemoryBuffer):
 
 def _run_on_cpu(owner: Any, names: tuple[str, ...]) -> None:
     """Replace each ``owner.<name>`` (a module's function or a class's method) by one that runs with
-    ``torch.cuda.current_device()`` answering "cpu" (workarounds 3 and 6); idempotent, a no-op when
+    ``torch.cuda.current_device()`` answering "cpu" (workarounds 3 and 5); idempotent, a no-op when
     CUDA exists. Callers look these names up at call time, autograd's backward included."""
     if torch.cuda.is_available():
         return
@@ -93,7 +123,7 @@ def _on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> torch.Tensor:
-    """megatron's zigzag selection of this context rank's RoPE rows, on ``pos_emb``'s device (workaround 8)."""
+    """megatron's zigzag selection of this context rank's RoPE rows, on ``pos_emb``'s device (workaround 10)."""
     held = zigzag_positions(pos_emb.shape[seq_dim], cp_group.size(), cp_group.rank(), pos_emb.device)
     return pos_emb.index_select(seq_dim, held)
 
@@ -119,12 +149,22 @@ class _CudaAsCpu(TorchFunctionMode):
 
 @contextlib.contextmanager
 def megatron_calls_on_cpu() -> Iterator[None]:
-    """Run a megatron call path that assumes CUDA (workaround 7: the pipeline schedule, DDP and the
+    """Run a megatron call path that assumes CUDA (workarounds 6, 7 and 9: the pipeline schedule, DDP and the
     distributed optimizer, a tied stage's build) on a CPU; a no-op where CUDA exists."""
     if torch.cuda.is_available():
         yield
         return
-    with cuda_device_as_cpu(), mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None), _CudaAsCpu():
+    with cuda_device_as_cpu(), _patched(torch.cuda, "synchronize", lambda *a, **k: None), _CudaAsCpu():
+        yield
+
+
+@contextlib.contextmanager
+def building_gpt_model(moe: bool, tied_stages: bool) -> Iterator[None]:
+    """Around ``GPTModel(...)``: workaround 8 for an MoE model (``moe``), and workaround 7 for a tied
+    embedding split over pipeline stages (``tied_stages``; a no-op where CUDA exists)."""
+    if moe and not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # workaround 8
+    with megatron_calls_on_cpu() if tied_stages else contextlib.nullcontext():  # workaround 7
         yield
 
 
@@ -163,9 +203,9 @@ def init_cpu_distributed(
     parallel_state._GLOBAL_MEMORY_BUFFER = CpuGlobalMemoryBuffer()  # workaround 2
     _run_on_cpu(RotaryEmbedding, ("get_emb",))  # workaround 3
     _run_on_cpu(mappings, ("_gather_along_first_dim", "_gather_along_last_dim",
-                           "_reduce_scatter_along_first_dim"))  # workaround 6
+                           "_reduce_scatter_along_first_dim"))  # workaround 5
     if not torch.cuda.is_available():
-        rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank  # workaround 8
+        rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank  # workaround 10
     torch.manual_seed(seed)
 
 

@@ -20,7 +20,7 @@ non-finite skip and the checkpoint code stay the backends' one copy, with megatr
 
 Weights stay float32 (bf16 runs autocast, as on the PyTorch backend): megatron's "main" parameters are
 then views of the model's, and a checkpoint's weights are the optimizer's. On a CPU megatron's calls run
-under relax.trainers.megatron.cpu.megatron_calls_on_cpu (its workaround 7).
+under relax.trainers.megatron.cpu.megatron_calls_on_cpu (its workaround 9).
 """
 
 from __future__ import annotations

@@ -6,30 +6,30 @@ mapping follows docs/megatron.md; the fields that silently change the math when 
 megatron's defaults (add_bias_linear=True, dropout 0.1, learned absolute positions,
 LayerNorm, gelu) are all set explicitly.
 
-CPU support (the process group, and workarounds 1-3 and 6 for what megatron-core 0.16.1 puts on
-CUDA outside the math) is relax.trainers.megatron.cpu.
+CPU support (the process group, and every workaround for what megatron-core 0.16.1 puts on CUDA
+or Transformer Engine outside the math, the build-time 7 and 8 included) is relax.trainers.megatron.cpu.
 
 Also: with ``attention_mask=None`` the torch softmax path builds its causal mask with
 ``device="cuda"`` (``transformer/utils.py`` ``get_default_causal_mask``), so CPU callers pass
-an explicit mask (``causal_attention_mask``), which is what megatron training loops do anyway.
+an explicit mask (``causal_attention_mask``), which is what megatron training loops do anyway
+(cpu.py's workaround 4).
 
 Pipeline parallelism: each stage's GPTModel numbers its layers from 0 (global offset
 ``decoder.layers[0].layer_number - 1``); load/export slice and merge stages with
 ``convert.stage_slice`` / ``stage_merge``. With tied embeddings megatron gives the last stage a
 copy of the embedding as ``output_layer.weight`` and, while building, all-reduces it over the
-embedding group after ``weight.data.cuda()`` (``language_module.py``
-``setup_embeddings_and_output_layer``); on CPU that ``.cuda()`` is made a no-op (workaround 4).
+embedding group after ``weight.data.cuda()``; on CPU that ``.cuda()`` is made a no-op (cpu.py's
+workaround 7).
 
 Context parallelism without Transformer Engine: the local spec's core attention becomes
 ``ContextParallelAttention`` (relax.trainers.megatron.context_parallel; megatron's own refuses cp > 1).
 
-MoE without Transformer Engine: ``moe_utils.py``'s router linear tests ``te_general_gemm is not
-None``, a name it only defines when TE imports; it is defined as None (workaround 5).
+MoE without Transformer Engine needs a name megatron defines only when TE imports (cpu.py's
+workaround 8).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -39,7 +39,6 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from relax.trainers.megatron.context_parallel import ContextParallelAttention
@@ -54,7 +53,7 @@ from relax.trainers.megatron.convert import (
     stage_merge,
     stage_slice,
 )
-from relax.trainers.megatron.cpu import cuda_device_as_cpu, megatron_calls_on_cpu
+from relax.trainers.megatron.cpu import building_gpt_model, forward_on_cpu
 from relax.trainers.megatron.mlp import expert_merge, expert_slice, local_expert, moe_transformer_kwargs
 from relax.trainers.megatron.samples import causal_attention_mask
 
@@ -182,16 +181,13 @@ def build_gpt_model(
     config = transformer_config_from_hf(hf_config, tp, pp, params_dtype, use_cpu_initialization,
                                         **sizes, **config_overrides)
     layout = layout_from_hf_config(hf_config)
-    if layout.num_experts and not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None  # workaround 5
     spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, normalization="RMSNorm",
                                     qk_layernorm=layout.qk_layernorm)
     if cp > 1:  # megatron's local attention refuses cp > 1 (relax.trainers.megatron.context_parallel)
         spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
     # tied embeddings at pp > 1: megatron moves the last stage's embedding copy with .cuda() before
-    # syncing it over the embedding group; on CPU that move is a no-op (workaround 4)
-    cpu_tied = pp > 1 and layout.tie_word_embeddings and not torch.cuda.is_available()
-    with megatron_calls_on_cpu() if cpu_tied else contextlib.nullcontext():
+    # syncing it over the embedding group (cpu.py's workaround 7)
+    with building_gpt_model(moe=bool(layout.num_experts), tied_stages=pp > 1 and layout.tie_word_embeddings):
         return GPTModel(
             config,
             spec,
@@ -215,8 +211,7 @@ def forward_logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Ten
     mask = causal_attention_mask(s, input_ids.device)
     # TP>1 on CPU: megatron's tensor_parallel/mappings.py allocates gather outputs on
     # torch.cuda.current_device(); answer "cpu" for the duration of this forward.
-    on_cpu = not torch.cuda.is_available()
-    with cuda_device_as_cpu() if on_cpu else contextlib.nullcontext():
+    with forward_on_cpu():
         return model(input_ids, position_ids, mask, runtime_gather_output=True)
 
 

@@ -22,7 +22,7 @@ differ in length by the whole response range.
 
 CPU (gloo, megatron-core 0.16.1): gloo runs ``batch_isend_irecv`` (torch 2.13 coalesces
 ``isend``/``irecv`` for it), so megatron's batched p2p is kept. What needs CUDA is worked around
-for the duration of the schedule (``cpu.megatron_calls_on_cpu``, workaround 7): ``p2p_communication.py``
+for the duration of the schedule (``cpu.megatron_calls_on_cpu``, workaround 6): ``p2p_communication.py``
 ``_communicate_shapes`` / ``_communicate`` allocate on ``torch.cuda.current_device()`` and call
 ``torch.cuda.synchronize()``; ``schedules.py`` ``forward_backward_pipelining_without_interleaving``
 creates ``total_num_tokens`` with ``device="cuda"``.

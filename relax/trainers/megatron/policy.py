@@ -29,6 +29,7 @@ row (relax.trainers.megatron.context_parallel); the logits are gathered whole fo
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -59,7 +60,7 @@ from relax.trainers.checkpoint.sharded import (
 from relax.trainers.checkpoint.trainer_state import check_compatible
 from relax.trainers.megatron.context_parallel import model_rows, whole_logits
 from relax.trainers.megatron.convert import LayoutConfig, clean_mcore_state, layout_from_hf_config
-from relax.trainers.megatron.cpu import cuda_device_as_cpu, init_cpu_single_process
+from relax.trainers.megatron.cpu import forward_on_cpu, free_port, init_cpu_single_process
 from relax.trainers.megatron.dist_optim import DistributedAdam
 from relax.trainers.megatron.model import (
     build_gpt_model,
@@ -130,7 +131,7 @@ class MegatronPolicy(torch.nn.Module):
             routes = sample_routes(self._routes, spans, batch.shape[1], rows=batch.shape[0])
             replay = replaying(self.gpt, routes, shape)
         # megatron's tensor-parallel gathers allocate on torch.cuda.current_device(): "cpu" on CPU
-        with contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu(), replay:
+        with forward_on_cpu(), replay:
             logits = self.gpt(batch, positions, mask, runtime_gather_output=True)
         out = rows_of(whole_logits(logits, width), *input_ids.shape, spans)
         return SimpleNamespace(logits=out)
@@ -333,10 +334,6 @@ def init_megatron(seed: int) -> None:
         init_cpu_single_process(seed=seed)
         return
     if not dist.is_initialized():
-        import os
-
-        from relax.trainers.megatron.cpu import free_port
-
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group("nccl", rank=0, world_size=1)

@@ -24,7 +24,6 @@ stays on the PyTorch backend: relax.services.roles.actor_ranks.megatron_beside_a
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
 from relax.trainers.megatron.convert import ConversionError
-from relax.trainers.megatron.cpu import cuda_device_as_cpu
+from relax.trainers.megatron.cpu import forward_on_cpu
 from relax.trainers.megatron.policy import MegatronPolicy, megatron_policy
 from relax.trainers.megatron.samples import causal_attention_mask, rows_of, sample_rows
 
@@ -76,7 +75,7 @@ class MegatronValueModel(nn.Module):
         gpt = self.backbone.gpt
         # right padding after a causal sample never reaches it; megatron's tensor-parallel
         # collectives allocate on torch.cuda.current_device(): "cpu" on CPU
-        with contextlib.nullcontext() if torch.cuda.is_available() else cuda_device_as_cpu():
+        with forward_on_cpu():
             hidden = final_hidden(gpt, batch)
             logits = None
             if return_logits:
