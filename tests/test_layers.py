@@ -121,6 +121,19 @@ def test_arrows_point_down_the_layers():
     assert up == []
 
 
+def test_the_training_backends_import_nothing_of_each_other():
+    # one trainer, the backend plugged in (relax.trainers.model_parallel): what both backends use lives in
+    # backend-neutral modules under relax/trainers/ (packing, checkpoint, model_parallel), never in the other
+    backends = ("relax.trainers.torch", "relax.trainers.megatron")
+
+    def backend(module: str) -> str | None:
+        return next((b for b in backends if module == b or module.startswith(b + ".")), None)
+
+    crossing = sorted(f"{m} -> {t}" for m, ts in graph().items() for t in ts
+                      if backend(m) and backend(t) and backend(m) != backend(t))
+    assert crossing == []
+
+
 def test_algorithms_are_pure_tensor_math():
     # DESIGN: relax.algorithms imports no Ray, Flyte or fsspec, and nothing of relax above it
     found = {imp.split(".")[0] for name, path in modules().items() if name.startswith("relax.algorithms")
