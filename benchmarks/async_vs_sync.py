@@ -27,10 +27,10 @@ import torch
 from output import Output, add_arguments
 
 from relax.config_loader import load_config
-from relax.services.train import train
+from relax.services.driver import train
+from relax.transfer.columns import Field
 from relax.transfer.consumer import ConsumerGroup, wait_for_capacity
 from relax.transfer.queue import TransferQueue
-from relax.transfer.schema import Field
 from relax.transfer.weights import WeightStore
 
 

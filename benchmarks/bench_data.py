@@ -33,7 +33,7 @@ from output import Output, add_arguments
 
 from relax.config import DataConfig
 from relax.data.readers import read_samples, write_jsonl, write_parquet
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.data.sources import plan_from_config, snapshot_from_config
 
 

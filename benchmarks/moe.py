@@ -35,7 +35,7 @@ from relax.engines.types import GenerateRequest, SamplingParams
 from relax.models import build_policy, build_tokenizer
 from relax.models.moe_routing import RouteRecorder
 from relax.rollout.prompts import encode_prompt
-from relax.services.schema import routes_column
+from relax.services.queue_contract import routes_column
 from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.forward import compute_logprobs

@@ -35,8 +35,8 @@ from latency_proxy import LatencyProxy
 from output import Output, add_arguments
 
 import relax.transfer.queue as queue_module
+from relax.transfer.columns import Field
 from relax.transfer.queue import TransferQueue
-from relax.transfer.schema import Field
 from relax.transfer.writers import read_records
 
 PAYLOAD = [Field("payload", kind="bytes")]

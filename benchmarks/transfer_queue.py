@@ -41,9 +41,9 @@ from bench_data import start_moto  # a sibling script: benchmarks/ is sys.path[0
 from output import Output, add_arguments
 
 from relax import objstore
+from relax.transfer.columns import Field
 from relax.transfer.consumer import ConsumerGroup
 from relax.transfer.queue import TransferQueue
-from relax.transfer.schema import Field
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -24,8 +24,8 @@ from relax.data.sources import snapshot_from_config
 from relax.models.builders import BUILTIN_MODELS, BUILTIN_VERSION
 from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
 from relax.services.context import RunContext
+from relax.services.driver import TrainSummary, train
 from relax.services.report.accuracy import write_accuracy
-from relax.services.train import TrainSummary, train
 from relax.trainers.checkpoint.trainer_state import load_checkpoint, save_checkpoint
 from relax.trainers.torch.sft import FORMAT_RECIPE, format_warmup
 from relax.transfer.lineage import chain, chain_to_json, chain_to_text, list_records, list_runs

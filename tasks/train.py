@@ -178,7 +178,7 @@ def learner_group(cfg: RelaxConfig) -> dict[str, int]:
 def start_run(cfg: RelaxConfig) -> str:
     """Disaggregated topology, before the role groups: create the run record (or check ``cfg`` against
     it) and fail early on data the trainer cannot train on; returns the run URL."""
-    from relax.services.train import prepare_run
+    from relax.services.driver import prepare_run
 
     return prepare_run(cfg).run_url
 
@@ -187,7 +187,7 @@ def start_run(cfg: RelaxConfig) -> str:
 def finish_run(cfg: RelaxConfig, run_url: str) -> TrainSummary:
     """Disaggregated topology, after the role groups: the run's summary and its report."""
     from relax.services.context import RunContext
-    from relax.services.train import summarize
+    from relax.services.driver import summarize
 
     return summarize(RunContext(cfg))
 
@@ -210,7 +210,7 @@ def train(cfg: RelaxConfig, init_checkpoint: str) -> TrainSummary:
     # the roles know only cfg, so the starting checkpoint travels in it
     cfg = replace(cfg, model=replace(cfg.model, init_checkpoint=init_checkpoint or cfg.model.init_checkpoint))
     from relax.services.context import RunContext
-    from relax.services.train import run_finished
+    from relax.services.driver import run_finished
 
     ctx = RunContext(cfg)
     if run_finished(ctx):  # a rerun of a finished run: no Ray clusters for roles that would exit at once

@@ -15,8 +15,8 @@ def named_paths(text: str) -> set[str]:
 
 
 def test_path_pattern():
-    text = "see `relax/services/train.py`, tests/test_docs.py::test_x, ./.relax/runs/x and s3://b/relax/y"
-    assert named_paths(text) == {"relax/services/train.py", "tests/test_docs.py"}
+    text = "see `relax/services/driver.py`, tests/test_docs.py::test_x, ./.relax/runs/x and s3://b/relax/y"
+    assert named_paths(text) == {"relax/services/driver.py", "tests/test_docs.py"}
 
 
 def test_every_path_the_docs_name_exists():

@@ -91,8 +91,8 @@ def audit(cfg) -> dict:
 
     from relax import objstore
     from relax.services.context import RunContext
+    from relax.services.queue_contract import ACTOR_GROUP
     from relax.services.roles.factory import role_names
-    from relax.services.schema import ACTOR_GROUP
     from relax.transfer.consumer import load_group_state
 
     ctx = RunContext(cfg)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from relax.data.errors import DataError
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.data.verifiers import ANSWER_FORMAT_HINT, normalize_answer, numeric_match_reward, parse_number
 
 TASK_NAME = "gsm8k"

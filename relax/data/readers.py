@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from relax import objstore
 from relax.data.errors import DataError
-from relax.data.schema import MediaRef, Sample
+from relax.data.samples import MediaRef, Sample
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")

@@ -38,7 +38,7 @@ from relax import objstore
 from relax.config import DataConfig
 from relax.data.errors import DataError
 from relax.data.readers import encode_jsonl
-from relax.data.schema import NEEDS_VIDEO_AUDIO, MediaRef, Sample
+from relax.data.samples import NEEDS_VIDEO_AUDIO, MediaRef, Sample
 from relax.data.video_snapshot import check_video, is_folder, read_folder
 
 SCHEMA_VERSION = 1

@@ -12,7 +12,7 @@ from typing import Any
 from relax.config import DataConfig
 from relax.data.errors import DataError
 from relax.data.readers import read_samples
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.snapshot import MediaLimits, SnapshotInfo, SnapshotPlan, plan_snapshot, write_snapshot
 from relax.objstore import absolute_url
 

@@ -15,7 +15,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 
 #: Appended to prompts so the policy knows the format the extractor prefers.
 ANSWER_FORMAT_HINT = "Put your final answer inside <answer></answer>."

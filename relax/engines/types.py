@@ -174,7 +174,7 @@ def routes_to_wire(routes: np.ndarray) -> str:
 
 def routes_from_wire(text: Any, rid: str) -> np.ndarray | None:
     """SGLang's ``routed_experts`` back to flat int32 ids (the rollout gives them their (positions,
-    layers, k) shape, relax.services.schema.routes_column); None when absent."""
+    layers, k) shape, relax.services.queue_contract.routes_column); None when absent."""
     if text is None:
         return None
     try:

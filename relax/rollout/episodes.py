@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.suite import TASKS, Env
 from relax.data.suite.base import derive_seed
 from relax.engines.types import Completion, SamplingParams

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.suite import kind_of
 from relax.data.verifiers import given_answer, normalize_answer
 from relax.engines.types import SamplingParams

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from relax.data.schema import IMAGE_PLACEHOLDER, Sample
+from relax.data.samples import IMAGE_PLACEHOLDER, Sample
 
 API_KEY_ENV = "RELAX_JUDGE_API_KEY"
 

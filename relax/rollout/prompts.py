@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.suite.base import derive_seed
 from relax.data.video import load_video
 from relax.models.processors import MediaProcessor, prepare_inputs

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.suite import TASKS, kind_of, load_reward_fn
 from relax.data.verifiers import integer_distance, numeric_match_reward
 from relax.rollout.judge import judge_from_config

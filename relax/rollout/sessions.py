@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relax import liveness
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.engines.openai_routes import chat_prompt, check_chat_request
 from relax.engines.types import EngineError, SamplingParams
 from relax.models.processors import merge_media

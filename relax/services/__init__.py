@@ -1,9 +1,9 @@
 """The runtime of a run: its roles, how they are placed, and what a user sees of them.
 
-* :mod:`relax.services.train`: ``train(cfg)`` runs (or resumes) a run in its topology and
-  returns a :class:`~relax.services.train.TrainSummary`.
+* :mod:`relax.services.driver`: ``train(cfg)`` runs (or resumes) a run in its topology and
+  returns a :class:`~relax.services.driver.TrainSummary`.
 * :mod:`relax.services.context`: a run's shared handles (run record, snapshot, tokenizer,
-  queues); :mod:`relax.services.schema`: the queue's topics, consumer groups and fields.
+  queues); :mod:`relax.services.queue_contract`: the queue's topics, consumer groups and fields.
 * :mod:`relax.services.roles`: rollout, advantage, actor, critic, reference and reward, each a
   plain class whose ``step()`` does one unit of work; ``roles.factory`` names and builds them.
 * :mod:`relax.services.topologies`: ``colocated`` (one process), ``asynchronous`` (Ray Serve

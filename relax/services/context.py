@@ -21,7 +21,7 @@ from relax.config_loader import ConfigError, config_to_dict, saved_config
 from relax.data.snapshot import Snapshot
 from relax.data.sources import snapshot_from_config
 from relax.data.suite import TASKS, load_env_fn, load_reward_fn
-from relax.services.schema import ROLLOUT_TOPIC
+from relax.services.queue_contract import ROLLOUT_TOPIC
 from relax.transfer.lineage import code_version
 from relax.transfer.queue import TransferQueue
 from relax.transfer.weights import WeightStore

@@ -27,10 +27,10 @@ from typing import Any, Protocol
 import google_crc32c
 
 from relax import liveness, objstore
+from relax.transfer.columns import RESERVED, Field, TopicSchema, decode_shard, encode_shard
 from relax.transfer.errors import SchemaError, StoreError
 from relax.transfer.manifest import TopicState, check_shard_name
 from relax.transfer.polling import Backoff
-from relax.transfer.schema import RESERVED, Field, TopicSchema, decode_shard, encode_shard
 from relax.transfer.writers import (
     RecordLog,
     WriterLease,

@@ -248,7 +248,7 @@ def _spy_effects(monkeypatch, cfg, pair) -> Calls:
     import relax.algorithms as alg
     import relax.algorithms.advantages as adv
     import relax.models
-    import relax.services.train as train_mod
+    import relax.services.driver as train_mod
     import relax.trainers.torch.actor as actor_mod
     import relax.trainers.torch.trainer as trainer_mod
 
@@ -339,7 +339,7 @@ def _run_params():
 @pytest.mark.slow
 @pytest.mark.parametrize("pair", list(_run_params()))
 def test_accepted_choice_runs_one_step_and_takes_effect(pair, root, monkeypatch):
-    from relax.services.train import train
+    from relax.services.driver import train
 
     field, value = pair
     cfg = _config(root, pair)

@@ -97,7 +97,7 @@ NIGHTLY = ["data.reward_role=false", "algorithm.advantage=gae", "model.value_hea
 def test_the_workflow_a_killed_pod_a_cached_rerun_and_a_nightly_tick(tmp_path, moto_server):
     from dataclasses import replace
 
-    from relax.services.train import train
+    from relax.services.driver import train
     from relax.transfer.weights import WeightStore
 
     # one tick: the schedule's next times are test_the_clock_fires_a_daily_schedule_at_its_next_times'; a

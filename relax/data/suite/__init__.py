@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 
 from relax.data.errors import DataError
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.suite import arithmetic, flash_beep, largest, shapes, tones, tool_lookup
 from relax.data.suite.base import Env, RewardFn, TaskSpec, load_env_fn, load_reward_fn, random_policy_score
 

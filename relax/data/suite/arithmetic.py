@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from relax.data.errors import DataError
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.data.suite.base import (
     TaskSpec,
     check_generate_args,

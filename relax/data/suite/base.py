@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from relax.data.errors import DataError
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 
 RewardFn = Callable[[str, Sample], float]
 """A reward function: ``def reward(response: str, sample: Sample) -> float``.
@@ -33,7 +33,7 @@ RewardFn = Callable[[str, Sample], float]
 This is the public extension point for scoring. ``response`` is the policy's full
 generated text for ``sample`` (reasoning included; use
 :func:`relax.data.verifiers.extract_final_answer` to get at the answer). ``sample`` is the
-:class:`~relax.data.schema.Sample` it answered, with ``sample.answer`` the ground truth and
+:class:`~relax.data.samples.Sample` it answered, with ``sample.answer`` the ground truth and
 ``sample.metadata`` any extra JSON the task or dataset stored for grading.
 
 The function must return a float in ``[0, 1]`` (1 = fully correct), must be pure and

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 
 from relax.data.errors import DataError
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.data.suite.base import TaskSpec, check_generate_args, generate_split
 from relax.data.verifiers import ANSWER_FORMAT_HINT, numeric_match_reward
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from PIL import Image, ImageDraw
 
 from relax.data.errors import DataError
-from relax.data.schema import IMAGE_PLACEHOLDER, MediaRef, Message, Sample
+from relax.data.samples import IMAGE_PLACEHOLDER, MediaRef, Message, Sample
 from relax.data.suite.base import TaskSpec, check_generate_args, generate_split, question_kind
 from relax.data.verifiers import ANSWER_FORMAT_HINT, exact_match_reward
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from relax.data.errors import DataError
-from relax.data.schema import AUDIO_PLACEHOLDER, MediaRef, Message, Sample
+from relax.data.samples import AUDIO_PLACEHOLDER, MediaRef, Message, Sample
 from relax.data.suite.base import TaskSpec, check_generate_args, generate_split, question_kind
 from relax.data.verifiers import ANSWER_FORMAT_HINT, exact_match_reward
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax.data.errors import DataError
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.data.suite.base import TaskSpec, check_generate_args, generate_split
 from relax.data.verifiers import extract_final_answer, normalize_answer
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from relax import objstore
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.suite.tool_lookup import parse_tool_calls
 from relax.engines.guards import AGENT_TOKEN_ENV, TOKEN_ENV, Guard
 from relax.engines.server import error_body

@@ -20,10 +20,10 @@ from relax import objstore
 from relax.config_loader import config_hash
 from relax.faults import fault_point
 from relax.services.context import RunContext
+from relax.services.queue_contract import ACTOR_GROUP
 from relax.services.roles.actor_ranks import actor_ranks, megatron_beside_actor, parallel_model
 from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.roles.teacher import teacher_identity
-from relax.services.schema import ACTOR_GROUP
 from relax.services.supervision import read_restarts
 from relax.trainers.checkpoint.files import read_meta
 from relax.trainers.checkpoint.sharded import SHARDED

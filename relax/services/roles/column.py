@@ -15,8 +15,8 @@ from typing import Any
 
 from relax.faults import fault_point
 from relax.services.context import RunContext
+from relax.transfer.columns import Field
 from relax.transfer.consumer import Batch, ConsumerGroup
-from relax.transfer.schema import Field
 
 
 class ColumnStage:

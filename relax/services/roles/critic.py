@@ -33,10 +33,10 @@ from relax import objstore
 from relax.faults import fault_point
 from relax.models.value_head import ValueHeadModel
 from relax.services.context import RunContext
+from relax.services.queue_contract import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP, VALUE_FIELDS
 from relax.services.roles.actor_ranks import megatron_beside_actor
 from relax.services.roles.advantage import AdvantageRole
 from relax.services.roles.media import MediaInputs, to_rollout_batch
-from relax.services.schema import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP, VALUE_FIELDS
 from relax.trainers.checkpoint.trainer_state import load_checkpoint, load_newest_good
 from relax.trainers.torch.critic import Critic
 from relax.transfer.consumer import ConsumerGroup

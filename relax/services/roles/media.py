@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.models.processors import media_features, merge_media
 from relax.rollout.prompts import EncodedPrompt, EncodedPromptCache, encode_prompt
-from relax.services.schema import pad_topk_rows
+from relax.services.queue_contract import pad_topk_rows
 from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import Batch
 

@@ -23,9 +23,14 @@ from __future__ import annotations
 from typing import Any
 
 from relax.services.context import RunContext
+from relax.services.queue_contract import (
+    REFERENCE_FIELDS,
+    REFERENCE_GROUP,
+    scored_rows,
+    topk_reference_fields,
+)
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, to_rollout_batch
-from relax.services.schema import REFERENCE_FIELDS, REFERENCE_GROUP, scored_rows, topk_reference_fields
 from relax.trainers.torch.actor import reference_fields
 from relax.transfer.consumer import Batch
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from relax.engines.client import EngineBadResponse, EngineClient
-from relax.services.schema import topk_response_start
+from relax.services.queue_contract import topk_response_start
 from relax.transfer.consumer import Batch
 
 CONCURRENCY = 16  # rows in flight to the server at once

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.suite import TASKS
 from relax.data.suite.base import derive_seed
 from relax.models.processors import prepare_inputs

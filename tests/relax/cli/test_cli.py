@@ -14,7 +14,7 @@ import yaml
 from PIL import Image
 
 from relax.data.readers import write_jsonl
-from relax.data.schema import MediaRef, Message, Sample
+from relax.data.samples import MediaRef, Message, Sample
 
 RELAX = str(Path(sys.executable).with_name("relax"))
 

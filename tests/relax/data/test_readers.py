@@ -10,7 +10,7 @@ import pytest
 from relax import objstore
 from relax.data.errors import DataError
 from relax.data.readers import iter_records, read_samples, write_jsonl, write_parquet
-from relax.data.schema import MediaRef, Message, Sample
+from relax.data.samples import MediaRef, Message, Sample
 
 SAMPLES = [
     Sample(id="t1", messages=(Message("user", "1+2?"),), answer="3", task="arithmetic", metadata={"d": 1}),

@@ -10,7 +10,7 @@ from relax import objstore
 from relax.config import DataConfig
 from relax.data.errors import DataError
 from relax.data.readers import write_jsonl
-from relax.data.schema import MediaRef, Message, Sample
+from relax.data.samples import MediaRef, Message, Sample
 from relax.data.snapshot import Snapshot, list_snapshots, plan_snapshot, write_snapshot
 from relax.data.sources import held_out, snapshot_from_config
 from tests.media_files import png_bytes, wav_bytes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.data.verifiers import (
     exact_match_reward,
     extract_final_answer,

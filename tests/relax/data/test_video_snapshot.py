@@ -16,7 +16,7 @@ from PIL import Image
 from relax import objstore
 from relax.config import DataConfig
 from relax.data.errors import DataError
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.snapshot import Snapshot
 from relax.data.sources import snapshot_from_config
 from relax.data.suite import flash_beep

@@ -19,7 +19,7 @@ from relax.models import build_policy, build_tokenizer
 from relax.models.moe_routing import RouteRecorder, route_shape
 from relax.rollout.prompts import EncodedPrompt
 from relax.rollout.remote_engines import RemoteEngines
-from relax.services.schema import routes_column
+from relax.services.queue_contract import routes_column
 from tests.relax.engines.contract import InProcessServer
 
 

@@ -22,7 +22,7 @@ from relax.models.moe_routing import (
     replayed_scores,
     route_shape,
 )
-from relax.services.schema import routes_column
+from relax.services.queue_contract import routes_column
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.forward import compute_logprobs, token_logprobs
 from relax.trainers.torch.trainer import plan_micro_batches

@@ -10,7 +10,7 @@ from typing import Any
 
 from PIL import Image
 
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 
 COLOURS = {"red": (220, 30, 30), "blue": (40, 70, 220)}
 

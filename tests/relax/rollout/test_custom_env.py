@@ -12,8 +12,8 @@ import torch
 
 from relax.data.errors import DataError
 from relax.services.context import RunContext
+from relax.services.driver import train
 from relax.services.roles.media import MediaInputs, unpack_media
-from relax.services.train import train
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.forward import compute_logprobs
 from tests.relax.rollout.picture_env import square_png

@@ -24,7 +24,7 @@ from relax.engines.types import GenerateRequest, SamplingParams
 from relax.rollout.engine_pool import LocalEngines
 from relax.rollout.prompts import EncodedPrompt
 from relax.rollout.remote_engines import RemoteEngines, _by_size, _request_bytes, _shares
-from relax.services.train import train
+from relax.services.driver import train
 from relax.transfer.queue import TransferQueue
 from relax.transfer.weights import WeightStore
 from tests.relax.engines.contract import InProcessServer, save_tiny_model

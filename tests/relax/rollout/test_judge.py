@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from fastapi import Body, FastAPI
 
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.rollout.judge import JudgeError, JudgeReward, parse_score
 from relax.rollout.rewards import RewardDispatcher
 from relax.services.roles.media import sample_id_of
@@ -124,7 +124,7 @@ def test_a_native_engine_serves_as_judge(tmp_path):
 @pytest.mark.slow
 def test_a_run_rewarded_by_the_judge(tmp_path, judge_server):
     from relax.services.context import RunContext
-    from relax.services.train import train
+    from relax.services.driver import train
     from tests.relax.services.runtime_helpers import tiny_config
 
     url, app = judge_server

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.rollout.prompts import EncodedPromptCache, PromptStream, encode_prompt
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.rollout.rewards import RewardDispatcher, reward_metrics
 from tests.relax.services.runtime_helpers import FAULTY_PATH
 

@@ -11,7 +11,7 @@ import pytest
 
 from relax import objstore
 from relax.services.context import RunConfigMismatch, RunContext
-from relax.services.schema import pad_topk_rows, topk_response_start
+from relax.services.queue_contract import pad_topk_rows, topk_response_start
 from tests.relax.services.runtime_helpers import tiny_config
 
 

@@ -13,12 +13,12 @@ import urllib.request
 import pytest
 
 from relax.services.context import RunContext
+from relax.services.driver import train
 from relax.services.launchers.process import NativeEngineProcess
 from relax.services.report.metrics import read_metrics
 from relax.services.roles.actor import ActorRole
 from relax.services.roles.advantage import AdvantageRole
 from relax.services.roles.rollout import RolloutRole
-from relax.services.train import train
 from relax.transfer.errors import QueueTimeout
 from tests.relax.engines.contract import auth
 from tests.relax.services.manifest_checks import check_run

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from relax.config_loader import ConfigError
+from relax.services.driver import train
 from relax.services.replay import Retrain
-from relax.services.train import train
 from tests.relax.services.runtime_helpers import tiny_config
 
 pytestmark = pytest.mark.slow

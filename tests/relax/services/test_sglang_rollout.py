@@ -13,7 +13,7 @@ import torch
 
 from relax.engines.guards import TOKEN_ENV
 from relax.services.context import RunContext
-from relax.services.train import train
+from relax.services.driver import train
 from relax.transfer.weights import WeightStore
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
@@ -59,7 +59,7 @@ def test_the_rollout_launches_routes_reloads_and_replaces_its_sglang_servers(tmp
 def _served_logprob_gap(cfg, version: int) -> float:
     """Largest gap between the log-probs the servers reported for the response tokens of the samples
     they drew with weight ``version`` and a Hugging Face forward with that version's published weights."""
-    from relax.services.schema import ACTOR_GROUP
+    from relax.services.queue_contract import ACTOR_GROUP
     from relax.trainers.packing import micro_batches
     from relax.trainers.torch.forward import compute_logprobs
     from relax.transfer.consumer import load_group_state

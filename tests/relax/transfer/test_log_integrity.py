@@ -10,10 +10,10 @@ import logging
 import pytest
 
 from relax import objstore
+from relax.transfer.columns import Field
 from relax.transfer.consumer import ConsumerGroup
 from relax.transfer.errors import StoreError
 from relax.transfer.queue import TransferQueue
-from relax.transfer.schema import Field
 
 FIELDS = [Field("x", "int64", (None,))]
 

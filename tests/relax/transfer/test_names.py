@@ -44,8 +44,8 @@ def test_a_record_missing_a_key_names_it():
 
 
 def test_shard_names_are_checked_where_they_are_used(tmp_path):
+    from relax.transfer.columns import Field
     from relax.transfer.queue import TransferQueue
-    from relax.transfer.schema import Field
 
     for bad in ("..", "../x/00000001.safetensors", "a/b/00000001.safetensors", "a/1.safetensors"):
         with pytest.raises(StoreError, match="not a shard of this topic"):
@@ -107,9 +107,9 @@ def test_a_snapshot_row_naming_media_outside_the_snapshot_is_refused(tmp_path):
 @pytest.mark.parametrize("size", [0, -1, 1.5, True])
 def test_put_refuses_a_group_size_no_group_can_reach(tmp_path, size):
     # group_size 0 or -1 used to commit, and then every consumer crashed with IndexError on every restart
+    from relax.transfer.columns import Field
     from relax.transfer.errors import SchemaError
     from relax.transfer.queue import TransferQueue
-    from relax.transfer.schema import Field
 
     q = TransferQueue(f"file://{tmp_path}", "r", "t")
     p = q.producer("w", [Field("x", "int64", (None,))], tokens_field=None)

@@ -13,10 +13,10 @@ import pytest
 from transfer_helpers import ADV, ROLLOUT_FIELDS, rollout_group
 
 from relax import objstore
+from relax.transfer.columns import Field
 from relax.transfer.errors import SchemaError, StoreError, WriterConflict
 from relax.transfer.manifest import TopicState
 from relax.transfer.queue import TransferQueue, samples_of
-from relax.transfer.schema import Field
 from tests.polling import wait_until
 
 

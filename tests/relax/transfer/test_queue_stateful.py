@@ -12,10 +12,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from transfer_helpers import ADV, ROLLOUT_FIELDS, rollout_group
 
 from relax import objstore
+from relax.transfer.columns import encode_shard
 from relax.transfer.consumer import ConsumerGroup, load_group_state
 from relax.transfer.errors import QueueTimeout
 from relax.transfer.queue import TransferQueue
-from relax.transfer.schema import encode_shard
 
 
 class QueueMachine(RuleBasedStateMachine):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from relax.transfer.schema import Field
+from relax.transfer.columns import Field
 
 ROLLOUT_FIELDS = [Field("tokens", "int64", (None,)), Field("logprobs", "float32", (None,)), Field("reward", "float32")]
 ADV = Field("advantages", "float32", (None,))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.suite import shapes, tones
 
 # --- images ---------------------------------------------------------------------------

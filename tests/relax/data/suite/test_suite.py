@@ -8,7 +8,7 @@ import time
 import pytest
 
 from relax.data.errors import DataError
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.suite import TASKS, generate_suite, get_task, load_reward_fn, random_policy_score
 from relax.data.suite.base import Env, derive_seed, split_of
 from relax.data.verifiers import exact_match_reward, numeric_match_reward

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relax.data.errors import DataError
-from relax.data.schema import Message, Sample
+from relax.data.samples import Message, Sample
 from relax.data.suite.tool_lookup import (
     SYSTEM_PROMPT,
     ToolLookupEnv,

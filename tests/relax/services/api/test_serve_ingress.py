@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from relax.services.context import RunContext
-from relax.services.train import train
+from relax.services.driver import train
 from tests.relax.engines.contract import auth
 from tests.relax.services.runtime_helpers import tiny_config
 

@@ -10,8 +10,8 @@ import torch
 import relax.services.roles.actor as actor_role
 from relax import objstore
 from relax.services.context import RunContext
+from relax.services.driver import train
 from relax.services.roles.actor import behaviour_is_proximal
-from relax.services.train import train
 from relax.trainers.checkpoint.trainer_state import load_checkpoint
 from relax.trainers.torch.actor import Actor
 from relax.transfer.lineage import ParentRef, chain, read_record, record_url

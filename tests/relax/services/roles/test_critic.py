@@ -18,11 +18,11 @@ from relax.models.builders import build_policy
 from relax.models.tokenizers import build_tokenizer
 from relax.models.value_head import ValueHeadModel
 from relax.services.context import RunContext
+from relax.services.driver import train
+from relax.services.queue_contract import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP
 from relax.services.report.metrics import read_metrics
 from relax.services.roles.advantage import batch_gae
 from relax.services.roles.critic import CriticRole, critic_checkpoints
-from relax.services.schema import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP
-from relax.services.train import train
 from relax.trainers.checkpoint.trainer_state import load_checkpoint
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.critic import Critic

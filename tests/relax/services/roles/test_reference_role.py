@@ -13,8 +13,8 @@ import torch
 
 from relax.config_loader import ConfigError, load_config
 from relax.services.context import RunContext
+from relax.services.driver import train
 from relax.services.report.metrics import read_metrics
-from relax.services.train import train
 from tests.relax.services.runtime_helpers import tiny_config
 
 KL = ("algorithm.kl_coef=0.5", "algorithm.kl_estimator=k1", "trainer.total_steps=3", "trainer.lr=1e-2",

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from relax.config_loader import ConfigError, load_config
-from relax.data.schema import Sample
+from relax.data.samples import Sample
 from relax.data.verifiers import numeric_match_reward
 from relax.services.context import RunContext
+from relax.services.driver import train
 from relax.services.report.metrics import read_metrics
-from relax.services.train import train
 from tests.relax.services.runtime_helpers import tiny_config
 
 PICKY = "tests.relax.services.roles.test_reward_role:picky_reward"

@@ -8,7 +8,7 @@ import pytest
 
 from relax.config_loader import ConfigError, load_config
 from relax.services.context import RunContext
-from relax.services.train import train
+from relax.services.driver import train
 from tests.relax.services.runtime_helpers import tiny_config
 
 pytestmark = pytest.mark.slow

@@ -16,9 +16,9 @@ from relax.engines.native.engine import NativeEngine
 from relax.engines.server import create_app
 from relax.models import build_tokenizer
 from relax.services.context import RunContext
+from relax.services.driver import train
+from relax.services.queue_contract import ACTOR_GROUP, ADVANTAGE_GROUP, TEACHER_GROUP
 from relax.services.roles.teacher import build_teacher
-from relax.services.schema import ACTOR_GROUP, ADVANTAGE_GROUP, TEACHER_GROUP
-from relax.services.train import train
 from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import load_group_state
 from relax.transfer.lineage import list_records

@@ -7,7 +7,7 @@ import pytest
 
 from relax import objstore
 from relax.services.context import RunContext
-from relax.services.train import train
+from relax.services.driver import train
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import FAULTY_PATH, tiny_config
 

@@ -17,9 +17,9 @@ import torch
 
 from relax import objstore
 from relax.services.context import RunContext
+from relax.services.driver import train
 from relax.services.launchers.role_process import role_command
 from relax.services.report.metrics import read_metrics
-from relax.services.train import train
 from relax.transfer.weights import WeightStore
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
@@ -168,7 +168,7 @@ def test_a_killed_disaggregated_driver_takes_its_role_processes_with_it(tmp_path
     # orphaned roles would go on training into the run root that the rerun resumes: two actors
     cfg = tiny_config(f"file://{tmp_path}/root", "orphans", "topology=disaggregated", "trainer.total_steps=500")
     path = _cfg_file(tmp_path, cfg)
-    code = ("import json, sys; from relax.config import RelaxConfig; from relax.services.train import train; "
+    code = ("import json, sys; from relax.config import RelaxConfig; from relax.services.driver import train; "
             "train(RelaxConfig.from_json(open(sys.argv[1]).read()), progress=False)")
     driver = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.DEVNULL,
                               stderr=open(tmp_path / "driver.log", "wb"))

@@ -155,9 +155,9 @@ def _run_checks(root: Path) -> dict[str, Any]:
     from relax.config_loader import load_config
     from relax.models.value_head import ValueHeadModel
     from relax.services.context import RunContext
+    from relax.services.driver import train
+    from relax.services.queue_contract import CRITIC_VALUES_GROUP
     from relax.services.roles.critic import CriticRole, critic_checkpoints
-    from relax.services.schema import CRITIC_VALUES_GROUP
-    from relax.services.train import train
     from relax.trainers.checkpoint.trainer_state import load_checkpoint
     from relax.trainers.megatron.value import MegatronValueModel
     from relax.trainers.torch.batch import RolloutBatch

@@ -1,4 +1,4 @@
-"""``train(cfg)``: one run in the configured topology, resumable by running it again.
+"""The driver of a run: ``train(cfg)`` runs one in the configured topology, resumable by running it again.
 
 * ``colocated``: every role in this process (relax.services.topologies.colocated);
 * ``async``: each role a Ray Serve deployment (relax.services.topologies.asynchronous);

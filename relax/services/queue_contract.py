@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from relax.transfer.schema import Field
+from relax.transfer.columns import Field
 
 ROLLOUT_TOPIC = "rollouts"
 ADVANTAGE_GROUP = "advantage"

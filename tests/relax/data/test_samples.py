@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from relax.data.errors import DataError
-from relax.data.schema import MediaRef, Sample
+from relax.data.samples import MediaRef, Sample
 
 
 def row(**kw):

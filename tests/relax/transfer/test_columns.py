@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.numpy import load as st_load
 
+from relax.transfer.columns import Field, TopicSchema, decode_shard, encode_shard, to_torch
 from relax.transfer.errors import SchemaError
-from relax.transfer.schema import Field, TopicSchema, decode_shard, encode_shard, to_torch
 
 TOKENS = Field("tokens", "int64", (None,))
 PATCHES = Field("patches", "float32", (None, 4))
