@@ -1,4 +1,5 @@
-"""The import graph of relax/, tasks/ and workflows/: no cycles, arrows only down DESIGN's layers.
+"""The import graph of relax/, tasks/ and workflows/: no cycles, arrows only down the layers
+of docs/architecture.md.
 
 Every import statement counts, function-local ones included: a local import that dodges a cycle
 at import time is still a cycle in the design.
@@ -12,9 +13,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# DESIGN.md's layers, top (1) to bottom; the entry points (the CLI and the pipeline the Flyte tasks
-# call) sit between the tasks and the services, and the config and the object-store helpers are
-# the foundation every layer reads. Longest prefix wins.
+# docs/architecture.md's layers ("The six layers"), top (1) to bottom; the entry points (the CLI and
+# the pipeline the Flyte tasks call) sit between the tasks and the services, and the config and the
+# object-store helpers are the foundation every layer reads. Longest prefix wins.
 LAYERS = {
     "workflows": 1, "tasks": 2,
     "relax.cli": 2.5, "relax.pipeline": 2.6,
@@ -135,7 +136,7 @@ def test_the_training_backends_import_nothing_of_each_other():
 
 
 def test_algorithms_are_pure_tensor_math():
-    # DESIGN: relax.algorithms imports no Ray, Flyte or fsspec, and nothing of relax above it
+    # docs/architecture.md: relax.algorithms imports no Ray, Flyte or fsspec, and nothing of relax above it
     found = {imp.split(".")[0] for name, path in modules().items() if name.startswith("relax.algorithms")
              for imp in imports(name, path)}
     assert not found & {"ray", "fsspec", "s3fs", "flytekit", "flytekitplugins"}

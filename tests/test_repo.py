@@ -71,7 +71,7 @@ def test_markers_and_license():
 
 
 def test_engine_never_imports_flyte():
-    # DESIGN.md: nothing under relax/ imports Flyte, so the engine runs from plain Python too.
+    # docs/architecture.md: nothing under relax/ imports Flyte, so the engine runs from plain Python too.
     offenders = [str(p.relative_to(REPO)) for p in (REPO / "relax").rglob("*.py")
                  if re.search(r"^\s*(import|from)\s+flytekit", p.read_text(), re.M)]
     assert offenders == []

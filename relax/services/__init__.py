@@ -4,7 +4,7 @@
   returns a :class:`~relax.services.driver.TrainSummary`.
 * :mod:`relax.services.context`: a run's shared handles (run record, snapshot, tokenizer,
   queues); :mod:`relax.services.queue_contract`: the queue's topics, consumer groups and fields.
-* :mod:`relax.services.roles`: rollout, advantage, actor, critic, reference and reward, each a
+* :mod:`relax.services.roles`: rollout, advantage, actor, critic, reference, reward and teacher, each a
   plain class whose ``step()`` does one unit of work; ``roles.factory`` names and builds them.
 * :mod:`relax.services.topologies`: ``colocated`` (one process), ``asynchronous`` (Ray Serve
   deployments), ``disaggregated`` (one OS process per role), and ``runner`` (one role's loop).

@@ -1,7 +1,7 @@
 """The queue's data contract: the ``rollouts`` topic, its consumer groups, and the fields each role adds.
 
 Every role of a run reads and writes rows of one topic. The rollout commits ``rollout_fields``;
-the column roles (advantage, reward, reference, critic) each add their fields to the same rows
+the column roles (advantage, reward, reference, teacher, critic) each add their fields to the same rows
 as a consumer group of their own; the actor trains as the group ``actor_train``. A role names
 its groups and fields from here, so the contract is read in one place.
 """
@@ -40,7 +40,8 @@ ROLLOUT_FIELDS = (
     Field("task", kind="str"),
     Field("response", kind="str"),
     Field("error", kind="str"),
-    # bytes of images/audio an environment returned in later agent turns (services.media.pack_media)
+    # bytes of images/audio an environment returned in later agent turns
+    # (relax.services.roles.media.pack_media)
     Field("turn_media", kind="bytes"),
 )
 ADVANTAGE_FIELDS = (Field("advantages", "float32", (None,)),)
