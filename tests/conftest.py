@@ -12,12 +12,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.polling import wait_until
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # engine servers the tests start guard their routes with it, and EngineClient sends it (relax.engines.guards)
@@ -34,6 +35,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_started(proc: subprocess.Popen, answers, name: str) -> None:
+    """Wait (30 s at most) until the server ``proc`` answers (``answers()`` returns without OSError);
+    kill it and raise if it exits or never does."""
+
+    def started() -> bool:
+        try:
+            answers()
+            return True
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} did not start") from None
+            return False
+
+    try:
+        wait_until(started, timeout=30, interval=0.2, what=f"{name} to start")
+    except (AssertionError, RuntimeError):
+        proc.kill()
+        raise RuntimeError(f"{name} did not start") from None
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """A moto S3 server on a free loopback port; yields its endpoint URL, stops it at session end."""
@@ -42,16 +63,7 @@ def moto_server():
     log = open(REPO / f".pytest_moto{os.environ.get('RELAX_TEST_GROUP', '')}.log", "wb")  # one per session
     proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(endpoint, timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto_server did not start; see {log.name}") from None
-            time.sleep(0.2)
+    _wait_started(proc, lambda: urllib.request.urlopen(endpoint, timeout=1), f"moto_server (see {log.name})")
     saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
     yield endpoint
@@ -74,16 +86,8 @@ def gcs_server():
     proc = subprocess.Popen([str(exe), "start", "--port", str(port), "-H", "127.0.0.1", "--in-memory", "-q"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("gcp-storage-emulator did not start") from None
-            time.sleep(0.2)
+    _wait_started(proc, lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close(),
+                  "gcp-storage-emulator")
     saved = os.environ.get("STORAGE_EMULATOR_HOST")
     os.environ["STORAGE_EMULATOR_HOST"] = endpoint
     yield endpoint

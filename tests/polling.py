@@ -23,20 +23,30 @@ def _message(what: str | Callable[[], Any], timeout: float) -> str:
     return f"not true within {timeout:g} s: {detail}"
 
 
+def poll_until(predicate: Callable[[], T], timeout: float = TIMEOUT_S, interval: float = 0.01) -> T:
+    """Call ``predicate`` every ``interval`` s until it returns something truthy or ``timeout`` s
+    pass; return its last value (falsy at the deadline). For a caller that reports the outcome
+    itself (a helper that returns whether it happened); a test that needs it uses ``wait_until``.
+
+    ``predicate`` may raise to stop at once, e.g. an assert that the process being watched still runs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
 def wait_until(predicate: Callable[[], T], timeout: float = TIMEOUT_S, interval: float = 0.01,
                what: str | Callable[[], Any] = "the condition") -> T:
     """Call ``predicate`` every ``interval`` s until it returns something truthy; return that value.
 
     Raises ``AssertionError`` after ``timeout`` s naming ``what`` (a string, or a callable called
-    then, e.g. to show the state that was being waited on)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(_message(what, timeout))
-        time.sleep(interval)
+    then, e.g. to show the state that was being waited on, or a log's tail)."""
+    value = poll_until(predicate, timeout, interval)
+    if not value:
+        raise AssertionError(_message(what, timeout))
+    return value
 
 
 async def async_wait_until(predicate: Callable[[], T], timeout: float = TIMEOUT_S, interval: float = 0.01,

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ import yaml
 from relax import objstore
 from relax.config_loader import config_to_dict, load_config
 from relax.pipeline import lineage
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PYFLYTE = str(Path(sys.executable).with_name("pyflyte"))
@@ -47,13 +47,14 @@ def test_sigkill_mid_training_then_rerun_resumes_with_one_lineage_chain(tmp_path
     env = {"RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     run_url = f"file://{tmp_path}/root/runs/killed"
     first = pyflyte(cfg_file, tmp_path / "home", tmp_path, env)
-    deadline = time.monotonic() + 300
+
+    def second_checkpoint() -> bool:
+        assert first.poll() is None, first.stdout.read()[-3000:]
+        return objstore.exists(f"{run_url}/checkpoints/step-000007/meta.json")
+
     try:
         # kill once two checkpoints exist and training is still going
-        while not objstore.exists(f"{run_url}/checkpoints/step-000007/meta.json"):
-            assert first.poll() is None, first.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "no second checkpoint within 300 s"
-            time.sleep(0.2)
+        wait_until(second_checkpoint, 300, interval=0.2, what="a second checkpoint")
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()

@@ -14,13 +14,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from relax.engines.client import EngineClient, EngineHTTPError
 from tests.media_files import png_bytes, wav_bytes  # noqa: F401 - the engine tests' media
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 CORPUS = ["hello world", "the quick brown fox jumps over the lazy dog", "1 + 2 = 3", "<answer>42</answer>",
@@ -58,17 +58,16 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, timeout_s: float = 90.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before becoming healthy")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
+                return r.status == 200
         except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} not healthy within {timeout_s} s")
+            return False
+
+    wait_until(healthy, timeout_s, interval=0.2, what=f"{url} healthy")
 
 
 def start_subprocess(args: list[str], port: int, log: Path) -> tuple[subprocess.Popen, str]:

@@ -8,11 +8,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
+from tests.polling import wait_until
 from tests.relax.engines.contract import free_port, save_tiny_model, start_subprocess
 
 pytest.importorskip("sglang_router", reason="sglang-router is a dev dependency: pip install sglang-router==0.3.2")
@@ -34,13 +34,6 @@ def call(base: str, method: str, path: str, body: dict | None = None, token: str
         return 0, ""
 
 
-def wait_for(check, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "the router did not get there in time"
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("sgl-router")
@@ -56,7 +49,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                               stdout=open(tmp / "router.log", "wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: call(base, "GET", "/health")[0] == 200)
+        wait_until(lambda: call(base, "GET", "/health")[0] == 200, interval=0.2, what="the router's /health")
         yield base, [url for _, url in engines], str(model)
     finally:
         router.terminate()
@@ -90,9 +83,11 @@ def test_workers_come_and_go_with_their_load_reported(cluster):
     base, (e1, e2), _ = cluster
     status, added = call(base, "POST", "/workers", {"url": e2, "api_key": TOKEN})
     assert status == 202, added
-    wait_for(lambda: {w["url"] for w in workers(base)} == {e1, e2} and all(w["is_healthy"] for w in workers(base)))
+    wait_until(lambda: {w["url"] for w in workers(base)} == {e1, e2} and all(w["is_healthy"] for w in workers(base)),
+               interval=0.2, what=lambda: f"both engines healthy in the router: {workers(base)}")
     loads = json.loads(call(base, "GET", "/get_loads")[1])["workers"]
     assert sorted(x["worker"] for x in loads) == sorted([e1, e2]) and all(x["load"] >= 0 for x in loads)  # was -1
     wid = next(w["id"] for w in workers(base) if w["url"] == e2)
     assert call(base, "DELETE", f"/workers/{wid}")[0] == 202
-    wait_for(lambda: [w["url"] for w in workers(base)] == [e1])
+    wait_until(lambda: [w["url"] for w in workers(base)] == [e1], interval=0.2,
+               what=lambda: f"the router without {e2}: {workers(base)}")

@@ -10,6 +10,7 @@ import pytest
 from relax import liveness, objstore
 from relax.services.heartbeat import HangWatch, HeartbeatWriter, heartbeat_url, last_progress, read_heartbeat
 from relax.transfer.polling import Backoff
+from tests.polling import wait_until
 
 
 def test_a_writer_publishes_the_last_mark_and_the_watch_reads_it(any_url):
@@ -17,10 +18,8 @@ def test_a_writer_publishes_the_last_mark_and_the_watch_reads_it(any_url):
     writer = HeartbeatWriter(run, "advantage", attempt=2, interval_s=0.05)
     try:
         liveness.mark(liveness.WORKING, step=7)
-        deadline = time.monotonic() + 10
-        while (read_heartbeat(run, "advantage") or {}).get("step") != 7:
-            assert time.monotonic() < deadline, "the heartbeat never carried the mark"
-            time.sleep(0.02)
+        wait_until(lambda: (read_heartbeat(run, "advantage") or {}).get("step") == 7, 10, interval=0.02,
+                   what="the heartbeat to carry the mark")
     finally:
         writer.stop()
     beat = read_heartbeat(run, "advantage")

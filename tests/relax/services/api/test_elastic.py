@@ -24,6 +24,7 @@ from relax.rollout.remote_engines import RemoteEngines
 from relax.services.api.elastic import ElasticRollout, create_rollout_app
 from relax.services.launchers.process import LocalProcessLauncher, NativeEngineProcess
 from relax.transfer.weights import WeightStore
+from tests.polling import wait_until
 from tests.relax.engines.contract import InProcessServer, free_port, save_tiny_model
 
 pytestmark = [pytest.mark.slow]
@@ -189,18 +190,14 @@ def test_scale_in_drains_and_a_second_operation_gets_409(env) -> None:
     def engines() -> dict[str, dict[str, Any]]:
         return {e["url"]: e for e in _http("GET", env.api + "/rollout/engines", token=None)[1]["engines"]}
 
-    def wait_for(cond, what: str) -> None:
-        deadline = time.monotonic() + 30
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: {engines()}"
-            time.sleep(0.02)
-
     with ThreadPoolExecutor(2) as ex:
         gens = ex.submit(env.pool.run, both())
-        wait_for(lambda: all(e["outstanding"] == 1 for e in engines().values()), "a request on each engine")
+        wait_until(lambda: all(e["outstanding"] == 1 for e in engines().values()), 30, interval=0.02,
+                   what=lambda: f"a request on each engine: {engines()}")
         drain = ex.submit(_http, "POST", env.api + "/rollout/scale_in",
                           {"engine_urls": [env.e2.url], "operation_id": "drain-e2"})
-        wait_for(lambda: engines()[env.e2.url]["draining"], "E2 draining")
+        wait_until(lambda: engines()[env.e2.url]["draining"], 30, interval=0.02,
+                   what=lambda: f"E2 draining: {engines()}")
         assert engines()[env.e2.url]["outstanding"] == 1  # still in the pool while its request runs
 
         status, out = _http("POST", env.api + "/rollout/scale_out", {"engine_urls": [env.e2.url]})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -14,6 +13,7 @@ import pytest
 
 from relax.services.context import RunContext
 from relax.services.driver import train
+from tests.polling import poll_until
 from tests.relax.engines.contract import auth
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -50,13 +50,16 @@ def test_the_rollout_deployment_serves_the_rest_api(tmp_path, ray_session, monke
     runner = threading.Thread(target=lambda: outcome.update(result=train(cfg, progress=False)), daemon=True)
     runner.start()
     api = f"http://127.0.0.1:{PORT}/{cfg.run_id}"
-    deadline = time.monotonic() + 240
-    status, table = 0, {}
-    while time.monotonic() < deadline and runner.is_alive():
-        status, table = get(api + "/rollout/engines")
-        if status == 200 and table.get("weight_version", -1) >= 0:
-            break
-        time.sleep(0.5)
+    answer = {"status": 0, "table": {}}
+
+    def served_or_ended() -> bool:  # the assert below tells which, with the API's last answer
+        if not runner.is_alive():
+            return True
+        answer["status"], answer["table"] = get(api + "/rollout/engines")
+        return answer["status"] == 200 and answer["table"].get("weight_version", -1) >= 0
+
+    poll_until(served_or_ended, 240, interval=0.5)
+    status, table = answer["status"], answer["table"]
     assert status == 200 and len(table["engines"]) == 1, (status, table)
 
     assert post(api + "/rollout/scale_out", {"num_replicas": 1}, None)[0] == 401

@@ -23,6 +23,7 @@ import pytest
 
 from relax.services.launchers import lifetime
 from relax.services.launchers.process import NativeEngineProcess
+from tests.polling import poll_until
 from tests.relax.engines.contract import save_tiny_model
 
 REPO = Path(__file__).resolve().parents[4]
@@ -39,12 +40,7 @@ def registry(tmp_path, monkeypatch) -> Path:
 
 def gone(pid: int, timeout_s: float = 60.0) -> bool:
     """Poll until ``pid`` no longer runs (a zombie counts as gone); False at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while lifetime.start_time(pid) is not None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return poll_until(lambda: lifetime.start_time(pid) is None, timeout_s, interval=0.05)
 
 
 def processes_with(token: str) -> list[int]:

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from relax.config_checks import parse_resources
+from tests.polling import wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))  # the venv's CLI, beside its python
 NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
@@ -121,15 +122,15 @@ def _start_node(temp_root: Path, log_dir: Path, name: str, resources: dict[str, 
 
 
 def _wait_port(port: int, node: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def listening() -> bool:
         assert node.poll() is None, log.read_text()[-3000:]
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
+            return True
         except OSError:
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
+            return False
+
+    wait_until(listening, timeout, interval=0.3, what=lambda: log.read_text()[-3000:])
 
 
 def _stop_nodes(nodes: list[subprocess.Popen], temp_root: Path) -> list[int]:

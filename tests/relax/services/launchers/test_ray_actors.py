@@ -14,6 +14,7 @@ from relax.engines.client import EngineClient
 from relax.rollout.remote_engines import RemoteEngines
 from relax.services.api.elastic import ElasticRollout
 from relax.services.launchers.process import CapacityError
+from tests.polling import poll_until, wait_until
 from tests.relax.engines.contract import save_tiny_model
 
 pytestmark = pytest.mark.ray
@@ -37,32 +38,21 @@ def settled_free_cpus(ray, quiet_s: float = 2.0, timeout_s: float = 30.0) -> flo
 
 def settle(ray, expected: float, timeout_s: float = 30.0) -> float:
     # Ray frees an actor's resources asynchronously after it is killed
-    deadline = time.monotonic() + timeout_s
-    while free_cpus(ray) != expected and time.monotonic() < deadline:
-        time.sleep(0.2)
+    poll_until(lambda: free_cpus(ray) == expected, timeout_s, interval=0.2)
     return free_cpus(ray)
-
-
-def eventually(check, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def stops_answering(url: str, timeout_s: float = 20.0) -> bool:
     import urllib.request
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def refused() -> bool:
         try:
             urllib.request.urlopen(url + "/health", timeout=1).close()
+            return False
         except OSError:
             return True
-        time.sleep(0.2)
-    return False
+
+    return poll_until(refused, timeout_s, interval=0.2)
 
 
 def generates(url: str) -> bool:
@@ -92,7 +82,8 @@ def test_ray_engines_hold_cluster_resources_and_refuse_what_does_not_fit(ray_ses
 
         # the engine process dies with its actor
         ray.kill(engines[0].actor)
-        assert eventually(lambda: not engines[0].alive)  # the kill lands asynchronously
+        wait_until(lambda: not engines[0].alive, 30, interval=0.2,  # the kill lands asynchronously
+                   what="the killed actor's engine to be gone")
         assert stops_answering(engines[0].url)
         assert len(launcher.running()) == 1
 

@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ import torch
 
 from relax.services.report.metrics import read_metrics
 from relax.transfer.weights import WeightStore
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[4]
 pytestmark = [pytest.mark.slow]
@@ -132,10 +132,11 @@ def test_a_killed_training_rank_stops_its_actor_which_is_restarted_with_all_its_
                             "trainer.data_parallel=2", "topology=disaggregated", "--no-progress"],
                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while not any(m["step"] >= 2 for m in _actor_records(tmp_path)):
-            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
-            time.sleep(0.2)
+        def stepped_twice() -> bool:
+            assert run.poll() is None, run.communicate()[0][-3000:]
+            return any(m["step"] >= 2 for m in _actor_records(tmp_path))
+
+        wait_until(stepped_twice, 300, interval=0.2, what="the actor's step 2")
         [worker] = _rank_processes(run.pid)
         os.kill(worker, signal.SIGKILL)
         out = run.communicate(timeout=600)[0]

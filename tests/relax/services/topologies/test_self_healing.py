@@ -28,6 +28,7 @@ from relax.services.supervision import RunStopped
 from relax.transfer.consumer import load_group_state
 from relax.transfer.lineage import chain
 from relax.transfer.weights import WeightStore
+from tests.polling import wait_until
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -282,12 +283,12 @@ def test_a_killed_controller_and_its_rerun_leave_no_temp_folders(tmp_path):
     env = {**os.environ, "TMPDIR": str(temp), "RELAX_ENGINE_REGISTRY": str(temp / "relax-engines-test")}
     env.pop("RELAX_FAULT", None)
     driver = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 240
-    # killed while its roles' folder and the rollout's engine model copy both exist
-    while not all(any(n.startswith(p) for n in _relax_entries(temp)) for p in ("relax-roles-", "relax-engine-model-")):
+
+    def both_exist() -> bool:  # killed while its roles' folder and the rollout's engine model copy both exist
         assert driver.poll() is None, driver.stderr.read().decode()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+        return all(any(n.startswith(p) for n in _relax_entries(temp)) for p in ("relax-roles-", "relax-engine-model-"))
+
+    wait_until(both_exist, 240, interval=0.05, what="the roles' folder and the engine model copy")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     rerun = subprocess.run(args, env=env, capture_output=True, text=True, timeout=400)

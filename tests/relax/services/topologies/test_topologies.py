@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from relax.services.driver import train
 from relax.services.launchers.role_process import role_command
 from relax.services.report.metrics import read_metrics
 from relax.transfer.weights import WeightStore
+from tests.polling import poll_until, wait_until
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -116,11 +116,11 @@ def test_actor_sigkill_then_restart_loses_nothing_and_changes_nothing(tmp_path):
                                 stderr=open(tmp_path / f"{role}.log", "ab"))
 
     procs = {role: start(role) for role in ("actor", "advantage", "rollout")}
-    deadline = time.monotonic() + 240
-    while len(read_metrics(ctx.run_url, "actor")) < 4:  # past the first checkpoint (step 2), mid-interval
-        assert time.monotonic() < deadline, (tmp_path / "actor.log").read_text()[-2000:]
+    def past_first_checkpoint() -> bool:  # (step 2), mid-interval
         assert procs["actor"].poll() is None, (tmp_path / "actor.log").read_text()[-2000:]
-        time.sleep(0.05)
+        return len(read_metrics(ctx.run_url, "actor")) >= 4
+
+    wait_until(past_first_checkpoint, 240, interval=0.05, what=lambda: (tmp_path / "actor.log").read_text()[-2000:])
     os.kill(procs["actor"].pid, signal.SIGKILL)
     procs["actor"].wait()
     killed_at = len(read_metrics(ctx.run_url, "actor"))
@@ -173,20 +173,18 @@ def test_a_killed_disaggregated_driver_takes_its_role_processes_with_it(tmp_path
     driver = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.DEVNULL,
                               stderr=open(tmp_path / "driver.log", "wb"))
     ctx = RunContext(cfg)
-    deadline = time.monotonic() + 240
+    def working() -> bool:  # every role is up and working
+        assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-2000:]
+        return len(read_metrics(ctx.run_url, "actor")) >= 2
+
     try:
-        while len(read_metrics(ctx.run_url, "actor")) < 2:  # every role is up and working
-            assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "no actor step within 240 s"
-            time.sleep(0.1)
+        wait_until(working, 240, interval=0.1, what="an actor step")
         roles = _children(driver.pid)
         assert len(roles) == 3, roles  # rollout, advantage, actor
     finally:
         driver.kill()
         driver.wait()
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in roles) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    poll_until(lambda: not any(_alive(pid) for pid in roles), 30, interval=0.1)
     survivors = [pid for pid in roles if _alive(pid)]
     for pid in survivors:  # don't leave them running past the test
         os.kill(pid, signal.SIGKILL)
