@@ -26,7 +26,7 @@ from output import Output, add_arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the tests' episode helper
 
-from relax.config_loader import load_config  # noqa: E402
+from relax.config import load_config  # noqa: E402
 from relax.engines.guards import TOKEN_ENV  # noqa: E402
 from relax.pipeline import evaluate, train_run  # noqa: E402
 from relax.services.context import RunContext  # noqa: E402

@@ -26,7 +26,7 @@ import time
 import torch
 from output import Output, add_arguments
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.services.driver import train
 from relax.transfer.columns import Field
 from relax.transfer.consumer import ConsumerGroup, wait_for_capacity

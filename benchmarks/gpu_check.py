@@ -38,7 +38,7 @@ import torch
 from output import Output, add_arguments
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.engines.native.engine import NativeEngine
 from relax.engines.types import GenerateRequest, SamplingParams
 from relax.trainers.torch.actor import Actor

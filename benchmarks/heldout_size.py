@@ -23,7 +23,7 @@ import tempfile
 
 from output import Output, add_arguments
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.objstore import absolute_url
 from relax.pipeline import evaluate, latest_checkpoint
 from relax.services.context import RunContext

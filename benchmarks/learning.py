@@ -22,7 +22,7 @@ import time
 
 from output import Output, add_arguments
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.pipeline import evaluate, train_run, warm_start
 from relax.services.context import RunContext
 from relax.services.report.metrics import read_all_metrics

@@ -28,7 +28,7 @@ import time
 import torch
 from output import Output, add_arguments
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.data.suite import generate_suite
 from relax.engines.native.engine import NativeEngine
 from relax.engines.types import GenerateRequest, SamplingParams

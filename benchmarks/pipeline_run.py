@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.pipeline import run
 from relax.services.report.metrics import read_metrics
 

@@ -26,7 +26,7 @@ import torch
 from output import Output, add_arguments
 
 import relax.engines.native.engine as native
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.data.suite import generate_suite
 from relax.engines.types import GenerateRequest, SamplingParams
 from relax.models import build_policy, build_tokenizer

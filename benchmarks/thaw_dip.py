@@ -22,7 +22,7 @@ import torch
 from output import Output, add_arguments
 
 from relax import objstore
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.objstore import absolute_url
 from relax.pipeline import evaluate
 from relax.services.context import RunContext

@@ -17,8 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from relax import objstore
-from relax.config import RelaxConfig, TrainerConfig
-from relax.config_loader import config_to_dict
+from relax.config import RelaxConfig, TrainerConfig, config_to_dict
 from relax.data.snapshot import SnapshotInfo
 from relax.data.sources import snapshot_from_config
 from relax.models.builders import BUILTIN_MODELS, BUILTIN_VERSION

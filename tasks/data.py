@@ -14,8 +14,7 @@ from dataclasses import dataclass, replace
 
 from flytekit import Cache, Resources, task
 
-from relax.config import DataConfig, RelaxConfig
-from relax.config_loader import validate
+from relax.config import DataConfig, RelaxConfig, validate
 from relax.data.snapshot import SnapshotInfo
 from relax.data.sources import plan_from_config, snapshot_from_config
 from relax.objstore import absolute_url

@@ -39,8 +39,7 @@ from flytekit.core.task import TaskPlugins
 from flytekitplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
 from flytekitplugins.ray.task import RayFunctionTask
 
-from relax.config import RelaxConfig, ResourcesConfig
-from relax.config_loader import load_config
+from relax.config import RelaxConfig, ResourcesConfig, load_config
 from relax.pipeline import TrainSummary, train_run
 from tasks.image import task_image
 

@@ -23,7 +23,7 @@ LAYERS = {
     "relax.rollout": 4, "relax.trainers": 4,
     "relax.algorithms": 5, "relax.models": 5, "relax.engines": 5,
     "relax.transfer": 6, "relax.data": 6,
-    "relax.config": 7, "relax.config_loader": 7, "relax.objstore": 7, "relax": 7,
+    "relax.config": 7, "relax.objstore": 7, "relax": 7,
 }
 
 

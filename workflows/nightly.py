@@ -22,8 +22,7 @@ from datetime import datetime
 
 from flytekit import CronSchedule, LaunchPlan, workflow
 
-from relax.config import RelaxConfig
-from relax.config_loader import load_config
+from relax.config import RelaxConfig, load_config
 from tasks.register import OmniRLResult
 from tasks.retrain import retrain_config
 from workflows.omni_rl import omni_rl

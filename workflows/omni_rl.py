@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from flytekit import workflow
 
-from relax.config import RelaxConfig
-from relax.config_loader import load_config
+from relax.config import RelaxConfig, load_config
 from tasks.data import hash_dataset, pin_root, snapshot_dataset
 from tasks.evaluate import evaluate
 from tasks.register import OmniRLResult, register

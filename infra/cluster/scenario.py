@@ -143,8 +143,7 @@ def run_scenario(work: Path, overrides: list[str], preset: str = "omni-cpu", kil
     from flytekit.core.context_manager import FlyteContextManager
     from flytekit.core.type_engine import TypeEngine
 
-    from relax.config import RelaxConfig
-    from relax.config_loader import config_to_dict, load_config
+    from relax.config import RelaxConfig, config_to_dict, load_config
     from relax.services.report.metrics import read_metrics
     from tasks.retrain import retrain_run_id
 

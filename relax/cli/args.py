@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from relax.config import RelaxConfig
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, RelaxConfig, load_config
 
 
 def split_overrides(tokens: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -8,7 +8,7 @@ import json
 from collections import Counter
 
 from relax.cli.args import split_overrides
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, load_config
 from relax.data.errors import DataError
 from relax.data.snapshot import Snapshot, list_snapshots
 from relax.data.sources import snapshot_from_config

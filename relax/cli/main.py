@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd, run_cmd, scale_cmd, train_cmd
-from relax.config_loader import ConfigError
+from relax.config import ConfigError
 from relax.data.errors import DataError
 from relax.services.context import RunConfigMismatch
 from relax.transfer.errors import TransferError

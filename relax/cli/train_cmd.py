@@ -20,7 +20,7 @@ import traceback
 
 from relax import objstore
 from relax.cli.args import config_from_args
-from relax.config_loader import config_from_dict, saved_config
+from relax.config import config_from_dict, saved_config
 from relax.services.context import RunContext
 from relax.services.heartbeat import last_progress
 from relax.services.queue_contract import ACTOR_GROUP, ADVANTAGE_GROUP

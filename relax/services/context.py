@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from relax import objstore
-from relax.config import RelaxConfig, SupervisorConfig
-from relax.config_loader import ConfigError, config_to_dict, saved_config
+from relax.config import ConfigError, RelaxConfig, SupervisorConfig, config_to_dict, saved_config
 from relax.data.snapshot import Snapshot
 from relax.data.sources import snapshot_from_config
 from relax.data.suite import TASKS, load_env_fn, load_reward_fn

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax import objstore
-from relax.config import RelaxConfig
-from relax.config_loader import ConfigError
+from relax.config import ConfigError, RelaxConfig
 from relax.faults import FAULT_ENV, parse_faults
 from relax.services.context import RunContext
 from relax.services.report.metrics import export_report, read_all_metrics

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from relax import objstore
-from relax.config_loader import ConfigError, config_from_dict, saved_config
+from relax.config import ConfigError, config_from_dict, saved_config
 from relax.services.context import RunContext
 from relax.services.report.metrics import read_metrics
 from relax.services.roles.actor import ActorRole, checkpoint_name

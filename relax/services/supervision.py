@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax import objstore
-from relax.config import SupervisorConfig
-from relax.config_loader import ConfigError
+from relax.config import ConfigError, SupervisorConfig
 from relax.data.errors import DataError
 from relax.transfer.writers import RecordLog, new_incarnation, read_records
 

@@ -28,8 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from relax.config import RelaxConfig
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, RelaxConfig, load_config
 from relax.services.context import RunContext
 from relax.services.supervision import RunStopped
 from tests.relax.services.runtime_helpers import tiny_config
@@ -358,7 +357,7 @@ def test_accepted_choice_runs_one_step_and_takes_effect(pair, root, monkeypatch)
     _check_effect(pair, cfg, calls)
 
 
-# -- the refusals the walk found missing (relax.config_checks.choice_checks) -----------------------------
+# -- the refusals the walk found missing (relax.config.tree.CHECKS) ---------------------------------------
 
 @pytest.mark.parametrize("family, builtin", [("qwen2_5_vl", "tiny-qwen2-vl"), ("qwen2_audio", "tiny-qwen2-audio"),
                                              ("qwen2_5_omni", "tiny-omni")])

@@ -9,9 +9,9 @@ import re
 import pytest
 import yaml
 
-from relax.config import RelaxConfig
-from relax.config_loader import (
+from relax.config import (
     ConfigError,
+    RelaxConfig,
     config_from_dict,
     config_hash,
     config_to_dict,
@@ -290,7 +290,7 @@ def test_stuck_group_push_needs_a_group_estimator():
 
 
 def test_a_run_saved_with_a_removed_setting_off_resumes_and_one_that_used_it_is_refused():
-    from relax.config_loader import ConfigError, config_from_dict, config_to_dict, saved_config
+    from relax.config import ConfigError, config_from_dict, config_to_dict, saved_config
 
     saved = config_to_dict(load_config("omni-cpu"))
     saved["rollout"]["explore_answers"], saved["data"]["task_repeats"] = 0, []  # as an earlier Relax wrote them

@@ -113,7 +113,7 @@ def test_only_objstore_opens_filesystems_on_the_data_path():
     from pathlib import Path
 
     root = Path(objstore.__file__).parent
-    allowed = {"objstore.py", "config_loader.py", "data/readers.py"}
+    allowed = {"objstore.py", "config/loader.py", "data/readers.py"}
     users = {str(p.relative_to(root)) for p in root.rglob("*.py") if "import fsspec" in p.read_text()}
     assert users <= allowed, f"{sorted(users - allowed)} open fsspec filesystems: go through relax.objstore"
     for name in ("url_to_fs(", "fsspec.filesystem("):

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from relax import objstore
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, load_config
 from relax.pipeline import evaluate, latest_checkpoint, lineage, run, train_run, warm_start
 from relax.rollout.evaluation import EvalReport, per_task_limit
 from relax.services.context import RunContext
@@ -130,7 +130,7 @@ def test_never_answered_names_the_classes_the_policy_never_gives():
 
 
 def test_a_text_model_on_media_tasks_fails_before_any_work(tmp_path):
-    from relax.config_loader import ConfigError
+    from relax.config import ConfigError
 
     cfg = load_config("tiny-cpu", [f"root=file://{tmp_path}", "data.tasks=[largest,shapes]", "data.train_per_task=4",
                                    "data.eval_per_task=2"])

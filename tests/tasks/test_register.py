@@ -8,7 +8,7 @@ import re
 from dataclasses import replace
 from datetime import datetime
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.data.snapshot import SnapshotInfo
 from relax.pipeline import EvalReport, TrainSummary
 from relax.transfer.lineage import LineageRecord, ParentRef, chain, chain_to_json, chain_to_text, write_record

@@ -12,8 +12,7 @@ from flytekit.configuration import Image, ImageConfig, SerializationSettings
 from flytekit.core.context_manager import ExecutionState, FlyteContextManager
 from flytekit.core.type_engine import TypeEngine
 
-from relax.config import RelaxConfig, ResourcesConfig
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, RelaxConfig, ResourcesConfig, load_config
 from tasks import train as train_tasks
 from tasks.train import cluster_resources, group_gpus, ray_job_config, role_cpus, role_gpus, run_role_group
 

@@ -77,7 +77,7 @@ def test_the_exit_criteria_fail_on_each_broken_check():
 
 def _run_config(root: str, run_id: str):
     from relax import objstore
-    from relax.config_loader import config_from_dict, saved_config
+    from relax.config import config_from_dict, saved_config
 
     record = json.loads(objstore.read_bytes(objstore.join(root, "runs", run_id, "run.json")))
     return config_from_dict(saved_config(record["config"]))

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from tasks.retrain import retrain_run_id
 from tests.workflows.test_omni_rl import TASKS, TINY
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from relax import objstore
-from relax.config_loader import config_to_dict, load_config
+from relax.config import config_to_dict, load_config
 from relax.data.snapshot import Snapshot
 
 REPO = Path(__file__).resolve().parents[2]

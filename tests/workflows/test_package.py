@@ -19,8 +19,7 @@ import yaml
 from flyteidl.admin import launch_plan_pb2, task_pb2
 from google.protobuf.json_format import MessageToDict
 
-from relax.config import RelaxConfig
-from relax.config_loader import config_to_dict
+from relax.config import RelaxConfig, config_to_dict
 
 REPO = Path(__file__).resolve().parents[2]
 PYFLYTE = str(Path(sys.executable).with_name("pyflyte"))

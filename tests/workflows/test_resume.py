@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from relax import objstore
-from relax.config_loader import config_to_dict, load_config
+from relax.config import config_to_dict, load_config
 from relax.pipeline import lineage
 from tests.polling import wait_until
 

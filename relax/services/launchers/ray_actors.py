@@ -1,7 +1,7 @@
 """Engines as Ray actors (``rollout.engine_launcher=ray``): Ray places them and accounts for them.
 
 Each engine is an actor holding ``rollout.engine_cpus`` CPUs and ``rollout.engine_gpus`` GPUs
-of the cluster, and the custom resources of ``rollout.engine_resources`` (``relax.config_checks.parse_resources``):
+of the cluster, and the custom resources of ``rollout.engine_resources`` (``relax.config.rollout.parse_resources``):
 ``rollout_node=1`` keeps engines on nodes started with ``--resources '{"rollout_node": N}'``.
 The actor runs a native engine server (``python -m relax.engines.server``), or with
 ``rollout.engine=sglang`` an SGLang server on the GPUs Ray assigned it, on its node's address,
@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from relax.config_checks import parse_resources
+from relax.config.rollout import parse_resources
 from relax.services.launchers.process import CapacityError, NativeEngineProcess
 
 
@@ -85,7 +85,7 @@ class RayEngineLauncher:
     """Engines as Ray actors (native, or SGLang servers given ``sglang``), at most ``max_engines`` alive at once.
 
     Each actor holds ``num_cpus``, ``num_gpus`` and ``resources`` (``'name=amount,...'``, see
-    ``relax.config_checks.parse_resources``, which also checks it as the config loads).
+    ``relax.config.rollout.parse_resources``, which also checks it as the config loads).
     """
 
     def __init__(self, model_dir: str | Path, max_engines: int, *, num_cpus: float = 1.0, num_gpus: float = 0.0,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from relax.config_loader import config_from_dict, config_to_dict
+from relax.config import config_from_dict, config_to_dict
 from relax.faults import FAULT_ENV
 from relax.services.context import RunContext
 from relax.services.launchers.lifetime import owned_temp_dir

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from relax import objstore
-from relax.config_loader import config_hash
+from relax.config import config_hash
 from relax.faults import fault_point
 from relax.services.context import RunContext
 from relax.services.queue_contract import ACTOR_GROUP

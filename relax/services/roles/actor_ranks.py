@@ -30,8 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from relax.config import RelaxConfig
-from relax.config_loader import config_from_dict, config_to_dict
+from relax.config import RelaxConfig, config_from_dict, config_to_dict
 from relax.services.context import RunContext
 from relax.services.launchers.process import free_port, kill_on_parent_death
 from relax.services.launchers.role_process import describe_exit

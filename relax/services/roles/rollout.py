@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from relax.config_loader import ConfigError
+from relax.config import ConfigError
 from relax.data.suite import load_env_fn
 from relax.engines.types import SamplingParams
 from relax.models.builders import policy_config

@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from relax.config_loader import ConfigError, config_from_dict, config_to_dict
+from relax.config import ConfigError, config_from_dict, config_to_dict
 from relax.faults import FAULT_ENV
 from relax.services.api.elastic import TOKEN_ENV
 from relax.services.api.server import lazy_rollout_app

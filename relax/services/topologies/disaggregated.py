@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 
-from relax.config_loader import config_to_dict
+from relax.config import config_to_dict
 from relax.services.context import RunContext
 from relax.services.heartbeat import HangWatch
 from relax.services.launchers.lifetime import owned_temp_dir

@@ -100,7 +100,7 @@ def _verl_set() -> list[str]:
 def test_the_documented_verl_set_is_a_valid_config_that_computes_verls_grpo():
     # the set loads, changes what it names, and its GRPO advantages are verl's (unbiased std + 1e-6):
     # rewards (1, 0, 0) -> (2/3, -1/3, -1/3) / (1/sqrt(3) + 1e-6)
-    from relax.config_loader import load_config
+    from relax.config import load_config
 
     overrides = _verl_set()
     assert "algorithm.std_estimator=unbiased" in overrides and "algorithm.off_policy=recompute" in overrides

@@ -134,7 +134,7 @@ def test_sample_schema_counts_video_placeholders():
 
 def test_video_tasks_are_refused_with_engines_that_would_not_see_the_videos(tmp_path):
     # HTTP engines are sent a prompt's images and audio only: a video prompt there would lose its clip
-    from relax.config_loader import ConfigError
+    from relax.config import ConfigError
     from relax.services.context import RunContext
     from tests.relax.services.runtime_helpers import tiny_config
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from PIL import Image
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.engines.server import build_native_engine, create_app
 from relax.models import build_policy, build_tokenizer
 from tests.relax.engines.contract import InProcessServer, data_uri, wav_bytes

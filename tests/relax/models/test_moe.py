@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.config import ModelConfig
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, ModelConfig, load_config
 from relax.engines.native.engine import NativeEngine
 from relax.engines.native.fused_decode import FusedDecoder
 from relax.engines.types import GenerateRequest, SamplingParams

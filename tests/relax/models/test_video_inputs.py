@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.data.suite import flash_beep, tones
 from relax.data.video import decode_video, pack_folder, probe, sample_indices
 from relax.models import build_tokenizer, prepare_inputs

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.data.suite import generate_suite
 from relax.engines.client import EngineClient, EngineHTTPError
 from relax.engines.server import build_native_engine, create_app

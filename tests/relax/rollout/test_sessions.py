@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.data.suite import generate_suite
 from relax.engines.types import SamplingParams
 from relax.models import build_policy, build_tokenizer

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, load_config
 from relax.rollout.weight_sync import BroadcastSync
 from relax.services.context import RunContext
 

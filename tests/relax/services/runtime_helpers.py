@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relax.config_loader import load_config
+from relax.config import load_config
 
 # a reward function for the "raising reward" contract test (dotted path below)
 FAULTY_PATH = "tests.relax.services.runtime_helpers:faulty_reward"
@@ -44,6 +44,6 @@ def length_reward(response: str, sample) -> float:
 
 def refusing_env(sample):
     """An env factory (rollout.env_fn) that refuses every sample as a user's error would."""
-    from relax.config_loader import ConfigError
+    from relax.config import ConfigError
 
     raise ConfigError(f"this env cannot run task {sample.task!r}; set rollout.env_fn to one that can")

@@ -71,7 +71,7 @@ def test_sglang_engine_is_refused_before_the_run_record_where_its_servers_cannot
     # servers, and the pre-flight says why they cannot start here (no sglang package / no GPU) and writes nothing
     import importlib.util
 
-    from relax.config_checks import ConfigError
+    from relax.config import ConfigError
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang"))
     why = "sglang package is not installed" if importlib.util.find_spec("sglang") is None else "GPUs and 0 are visible"
@@ -104,7 +104,7 @@ def test_sglang_engine_is_refused_before_the_run_record_where_its_servers_cannot
 
 def test_a_local_model_folder_of_another_family_is_refused_before_the_run(tmp_path):
     # a local folder's config.json decides its classes; model.family naming another was silently ignored
-    from relax.config_checks import ConfigError
+    from relax.config import ConfigError
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -117,7 +117,7 @@ def test_a_local_model_folder_of_another_family_is_refused_before_the_run(tmp_pa
 
 
 def test_external_agents_need_a_gateway_token_of_their_own(tmp_path, monkeypatch):
-    from relax.config_loader import ConfigError
+    from relax.config import ConfigError
 
     # the engines' token would let an agent swap the weights the run samples from
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "ag", "rollout.agents=external", "data.tasks=[tool_lookup]"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax.config_loader import ConfigError
+from relax.config import ConfigError
 from relax.services.driver import train
 from relax.services.replay import Retrain
 from tests.relax.services.runtime_helpers import tiny_config

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from transfer_helpers import ROLLOUT_FIELDS, rollout_group
 
-from relax.config import DataConfig, RelaxConfig
-from relax.config_loader import config_hash
+from relax.config import DataConfig, RelaxConfig, config_hash
 from relax.data.sources import snapshot_from_config
 from relax.transfer.consumer import ConsumerGroup, load_group_state, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, chain, chain_to_json, code_version, write_record

@@ -218,7 +218,7 @@ def test_in_process_consumer_is_woken_at_once(tmp_path):
 
 
 def test_from_config_and_a_custom_notifier(tmp_path):
-    from relax.config_loader import load_config
+    from relax.config import load_config
 
     class Counting:
         """A stand-in for a cluster-wide notifier: records notifications, never waits long."""

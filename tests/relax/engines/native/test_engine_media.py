@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.engines.native.engine import NativeEngine
 from relax.engines.types import GenerateRequest, SamplingParams
 from relax.models import build_policy, build_tokenizer, prepare_inputs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.data.suite import flash_beep
 from relax.engines.native.engine import NativeEngine
 from relax.engines.types import GenerateRequest, SamplingParams

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.data.suite import generate_suite
 from relax.engines.guards import AGENT_TOKEN_ENV
 from relax.engines.types import SamplingParams

@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from relax.cli.main import main as relax_cli
-from relax.config_loader import ConfigError
+from relax.config import ConfigError
 from relax.engines.client import EngineClient
 from relax.services.context import RunContext
 from relax.services.roles.actor import ActorRole
@@ -102,7 +102,7 @@ def test_an_api_the_rollout_cannot_serve_fails_before_any_engine_starts(tmp_path
 
 
 def test_an_engine_cap_below_the_engines_started_is_refused():
-    from relax.config_loader import load_config
+    from relax.config import load_config
 
     with pytest.raises(ConfigError, match=r"max_engine_processes \(1\) is below rollout.engine_processes \(2\)"):
         load_config("tiny-cpu", ["rollout.engine_processes=2", "rollout.max_engine_processes=1"])

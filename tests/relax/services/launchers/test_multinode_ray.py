@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from relax.config_checks import parse_resources
+from relax.config.rollout import parse_resources
 from tests.polling import wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))  # the venv's CLI, beside its python

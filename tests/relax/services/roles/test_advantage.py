@@ -183,7 +183,7 @@ def test_batch_whitened_discounts_by_gamma_by_hand():
 
 
 def test_gamma_is_refused_with_reinforce_pp_baseline_as_verl_ignores_it():
-    from relax.config_loader import ConfigError
+    from relax.config import ConfigError
     from tests.relax.services.runtime_helpers import tiny_config
 
     with pytest.raises(ConfigError, match=r"algorithm.gamma=0.9 is read only with advantage gae or reinforce_pp"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, load_config
 from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.report.metrics import read_metrics

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, load_config
 from relax.data.samples import Sample
 from relax.data.verifiers import numeric_match_reward
 from relax.services.context import RunContext

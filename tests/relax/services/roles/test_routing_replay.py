@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, load_config
 from relax.services.context import RunContext
 from relax.services.driver import train
 from tests.relax.services.runtime_helpers import tiny_config

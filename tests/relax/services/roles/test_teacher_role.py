@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from relax.cli.train_cmd import run_status
-from relax.config_loader import ConfigError, load_config
+from relax.config import ConfigError, load_config
 from relax.engines.native.engine import NativeEngine
 from relax.engines.server import create_app
 from relax.models import build_tokenizer

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from relax.cli.train_cmd import run_status
-from relax.config_loader import ConfigError
+from relax.config import ConfigError
 from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.queue_contract import ACTOR_GROUP, ADVANTAGE_GROUP, REFERENCE_GROUP

@@ -95,7 +95,7 @@ def test_exact_staleness_repeats_a_disaggregated_run_whatever_the_timing(tmp_pat
 def _cfg_file(tmp_path, cfg) -> str:
     import json
 
-    from relax.config_loader import config_to_dict
+    from relax.config import config_to_dict
 
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(config_to_dict(cfg)))

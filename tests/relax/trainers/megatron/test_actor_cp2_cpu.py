@@ -89,7 +89,7 @@ def _main(rank: int, world: int, port: str, out: str) -> None:  # out: this rank
     from tiny import VOCAB, tiny_batch, tiny_qwen2
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from relax.config_loader import load_config
+    from relax.config import load_config
     from relax.trainers.torch.actor import Actor
 
     def cfg(*extra: str):

@@ -53,7 +53,7 @@ def _main(out: str) -> None:
 
     from tiny import tiny_batch, tiny_qwen2
 
-    from relax.config_loader import load_config
+    from relax.config import load_config
     from relax.trainers.megatron.policy import megatron_policy
     from relax.trainers.torch.actor import Actor
 

@@ -90,7 +90,7 @@ def _main(rank: int, port: str, out_dir: str) -> None:
 
     from tiny import tiny_batch
 
-    from relax.config_loader import load_config
+    from relax.config import load_config
     from relax.trainers.checkpoint.optim_state import optimizer_state
     from relax.trainers.torch.actor import Actor
 

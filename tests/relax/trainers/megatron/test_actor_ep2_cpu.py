@@ -63,8 +63,7 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
 
     import torch
 
-    from relax.config import ModelConfig
-    from relax.config_loader import load_config
+    from relax.config import ModelConfig, load_config
     from relax.models import build_policy, build_tokenizer
     from relax.trainers.checkpoint.optim_state import optimizer_state
     from relax.trainers.torch.actor import Actor

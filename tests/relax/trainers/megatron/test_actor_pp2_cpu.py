@@ -108,7 +108,7 @@ def _main(rank: int, tp: int, pp: int, port: str, out: str) -> None:
     import torch
     from tiny import tiny_batch, tiny_qwen2
 
-    from relax.config_loader import load_config
+    from relax.config import load_config
     from relax.trainers.torch.actor import Actor
 
     models = {"untied": tiny_qwen2(layers=4), "tied": _tiny_tied()}

@@ -53,7 +53,7 @@ def _main(rank: int, port: str, out: str) -> None:  # out: this rank's JSON file
     from tiny import VOCAB, tiny_batch, tiny_qwen2
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from relax.config_loader import load_config
+    from relax.config import load_config
     from relax.trainers.torch.actor import Actor
 
     cfg = load_config(None, ["trainer.warmup_steps=0", "trainer.lr=1e-3", "rollout.max_new_tokens=16",

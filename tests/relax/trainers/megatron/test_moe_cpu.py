@@ -65,8 +65,7 @@ def _main(out: str) -> None:
 
     import torch
 
-    from relax.config import ModelConfig
-    from relax.config_loader import load_config
+    from relax.config import ModelConfig, load_config
     from relax.models import build_policy, build_tokenizer
     from relax.models.moe_routing import RouteRecorder
     from relax.trainers.megatron.model import forward_logits

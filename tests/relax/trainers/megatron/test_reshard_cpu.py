@@ -76,7 +76,7 @@ def test_data_parallel_2_takes_the_pytorch_backends_step(runs: Path) -> None:
 def _setup():
     from tiny import tiny_batch, tiny_qwen2
 
-    from relax.config_loader import load_config
+    from relax.config import load_config
     from relax.trainers.torch.actor import Actor
 
     cfg = load_config(None, ["trainer.warmup_steps=0", "trainer.lr=1e-3", "rollout.max_new_tokens=16",

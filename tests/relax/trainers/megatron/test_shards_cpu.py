@@ -143,7 +143,7 @@ def _main(rank: int, port: str, out_dir: str) -> None:
     from test_actor_distopt_cpu import _models
     from tiny import tiny_batch
 
-    from relax.config_loader import load_config
+    from relax.config import load_config
     from relax.trainers.checkpoint.files import read_meta, read_verified
     from relax.trainers.checkpoint.trainer_state import (
         read_state,

@@ -121,7 +121,7 @@ def _step_checks(layout: str) -> tuple[dict[str, Any], Any, Any, Any]:
     import torch
     from tiny import tiny_batch
 
-    from relax.config_loader import load_config
+    from relax.config import load_config
 
     cfg = load_config(None, ["trainer.warmup_steps=0", "trainer.lr=1e-3", "rollout.max_new_tokens=16",
                              f"trainer.micro_batch_layout={layout}", "trainer.micro_batch_tokens=40",
@@ -152,7 +152,7 @@ def _run_checks(root: Path) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from relax.config_loader import load_config
+    from relax.config import load_config
     from relax.models.value_head import ValueHeadModel
     from relax.services.context import RunContext
     from relax.services.driver import train

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny import VOCAB, actor, full_logprobs, on_policy, tiny_batch, tiny_qwen2
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.trainers.torch.actor import Actor, Reference
 
 

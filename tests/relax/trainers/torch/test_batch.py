@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny import tiny_batch, tiny_qwen2
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.trainers.checkpoint.optim_state import load_optimizer_state, optimizer_state
 from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.batch import data_parallel_share

@@ -8,8 +8,7 @@ import pytest
 import torch
 from tiny import VOCAB, actor, full_logprobs, on_policy, tiny_qwen2
 
-from relax.config_errors import ConfigError
-from relax.config_loader import load_config
+from relax.config import ConfigError, load_config
 from relax.trainers.torch.actor import Reference
 
 TEACHER = ["algorithm.distill_coef=0.5", "teacher.name_or_path=tiny-qwen2", "algorithm.off_policy=none"]

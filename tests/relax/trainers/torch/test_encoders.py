@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tiny import tiny_qwen2
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.models import build_policy, build_tokenizer
 from relax.trainers.torch.encoders import EncoderSchedule, encoder_parameters, freeze_encoders
 

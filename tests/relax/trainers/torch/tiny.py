@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from relax.config_loader import load_config
+from relax.config import load_config
 from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.batch import RolloutBatch
 

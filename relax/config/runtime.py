@@ -1,14 +1,15 @@
 """Config sections of the runtime under the roles: the TransferQueue, cluster resources, supervision.
 
-Part of the one config tree (``relax.config.RelaxConfig`` holds them as ``queue``, ``resources``
-and ``supervisor``); kept apart from the model and algorithm sections so each file stays short.
+The tree (``relax.config.tree.RelaxConfig``) holds them as ``queue``, ``resources`` and
+``supervisor``; beside them, the checks that read only these sections.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from relax.config_fields import opt
+from relax.config.fields import ConfigError, opt
 
 
 @dataclass
@@ -69,3 +70,12 @@ class SupervisorConfig:
     log_max_mb: float = opt(64.0, "A role's log file (runs/<id>/logs/<role>/<attempt>.log) rotates past this "
                             "size.", range=(0.01, 1_000_000.0))
     log_backups: int = opt(2, "Rotated files kept per attempt (<attempt>.log.1 is the newest).", range=(0, 100))
+
+
+def check_gpu_budget(cfg: Any) -> None:
+    r = cfg.resources
+    if r.rollout_gpus + r.actor_gpus > r.num_gpus:
+        raise ConfigError(
+            f"resources.rollout_gpus ({r.rollout_gpus}) + resources.actor_gpus ({r.actor_gpus}) exceed "
+            f"resources.num_gpus ({r.num_gpus}); raise num_gpus or lower the role GPUs"
+        )

@@ -20,13 +20,11 @@ from typing import Any
 import fsspec
 import yaml
 
-from relax.config import RelaxConfig
-from relax.config_checks import ConfigError, build, validate
+from relax.config.fields import ConfigError, build
+from relax.config.tree import RelaxConfig, validate
 
-PRESETS_DIR = Path(__file__).parent / "presets"
+PRESETS_DIR = Path(__file__).parents[1] / "presets"
 DEFAULT_PRESET = "tiny-cpu"
-__all__ = ["ConfigError", "config_from_dict", "config_hash", "config_to_dict", "config_to_yaml", "list_presets",
-           "load_config", "parse_override", "saved_config", "validate"]
 # settings an earlier Relax had and this one removed (docs/history/): a run saved with one of them
 # at its off value resumes; a run that used one cannot be reproduced by this version
 REMOVED_FIELDS = {"data": ("task_repeats",), "rollout": ("explore_answers",), "trainer": ("frozen_params",)}
