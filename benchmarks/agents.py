@@ -26,10 +26,12 @@ from output import Output, add_arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the tests' episode helper
 
+
 from relax.config import load_config  # noqa: E402
 from relax.engines.guards import TOKEN_ENV  # noqa: E402
 from relax.pipeline import evaluate, train_run  # noqa: E402
-from relax.services.context import RunContext  # noqa: E402
+from relax.services.policy import build_model
+from relax.services.run_context import RunContext  # noqa: E402
 from relax.trainers.checkpoint.trainer_state import save_checkpoint  # noqa: E402
 from tests.relax.services.tool_episodes import AGENT, teach_tool_use  # noqa: E402
 
@@ -77,7 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = f"file://{tmp}"
         ctx = RunContext(config(root, "sft", "builtin", args))
-        model, _ = ctx.build_model()
+        model, _ = build_model(ctx)
         teach_tool_use(model, ctx.tokenizer, ctx.split("train"), steps=args.sft_steps, lr=3e-3, batch_size=32)
         start = save_checkpoint(f"{root}/part-taught", model, meta={"kind": "benchmark"})
         before = evaluate(ctx.cfg, start).accuracy["tool_lookup"]

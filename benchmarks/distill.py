@@ -29,7 +29,8 @@ from output import Output, add_arguments
 
 from relax.config import load_config
 from relax.pipeline import evaluate, train_run, warm_start
-from relax.services.context import RunContext
+from relax.services.policy import build_model
+from relax.services.run_context import RunContext
 
 
 def common(args: argparse.Namespace, root: str) -> list[str]:
@@ -52,7 +53,7 @@ def train_teacher(args: argparse.Namespace, root: str) -> dict:
     cfg = load_config("tiny-cpu", [*common(args, root), "run_id=teacher", f"model.hidden_size={args.teacher_hidden}",
                                    "model.num_layers=3"])
     ctx = RunContext(cfg)
-    model, _ = ctx.build_model()
+    model, _ = build_model(ctx)
     train, rng = ctx.split("train"), random.Random(0)
     trainer = TorchTrainer(model, lr=2e-3, warmup_steps=0, total_steps=args.teacher_steps, layout="pack")
     t0 = time.perf_counter()

@@ -26,7 +26,7 @@ from output import Output, add_arguments
 from relax.config import load_config
 from relax.objstore import absolute_url
 from relax.pipeline import evaluate, latest_checkpoint
-from relax.services.context import RunContext
+from relax.services.run_context import RunContext
 
 
 def main() -> None:

@@ -24,8 +24,8 @@ from output import Output, add_arguments
 
 from relax.config import load_config
 from relax.pipeline import evaluate, train_run, warm_start
-from relax.services.context import RunContext
 from relax.services.report.metrics import read_all_metrics
+from relax.services.run_context import RunContext
 
 
 def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int | None, target: float,

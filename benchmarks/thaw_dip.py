@@ -25,8 +25,8 @@ from relax import objstore
 from relax.config import load_config
 from relax.objstore import absolute_url
 from relax.pipeline import evaluate
-from relax.services.context import RunContext
 from relax.services.roles.actor import checkpoint_name
+from relax.services.run_context import RunContext
 from relax.trainers.checkpoint.trainer_state import read_state
 
 STEM = "model.visual.patch_embed.proj.weight"

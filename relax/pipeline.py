@@ -22,9 +22,11 @@ from relax.data.snapshot import SnapshotInfo
 from relax.data.sources import snapshot_from_config
 from relax.models.builders import BUILTIN_MODELS, BUILTIN_VERSION
 from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
-from relax.services.context import RunContext
 from relax.services.driver import TrainSummary, train
+from relax.services.policy import build_model
 from relax.services.report.accuracy import write_accuracy
+from relax.services.run_context import RunContext
+from relax.services.trainable import check_trainable
 from relax.trainers.checkpoint.trainer_state import load_checkpoint, save_checkpoint
 from relax.trainers.torch.sft import FORMAT_RECIPE, format_warmup
 from relax.transfer.lineage import chain, chain_to_json, chain_to_text, list_records, list_runs
@@ -59,7 +61,7 @@ def warm_start(cfg: RelaxConfig, snapshot_id: str) -> str:
     if cfg.trainer.sft_steps == 0:
         return ""
     ctx = RunContext(cfg)
-    ctx.check_trainable(teacher=False)
+    check_trainable(ctx, teacher=False)
     if ctx.snapshot_info.id != snapshot_id:
         raise ValueError(f"the config's dataset is snapshot {ctx.snapshot_info.id}, not {snapshot_id}: "
                          f"snapshot it first (the workflow's snapshot step)")
@@ -67,7 +69,7 @@ def warm_start(cfg: RelaxConfig, snapshot_id: str) -> str:
     if objstore.exists(objstore.join(url, "meta.json")):
         log.info("format warm-start %s exists; reusing it", url)
         return url
-    model, processor = ctx.build_model()
+    model, processor = build_model(ctx)
     results = format_warmup(model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps, lr=cfg.trainer.sft_lr,
                             seed=cfg.seed, difficulty=cfg.data.difficulty, processor=processor,
                             media_loader=ctx.snapshot.load_media, batch_size=cfg.trainer.sft_batch_size)
@@ -96,8 +98,8 @@ def evaluate(cfg: RelaxConfig, checkpoint: str = "", limit: int | None = None) -
     """Greedy held-out accuracy of ``checkpoint`` (a checkpoint folder; "" = the initial policy,
     i.e. ``cfg.model.init_checkpoint`` when set) on the snapshot's eval split, ``limit`` per task."""
     ctx = RunContext(cfg)
-    ctx.check_trainable(teacher=False)  # a text model on image/audio tasks fails here, naming the fix
-    model, processor = ctx.build_model()
+    check_trainable(ctx, teacher=False)  # a text model on image/audio tasks fails here, naming the fix
+    model, processor = build_model(ctx)
     source = checkpoint or cfg.model.init_checkpoint
     if source:
         load_checkpoint(source, model, restore_rng=False)

@@ -150,9 +150,9 @@ def train_step(cfg: RelaxConfig, init_checkpoint: str) -> TrainSummary:
 def run_role_group(group: str, cfg: RelaxConfig) -> dict[str, int]:
     """Run the roles of ``group`` on the current Ray cluster until the run's last step, under the
     disaggregated controller (it restarts a role that dies); returns each role's attempts."""
-    from relax.services.context import RunContext
     from relax.services.launchers.ray_role import ray_role_starter
     from relax.services.roles.factory import group_roles
+    from relax.services.run_context import RunContext
     from relax.services.topologies.disaggregated import run_disaggregated
 
     ctx = RunContext(cfg)
@@ -185,8 +185,8 @@ def start_run(cfg: RelaxConfig) -> str:
 @task(retries=2, requests=Resources(cpu="1", mem="2Gi"), container_image=task_image())
 def finish_run(cfg: RelaxConfig, run_url: str) -> TrainSummary:
     """Disaggregated topology, after the role groups: the run's summary and its report."""
-    from relax.services.context import RunContext
     from relax.services.driver import summarize
+    from relax.services.run_context import RunContext
 
     return summarize(RunContext(cfg))
 
@@ -208,8 +208,8 @@ def train(cfg: RelaxConfig, init_checkpoint: str) -> TrainSummary:
         return sized(train_step, cfg.resources)(cfg=cfg, init_checkpoint=init_checkpoint)
     # the roles know only cfg, so the starting checkpoint travels in it
     cfg = replace(cfg, model=replace(cfg.model, init_checkpoint=init_checkpoint or cfg.model.init_checkpoint))
-    from relax.services.context import RunContext
     from relax.services.driver import run_finished
+    from relax.services.run_context import RunContext
 
     ctx = RunContext(cfg)
     if run_finished(ctx):  # a rerun of a finished run: no Ray clusters for roles that would exit at once

@@ -8,6 +8,8 @@ at import time is still a cycle in the design.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -149,3 +151,73 @@ def test_no_module_in_relax_is_over_400_lines():
     long = {str(p.relative_to(REPO)): n for p in (REPO / "relax").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert long == {}
+
+
+# -- config checks have one home -------------------------------------------------------------------
+#
+# A *config check* is a ``raise ConfigError(...)`` statement whose message text (its string literals,
+# the formatted values left out) names a field of the config as ``section.field`` (``rollout.api_port``,
+# ``trainer.sft_steps``), outside an ``except`` handler. Such a raise refuses a config value; every
+# one lives in relax/config/ (the loader's checks beside their section, the cross-section ones in
+# relax/config/cross.py, the environment's in relax/config/preflight.py, those over built things in
+# relax/config/fit.py). A raise inside an ``except`` handler only converts another layer's error
+# into a ConfigError (a port taken, no Ray cluster): its check is where that error was raised.
+
+
+def config_fields() -> set[str]:
+    """Every ``section.field`` of the config tree."""
+    from relax.config import RelaxConfig
+
+    cfg, out = RelaxConfig(), set()
+    for s in dataclasses.fields(cfg):
+        section = getattr(cfg, s.name)
+        if dataclasses.is_dataclass(section):
+            out |= {f"{s.name}.{f.name}" for f in dataclasses.fields(section)}
+    return out
+
+
+def config_checks(tree: ast.AST, fields: set[str]) -> list[int]:
+    """The lines of the config checks (see above) in a module's syntax tree."""
+    found: list[int] = []
+
+    def visit(node: ast.AST, in_handler: bool) -> None:
+        if isinstance(node, ast.Raise) and not in_handler and isinstance(node.exc, ast.Call):
+            func = node.exc.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            text = " ".join(c.value for arg in node.exc.args for c in ast.walk(arg)
+                            if isinstance(c, ast.Constant) and isinstance(c.value, str))
+            if name == "ConfigError" and fields & set(re.findall(r"\b[a-z_]+\.[a-z_]+\b", text)):
+                found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_handler or isinstance(node, ast.ExceptHandler))
+
+    visit(tree, False)
+    return found
+
+
+def test_the_config_check_finder_finds_one():
+    fields = {"rollout.api_port", "trainer.sft_steps"}
+    src = """
+def f(cfg):
+    if cfg.rollout.api_port:
+        raise ConfigError(f"rollout.api_port={cfg.rollout.api_port} needs HTTP engines")
+    try:
+        g()
+    except OSError as e:
+        raise ConfigError(f"rollout.api_port: {e}") from None
+    raise ConfigError("no run under this root")
+    raise ValueError("trainer.sft_steps is wrong")
+"""
+    assert config_checks(ast.parse(src), fields) == [4]
+    assert {"rollout.api_port", "trainer.sft_steps", "model.family"} <= config_fields()
+
+
+def test_every_config_check_lives_in_relax_config():
+    fields = config_fields()
+    outside = sorted(f"{name}:{line}" for name, path in modules().items() if not layer_is_config(name)
+                     for line in config_checks(ast.parse(path.read_text()), fields))
+    assert outside == [], "config checks outside relax/config/ (move them there; see config_checks above)"
+
+
+def layer_is_config(module: str) -> bool:
+    return module == "relax.config" or module.startswith("relax.config.")

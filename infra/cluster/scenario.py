@@ -90,9 +90,9 @@ def audit(cfg) -> dict:
     from collections import Counter
 
     from relax import objstore
-    from relax.services.context import RunContext
     from relax.services.queue_contract import ACTOR_GROUP
     from relax.services.roles.factory import role_names
+    from relax.services.run_context import RunContext
     from relax.transfer.consumer import load_group_state
 
     ctx = RunContext(cfg)

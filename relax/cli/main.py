@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd, run_cmd, scale_cmd, train_cmd
 from relax.config import ConfigError
 from relax.data.errors import DataError
-from relax.services.context import RunConfigMismatch
+from relax.services.run_record import RunConfigMismatch
 from relax.transfer.errors import TransferError
 from relax.transfer.lineage import LineageError
 

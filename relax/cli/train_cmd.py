@@ -21,10 +21,10 @@ import traceback
 from relax import objstore
 from relax.cli.args import config_from_args
 from relax.config import config_from_dict, saved_config
-from relax.services.context import RunContext
 from relax.services.heartbeat import last_progress
 from relax.services.queue_contract import ACTOR_GROUP, ADVANTAGE_GROUP
 from relax.services.report.metrics import ROLES, read_metrics
+from relax.services.run_context import RunContext
 from relax.services.supervision import read_restarts, restart_events
 from relax.transfer.consumer import load_group_state
 

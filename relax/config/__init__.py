@@ -26,6 +26,7 @@ from relax.config.loader import (
     saved_config,
 )
 from relax.config.model import ModelConfig, TeacherConfig
+from relax.config.preflight import preflight
 from relax.config.rollout import RolloutConfig
 from relax.config.runtime import QueueConfig, ResourcesConfig, SupervisorConfig
 from relax.config.trainer import TrainerConfig
@@ -34,4 +35,4 @@ from relax.config.tree import RelaxConfig, validate
 __all__ = ["AlgorithmConfig", "ConfigError", "DataConfig", "ModelConfig", "QueueConfig", "RelaxConfig",
            "ResourcesConfig", "RolloutConfig", "SupervisorConfig", "TeacherConfig", "TrainerConfig",
            "config_from_dict", "config_hash", "config_to_dict", "config_to_yaml", "list_presets", "load_config",
-           "parse_override", "saved_config", "validate"]
+           "parse_override", "preflight", "saved_config", "validate"]

@@ -174,3 +174,12 @@ def check_partial_rollout_abort(cfg: Any) -> None:
         raise ConfigError(f"rollout.partial_rollout=abort would change nothing here ({why}, so no generation is "
                           f"cut by new weights): use rollout.partial_rollout=wait, or abort with topology async "
                           f"or disaggregated, queue.max_staleness >= 1 and rollout.engine_processes=0")
+
+
+def check_warm_started(cfg: Any) -> None:
+    """The runtime does not warm-start (relax.pipeline does, before it): a config that reaches the runtime
+    asking for one must come with its checkpoint. Not in CHECKS: the pipeline's own configs ask for one."""
+    if cfg.trainer.sft_steps and not cfg.model.init_checkpoint:
+        raise ConfigError(f"trainer.sft_steps={cfg.trainer.sft_steps} asks for a format warm-start, which the "
+                          f"pipeline runs before RL: use `relax train`/`relax run` or relax.pipeline.train_run, "
+                          f"or set trainer.sft_steps=0 (or model.init_checkpoint to a warm-start)")

@@ -22,10 +22,9 @@ import os
 import secrets
 from typing import Any
 
-TOKEN_ENV = "RELAX_ENGINE_TOKEN"
-# the session gateway's, for external agents (relax.services.api.gateway): an agent's token must not let it
-# swap the engines' weights, and the engines' must not open sessions
-AGENT_TOKEN_ENV = "RELAX_AGENT_TOKEN"
+# the engines' token: the config's preflight reads it too (the session gateway's, AGENT_TOKEN_ENV, lives there)
+from relax.config.preflight import TOKEN_ENV
+
 MAX_BODY_BYTES = 8 << 20
 MUTATING = frozenset({"/update_weights_from_disk", "/update_weights_from_distributed", "/init_weights_update_group",
                       "/destroy_weights_update_group", "/abort_request", "/flush_cache"})

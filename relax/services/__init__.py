@@ -2,8 +2,9 @@
 
 * :mod:`relax.services.driver`: ``train(cfg)`` runs (or resumes) a run in its topology and
   returns a :class:`~relax.services.driver.TrainSummary`.
-* :mod:`relax.services.context`: a run's shared handles (run record, snapshot, tokenizer,
-  queues); :mod:`relax.services.queue_contract`: the queue's topics, consumer groups and fields.
+* :mod:`relax.services.run_context`: a run's shared handles (snapshot, tokenizer, queues);
+  :mod:`relax.services.run_record`: the run's record; :mod:`relax.services.queue_contract`: the
+  queue's topics, consumer groups and fields.
 * :mod:`relax.services.roles`: rollout, advantage, actor, critic, reference, reward and teacher, each a
   plain class whose ``step()`` does one unit of work; ``roles.factory`` names and builds them.
 * :mod:`relax.services.topologies`: ``colocated`` (one process), ``asynchronous`` (Ray Serve

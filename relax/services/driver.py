@@ -17,13 +17,16 @@ from typing import Any
 
 from relax import objstore
 from relax.config import ConfigError, RelaxConfig
+from relax.config.cross import check_warm_started
 from relax.faults import FAULT_ENV, parse_faults
-from relax.services.context import RunContext
 from relax.services.report.metrics import export_report, read_all_metrics
 from relax.services.roles.actor import checkpoint_name, list_checkpoints
+from relax.services.run_context import RunContext
+from relax.services.run_record import ensure_run
 from relax.services.topologies.asynchronous import run_async
 from relax.services.topologies.colocated import run_colocated
 from relax.services.topologies.disaggregated import run_disaggregated
+from relax.services.trainable import check_trainable
 
 
 @dataclass
@@ -45,14 +48,6 @@ class TrainSummary:
         return read_all_metrics(self.run_url)[role]
 
 
-def check_warm_started(cfg: RelaxConfig) -> None:
-    """The runtime does not warm-start: a config asking for one must come with its checkpoint."""
-    if cfg.trainer.sft_steps and not cfg.model.init_checkpoint:
-        raise ConfigError(f"trainer.sft_steps={cfg.trainer.sft_steps} asks for a format warm-start, which the "
-                          f"pipeline runs before RL: use `relax train`/`relax run` or relax.pipeline.train_run, "
-                          f"or set trainer.sft_steps=0 (or model.init_checkpoint to a warm-start)")
-
-
 def check_fault_spec() -> None:
     """A fault to inject (``RELAX_FAULT``, tests) that does not parse fails here, not in every role."""
     try:
@@ -67,8 +62,8 @@ def prepare_run(cfg: RelaxConfig, *, fork: bool = False, engine_urls: list[str] 
     check_warm_started(cfg)
     check_fault_spec()
     ctx = RunContext(cfg)
-    ctx.check_trainable(engine_urls)
-    ctx.ensure_run(fork)
+    check_trainable(ctx, engine_urls)
+    ensure_run(ctx, fork)
     return ctx
 
 

@@ -24,10 +24,10 @@ import torch
 
 from relax import objstore
 from relax.config import ConfigError, config_from_dict, saved_config
-from relax.services.context import RunContext
 from relax.services.report.metrics import read_metrics
 from relax.services.roles.actor import ActorRole, checkpoint_name
 from relax.services.roles.factory import role_threads
+from relax.services.run_context import RunContext
 from relax.transfer.lineage import record_url
 from relax.transfer.weights import WeightStore
 

@@ -21,16 +21,17 @@ import shutil
 from typing import Any
 
 from relax import objstore
-from relax.config import RelaxConfig
-from relax.config_loader import ConfigError
+from relax.config import ConfigError, RelaxConfig
+from relax.config.preflight import check_api_engines
 from relax.rollout.engine_pool import EnginePool, LocalEngines
 from relax.rollout.remote_engines import RemoteEngines
 from relax.services.api.elastic import ElasticRollout
 from relax.services.api.server import APIStartError, RolloutAPIServer, preflight
-from relax.services.context import RunContext
 from relax.services.launchers.factory import engine_launcher, first_engines
 from relax.services.launchers.lifetime import owned_temp_dir
+from relax.services.policy import build_model
 from relax.services.report.role_logs import logs_url
+from relax.services.run_context import RunContext
 from relax.transfer.weights import WeightStore
 
 
@@ -40,10 +41,7 @@ def check_api_port(cfg: RelaxConfig, engine_urls: list[str] | None, check_port: 
     r = cfg.rollout
     if not r.api_port:
         return
-    if not (engine_urls or r.engine_processes > 0):
-        raise ConfigError(f"rollout.api_port={r.api_port} scales HTTP engines, but this rollout runs its "
-                          f"engine in-process; set rollout.engine_processes=N (or pass --engine-url), or "
-                          f"rollout.api_port=0")
+    check_api_engines(cfg, engine_urls)
     try:
         preflight(r.api_host, r.api_port, check_port=check_port)
     except APIStartError as e:
@@ -116,7 +114,7 @@ def open_engines(ctx: RunContext, engine_urls: list[str] | None, store: WeightSt
         return RolloutEngines(RemoteEngines(engine_urls, **faults), processor, ctx.run_url)
     if sglang or r.engine_processes > 0:
         return _owned_engines(ctx, r.num_engines if sglang else r.engine_processes, slots, store, faults, processor)
-    model, processor = ctx.build_model()
+    model, processor = build_model(ctx)
     pool = LocalEngines(model, ctx.tokenizer, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
                         seed=cfg.seed, record_routes=cfg.algorithm.routing_replay)
     return RolloutEngines(pool, processor, ctx.run_url)
@@ -127,7 +125,7 @@ def _owned_engines(ctx: RunContext, n: int, slots: int, store: WeightStore, faul
     """Start ``n`` engine servers (native, or SGLang with rollout.engine=sglang) on the initial model;
     the pool owns and supervises them."""
     cfg = ctx.cfg
-    model, _ = ctx.build_model()
+    model, _ = build_model(ctx)
     model_dir = owned_temp_dir("relax-engine-model-")  # swept by the next run if this process is killed
     model.save_pretrained(model_dir)
     ctx.tokenizer.save_pretrained(model_dir)

@@ -5,7 +5,7 @@ The walk reads every ``(field, value)`` pair from the ``choices`` metadata of ``
 dataclasses, so a new choices field is walked without touching this file, and proves exactly one of:
 
 * ``load``: ``load_config`` raises ``ConfigError`` naming the field and the value;
-* ``preflight``: ``RunContext(cfg).check_trainable(None)`` raises it, before a run record exists;
+* ``preflight``: ``check_trainable(RunContext(cfg), None)`` raises it, before a run record exists;
 * ``runs``: a one-step colocated run finishes, its ``run.json`` holds the value and, where a spy can
   tell cheaply, the value was in effect (the registered loss / estimator / correction was called, the
   model was built as that family, the trainer got that layout...);
@@ -29,8 +29,10 @@ import pytest
 import torch
 
 from relax.config import ConfigError, RelaxConfig, load_config
-from relax.services.context import RunContext
+from relax.services.policy import build_model
+from relax.services.run_context import RunContext
 from relax.services.supervision import RunStopped
+from relax.services.trainable import check_trainable
 from tests.relax.services.runtime_helpers import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,7 +206,7 @@ def test_refused_choice_fails_before_any_work_naming_field_and_value(pair, root)
         return
     cfg = _config(root, pair)  # loads
     with pytest.raises(ConfigError) as e:
-        RunContext(cfg).check_trainable(None)
+        check_trainable(RunContext(cfg), None)
     assert _names(str(e.value), field, value), str(e.value)
     assert not _run_json(cfg).exists()
 
@@ -398,7 +400,7 @@ def test_partial_rollout_abort_cuts_generation_and_resumes_under_new_weights(tmp
 
     cfg = tiny_config(f"file://{tmp_path}", "abort", *TINY, "topology=disaggregated", "rollout.partial_rollout=abort")
     ctx = RunContext(cfg)
-    model, _ = ctx.build_model()
+    model, _ = build_model(ctx)
     prompts = list(enumerate(ctx.split("train")[:2]))
     for mode in ("abort", "wait"):
         asked, reloads = [], []

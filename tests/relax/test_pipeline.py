@@ -10,8 +10,8 @@ from relax import objstore
 from relax.config import ConfigError, load_config
 from relax.pipeline import evaluate, latest_checkpoint, lineage, run, train_run, warm_start
 from relax.rollout.evaluation import EvalReport, per_task_limit
-from relax.services.context import RunContext
 from relax.services.driver import train
+from relax.services.run_context import RunContext
 
 TINY = ["data.tasks=[arithmetic,shapes,tones,tool_lookup]", "model.name_or_path=tiny-omni",
         "model.family=qwen2_5_omni", "data.train_per_task=8", "data.eval_per_task=4", "rollout.prompts_per_step=4",

@@ -18,14 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from relax.config import RelaxConfig
+from relax.config.cross import sglang_tp_size
 from relax.engines.client import EngineClient
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
-def tp_size(cfg: RelaxConfig) -> int:
-    """GPUs per engine: the rollout GPUs split evenly across ``rollout.num_engines`` (at least 1)."""
-    return max(1, cfg.resources.rollout_gpus // max(1, cfg.rollout.num_engines))
 
 
 def server_args(cfg: RelaxConfig, model_path: str, port: int, host: str = "127.0.0.1",
@@ -40,7 +36,7 @@ def server_args(cfg: RelaxConfig, model_path: str, port: int, host: str = "127.0
     reproducibly. ``module``: what runs as the server (a stand-in in CPU tests); ``api_key``:
     the bearer token the server then requires; ``--trust-remote-code`` only when asked for.
     """
-    tp = len(gpu_ids) if gpu_ids else tp_size(cfg)
+    tp = len(gpu_ids) if gpu_ids else sglang_tp_size(cfg)
     args = [
         sys.executable, "-m", module,
         "--model-path", str(model_path),

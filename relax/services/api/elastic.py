@@ -38,12 +38,11 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, model_validator
 
+from relax.config.preflight import API_TOKEN_ENV as TOKEN_ENV
 from relax.rollout.engine_supervisor import EngineLauncher, LaunchedEngine
 from relax.rollout.remote_engines import RemoteEngines
 from relax.services.launchers.process import CapacityError
 from relax.transfer.weights import WeightStore
-
-TOKEN_ENV = "RELAX_API_TOKEN"
 
 
 class OperationBusy(RuntimeError):

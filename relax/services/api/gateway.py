@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from relax import objstore
+from relax.config.preflight import AGENT_TOKEN_ENV
 from relax.data.samples import Sample
 from relax.data.suite.tool_lookup import parse_tool_calls
-from relax.engines.guards import AGENT_TOKEN_ENV, TOKEN_ENV, Guard
+from relax.engines.guards import TOKEN_ENV, Guard
 from relax.engines.server import error_body
 from relax.rollout.session_requests import SessionError
 from relax.rollout.sessions import SessionHub

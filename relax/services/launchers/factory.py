@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 
 from relax import objstore
-from relax.config import RelaxConfig
-from relax.config_loader import ConfigError
+from relax.config import ConfigError, RelaxConfig
 from relax.engines.guards import ensure_token
 from relax.rollout.engine_supervisor import EngineLauncher, LaunchedEngine
 from relax.services.launchers.process import LocalProcessLauncher

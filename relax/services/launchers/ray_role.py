@@ -22,9 +22,9 @@ from typing import Any
 
 from relax.config import config_from_dict, config_to_dict
 from relax.faults import FAULT_ENV
-from relax.services.context import RunContext
 from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.launchers.role_process import RoleProcess
+from relax.services.run_context import RunContext
 from relax.services.supervision import RoleFailure
 
 FORWARDED = (FAULT_ENV,)  # variables the controller's roles inherit, as local role processes do

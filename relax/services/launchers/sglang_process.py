@@ -3,7 +3,7 @@ its own GPUs, launched, supervised and replaced like native engine processes.
 
 ``python -m <rollout.sglang_module>`` (``sglang.launch_server`` unless a test names a stand-in)
 with the flags of :func:`relax.engines.sglang.launch.server_args`. Each engine takes
-``tp_size`` GPUs of the ones this process sees (``CUDA_VISIBLE_DEVICES``), handed to it as its
+``sglang_tp_size`` GPUs of the ones this process sees (``CUDA_VISIBLE_DEVICES``), handed to it as its
 own ``CUDA_VISIBLE_DEVICES``; a GPU is free again once its engine's process has exited, so a
 replacement takes the dead engine's GPUs. The engine dies with the rollout (a parent-death
 signal) and leads its own process group, which a stop ends whole (SGLang's scheduler and
@@ -22,19 +22,11 @@ import threading
 from pathlib import Path
 
 from relax.config import RelaxConfig
-from relax.engines.sglang.launch import server_args, tp_size
+from relax.config.cross import sglang_tp_size
+from relax.config.preflight import server_module_problem, visible_gpus
+from relax.engines.sglang.launch import server_args
 from relax.faults import ATTEMPT_ENV
 from relax.services.launchers.process import CapacityError, EngineProcess, free_port
-
-
-def visible_gpus() -> list[str]:
-    """The GPU ids this process may hand out: ``CUDA_VISIBLE_DEVICES``, else every device torch sees."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [g.strip() for g in listed.split(",") if g.strip()]
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())]
 
 
 class GPUPool:
@@ -62,41 +54,6 @@ class GPUPool:
                 self._held[g] = holder
 
 
-SGLANG_MODULE = "sglang.launch_server"
-STAND_IN_MARK = "RELAX_SGLANG_STAND_IN"  # a stand-in module declares ``RELAX_SGLANG_STAND_IN = True`` at top level
-
-
-def server_module_problem(module: str) -> str | None:
-    """Why ``module`` may not run as the rollout's SGLang server (``python -m MODULE`` with the engine
-    token in its arguments), or None: it is SGLang's entry point, or a stand-in that declares itself
-    with ``RELAX_SGLANG_STAND_IN = True``, read from its source without running it. ``os`` or
-    ``http.server`` would otherwise start with the token on their command line."""
-    import ast
-    import importlib.util
-
-    if module == SGLANG_MODULE:
-        return None
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ModuleNotFoundError, ValueError):
-        spec = None
-    if spec is None:
-        return f"rollout.sglang_module={module!r} is not an importable module"
-    refused = (f"rollout.sglang_module={module!r} is neither {SGLANG_MODULE} nor a stand-in that declares "
-               f"{STAND_IN_MARK} = True; only those run as the rollout's SGLang servers (with the engine token)")
-    if not spec.origin or not spec.origin.endswith(".py"):  # built in, frozen (os), compiled: no declaration
-        return refused
-    try:
-        with open(spec.origin, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), spec.origin)
-    except (OSError, SyntaxError, ValueError) as e:
-        return f"rollout.sglang_module={module!r}: its source {spec.origin} cannot be read ({e})"
-    declared = any(isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == STAND_IN_MARK
-                                                        for t in node.targets)
-                   and isinstance(node.value, ast.Constant) and node.value.value is True for node in tree.body)
-    return None if declared else refused
-
-
 class SGLangEngineProcess(EngineProcess):
     """One SGLang server on ``gpus`` (its CUDA_VISIBLE_DEVICES), on a free port of ``host``."""
 
@@ -118,13 +75,13 @@ class SGLangEngineProcess(EngineProcess):
 
 
 class SGLangEngines:
-    """The launcher's ``factory`` for SGLang servers: each takes ``tp_size(cfg)`` GPUs of ``pool``
+    """The launcher's ``factory`` for SGLang servers: each takes ``sglang_tp_size(cfg)`` GPUs of ``pool``
     (none when the pool is empty: a stand-in on CPU)."""
 
     def __init__(self, cfg: RelaxConfig, pool: GPUPool | None = None):
         self.cfg = cfg
         self.pool = pool if pool is not None else GPUPool(visible_gpus())
-        self.gpus_per_engine = tp_size(cfg) if self.pool.gpus else 0
+        self.gpus_per_engine = sglang_tp_size(cfg) if self.pool.gpus else 0
 
     def __call__(self, model_dir: str, *, attempt: int = 0, **kwargs) -> SGLangEngineProcess:
         gpus = self.pool.take(self.gpus_per_engine, "an SGLang server") if self.gpus_per_engine else []

@@ -19,11 +19,12 @@ from typing import Any
 from relax import objstore
 from relax.config import config_hash
 from relax.faults import fault_point
-from relax.services.context import RunContext
+from relax.services.policy import build_model
 from relax.services.queue_contract import ACTOR_GROUP
 from relax.services.roles.actor_ranks import actor_ranks, megatron_beside_actor, parallel_model
 from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.roles.teacher import teacher_identity
+from relax.services.run_context import RunContext
 from relax.services.supervision import read_restarts
 from relax.trainers.checkpoint.files import read_meta
 from relax.trainers.checkpoint.sharded import SHARDED
@@ -87,7 +88,7 @@ def initial_reference(ctx: RunContext, wait_s: float | None = None) -> tuple[Ref
     """The KL anchor and the model's processor: a frozen copy of policy version 0 (the run's
     starting point, warm start included, which the WeightStore always retains), so a
     restarted role gets the same reference. Waits up to ``wait_s`` for the actor to publish it."""
-    model, processor = ctx.build_model()
+    model, processor = build_model(ctx)
     store = ctx.weights()
     try:
         store.wait_for(0, wait_s)

@@ -31,9 +31,10 @@ import torch
 import torch.distributed as dist
 
 from relax.config import RelaxConfig, config_from_dict, config_to_dict
-from relax.services.context import RunContext
 from relax.services.launchers.process import free_port, kill_on_parent_death
 from relax.services.launchers.role_process import describe_exit
+from relax.services.policy import build_model
+from relax.services.run_context import RunContext
 from relax.trainers.checkpoint.files import CheckpointError
 from relax.trainers.checkpoint.trainer_state import load_checkpoint, save_sharded_checkpoint, trainer_state
 from relax.trainers.model_parallel import unwrap
@@ -116,7 +117,7 @@ class RankOps:
     """What each rank runs for a command; rank 0's results are the actor role's."""
 
     def __init__(self, ctx: RunContext, world: int):
-        model, self.processor = ctx.build_model()
+        model, self.processor = build_model(ctx)
         self.actor = Actor(parallel_model(model, ctx.cfg, world), ctx.cfg, pad_id=ctx.tokenizer.pad_token_id or 0)
         self.ctx = ctx
 

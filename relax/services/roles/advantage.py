@@ -41,10 +41,10 @@ import torch
 
 from relax.algorithms import compute_advantages, masked_whiten, overlong_penalty, stuck_groups, token_kl
 from relax.algorithms.distill import distill_advantages, reverse_kl_estimate
-from relax.services.context import RunContext
 from relax.services.queue_contract import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, effective_masks, to_rollout_batch
+from relax.services.run_context import RunContext
 from relax.transfer.consumer import Batch
 
 PER_GROUP = ("grpo", "drgrpo", "rloo")

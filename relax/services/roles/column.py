@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from relax.faults import fault_point
-from relax.services.context import RunContext
+from relax.services.run_context import RunContext
 from relax.transfer.columns import Field
 from relax.transfer.consumer import Batch, ConsumerGroup
 

@@ -32,11 +32,12 @@ import torch
 from relax import objstore
 from relax.faults import fault_point
 from relax.models.value_head import ValueHeadModel
-from relax.services.context import RunContext
+from relax.services.policy import build_model
 from relax.services.queue_contract import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP, VALUE_FIELDS
 from relax.services.roles.actor_ranks import megatron_beside_actor
 from relax.services.roles.advantage import AdvantageRole
 from relax.services.roles.media import MediaInputs, to_rollout_batch
+from relax.services.run_context import RunContext
 from relax.trainers.checkpoint.trainer_state import load_checkpoint, load_newest_good
 from relax.trainers.torch.critic import Critic
 from relax.transfer.consumer import ConsumerGroup
@@ -60,7 +61,7 @@ class CriticRole:
     def __init__(self, ctx: RunContext, wait_s: float | None = 600.0):
         cfg = ctx.cfg
         self.ctx, self.cfg = ctx, cfg
-        policy, processor = ctx.build_model()
+        policy, processor = build_model(ctx)
         if megatron_beside_actor(cfg):  # same weights in megatron-core's layers (relax.trainers.megatron.value)
             with warnings.catch_warnings():  # megatron announces every fused kernel it falls back from
                 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")

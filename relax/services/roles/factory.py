@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from relax.config import RelaxConfig
-from relax.services.context import RunContext
 from relax.services.report.metrics import ROLES
 from relax.services.roles.actor import ActorRole
 from relax.services.roles.advantage import AdvantageRole
@@ -20,6 +19,7 @@ from relax.services.roles.reference import ReferenceRole
 from relax.services.roles.reward import RewardRole
 from relax.services.roles.rollout import RolloutRole
 from relax.services.roles.teacher import TeacherRole
+from relax.services.run_context import RunContext
 
 ROLE_NAMES = ROLES  # every role a run can have
 COLUMN_ROLES = ("advantage", "reference", "critic", "reward", "teacher")

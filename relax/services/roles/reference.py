@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from relax.services.context import RunContext
 from relax.services.queue_contract import (
     REFERENCE_FIELDS,
     REFERENCE_GROUP,
@@ -31,6 +30,7 @@ from relax.services.queue_contract import (
 )
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, to_rollout_batch
+from relax.services.run_context import RunContext
 from relax.trainers.torch.actor import reference_fields
 from relax.transfer.consumer import Batch
 

@@ -25,10 +25,10 @@ import numpy as np
 
 from relax.data.samples import Sample
 from relax.rollout.rewards import RewardDispatcher, reward_metrics
-from relax.services.context import RunContext
 from relax.services.queue_contract import REWARD_FIELDS, REWARD_GROUP
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import sample_id_of
+from relax.services.run_context import RunContext
 from relax.transfer.consumer import Batch
 
 ROW_FIELDS = ["response"]

@@ -32,10 +32,10 @@ from relax.rollout.rewards import RewardDispatcher, reward_metrics
 from relax.rollout.sessions import SessionHub
 from relax.services.api.elastic import ElasticRollout
 from relax.services.api.gateway import Gateway, GatewayStartError
-from relax.services.context import RunContext
 from relax.services.queue_contract import ACTOR_GROUP, rollout_fields, routes_column, routes_field
 from relax.services.roles.media import pack_media
 from relax.services.rollout_engines import RolloutEngines, check_api_port, open_engines
+from relax.services.run_context import RunContext
 from relax.transfer.consumer import GroupView, wait_for_capacity
 
 

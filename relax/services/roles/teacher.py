@@ -22,11 +22,11 @@ import dataclasses
 from typing import Any
 
 from relax.config import ModelConfig, RelaxConfig
-from relax.services.context import RunContext
 from relax.services.queue_contract import TEACHER_FIELDS, TEACHER_GROUP, scored_rows, topk_reference_fields
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, to_rollout_batch
 from relax.services.roles.teacher_remote import RemoteTeacher
+from relax.services.run_context import RunContext
 from relax.trainers.torch.actor import Reference
 from relax.transfer.consumer import Batch
 

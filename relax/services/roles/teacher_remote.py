@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from relax.config.preflight import TEACHER_KEY_ENV, served_vocab_size
 from relax.engines.client import EngineBadResponse, EngineClient
 from relax.services.queue_contract import topk_response_start
 from relax.transfer.consumer import Batch
 
 CONCURRENCY = 16  # rows in flight to the server at once
-TEACHER_KEY_ENV = "RELAX_TEACHER_API_KEY"  # the teacher server's bearer token, if it wants one
 
 
 def run_async(coro: Any) -> Any:
@@ -54,13 +54,7 @@ class RemoteTeacher:
 
     def vocab_size(self) -> int | None:
         """The served model's vocabulary (``/get_model_info``), or None when the server does not say."""
-        async def ask() -> Any:
-            async with EngineClient(self.url, timeout_s=30.0, token=self.token) as client:
-                return await client.model_info()
-
-        info = run_async(ask())
-        size = info.get("vocab_size") if isinstance(info, dict) else None
-        return int(size) if isinstance(size, int) else None
+        return served_vocab_size(self.url)
 
     def columns(self, batch: Batch) -> dict[str, list[torch.Tensor]]:
         """``teacher_logprobs`` (L,) per row and, with top-k, ``teacher_topk_ids`` / ``teacher_topk_logprobs`` (L, k)."""

@@ -22,14 +22,15 @@ import time
 import traceback
 from typing import Any
 
-from relax.config import ConfigError, config_from_dict, config_to_dict
+from relax.config import config_from_dict, config_to_dict
+from relax.config.preflight import check_api_token
 from relax.faults import FAULT_ENV
 from relax.services.api.elastic import TOKEN_ENV
 from relax.services.api.server import lazy_rollout_app
-from relax.services.context import RunContext
 from relax.services.heartbeat import HangWatch
 from relax.services.report.metrics import MetricsReader
 from relax.services.roles.factory import role_names
+from relax.services.run_context import RunContext
 from relax.services.supervision import NOT_HEALED, RoleFailure, RunStopped, Supervisor
 from relax.services.topologies.progress import Progress
 from relax.services.topologies.runner import run_role
@@ -139,10 +140,7 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
     deployment = serve.deployment(RoleRunner, **options)
     api = cfg.rollout.api_port > 0
     if api:  # the proxy's address is cluster-wide: a Serve already running keeps its own
-        token = os.environ.get(TOKEN_ENV)
-        if not token:
-            raise ConfigError(f"rollout.api_port={cfg.rollout.api_port} serves the elastic REST API, whose scale "
-                              f"routes need a bearer token: set {TOKEN_ENV} for relax train")
+        token = check_api_token(cfg)
         serve.start(http_options={"host": cfg.rollout.api_host, "port": cfg.rollout.api_port})
         # the replica is another process: the token goes to it in its runtime environment
         ingress = serve.deployment(serve.ingress()(RolloutIngress), **{

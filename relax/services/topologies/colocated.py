@@ -15,10 +15,10 @@ from typing import Any
 
 from relax import liveness
 from relax.faults import set_attempt
-from relax.services.context import RunContext
 from relax.services.heartbeat import SelfWatch
 from relax.services.report.metrics import RoleLogs
 from relax.services.roles.factory import advantage_stage, make_role
+from relax.services.run_context import RunContext
 from relax.services.supervision import NOT_HEALED, RoleFailure, Supervisor
 from relax.services.topologies.progress import Progress
 from relax.transfer.errors import QueueTimeout

@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from relax.config import config_to_dict
-from relax.services.context import RunContext
 from relax.services.heartbeat import HangWatch
 from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.launchers.role_process import RoleProcess
 from relax.services.report.metrics import MetricsReader
 from relax.services.roles.factory import role_names
+from relax.services.run_context import RunContext
 from relax.services.supervision import Supervisor
 from relax.services.topologies.progress import Progress
 

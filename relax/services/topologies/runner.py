@@ -10,10 +10,10 @@ import torch
 from relax import liveness
 from relax.config import RelaxConfig
 from relax.faults import fault_point, set_attempt
-from relax.services.context import RunContext
 from relax.services.heartbeat import HeartbeatWriter
 from relax.services.report.metrics import RoleLogs
 from relax.services.roles.factory import make_role, role_done, role_threads
+from relax.services.run_context import RunContext
 
 
 def run_role(role: str, cfg: RelaxConfig, timeout_s: float = 600.0, engine_urls: list[str] | None = None,

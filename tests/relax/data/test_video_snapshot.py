@@ -21,6 +21,7 @@ from relax.data.snapshot import Snapshot
 from relax.data.sources import snapshot_from_config
 from relax.data.suite import flash_beep
 from relax.data.video import decode_video
+from relax.services.trainable import check_trainable
 
 CONFIG = flash_beep.CONFIGS[1]
 
@@ -135,11 +136,11 @@ def test_sample_schema_counts_video_placeholders():
 def test_video_tasks_are_refused_with_engines_that_would_not_see_the_videos(tmp_path):
     # HTTP engines are sent a prompt's images and audio only: a video prompt there would lose its clip
     from relax.config import ConfigError
-    from relax.services.context import RunContext
+    from relax.services.run_context import RunContext
     from tests.relax.services.runtime_helpers import tiny_config
 
     cfg = tiny_config(f"file://{tmp_path}", "v", "model.name_or_path=tiny-omni", "model.family=qwen2_5_omni",
                       "data.tasks=[flash_beep]", "data.train_per_task=4", "data.eval_per_task=2",
                       "rollout.engine_processes=1")
     with pytest.raises(ConfigError, match=r"tasks \['flash_beep'\] carry videos, which only the in-process"):
-        RunContext(cfg).check_trainable()
+        check_trainable(RunContext(cfg))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from relax.pipeline import train_run
-from relax.services.context import RunContext
+from relax.services.run_context import RunContext
 from tests.relax.services.runtime_helpers import tiny_config
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from relax.data.errors import DataError
-from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.roles.media import MediaInputs, unpack_media
+from relax.services.run_context import RunContext
+from relax.services.trainable import check_trainable
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.forward import compute_logprobs
 from tests.relax.rollout.picture_env import square_png
@@ -74,4 +75,4 @@ def test_an_env_picture_mid_episode_is_trained_with_its_pixels(tmp_path):
 def test_a_bad_env_fn_fails_before_any_role_starts(tmp_path, dotted, fragment):
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "badenv", f"rollout.env_fn={dotted}"))
     with pytest.raises(DataError, match=fragment):
-        ctx.check_trainable()
+        check_trainable(ctx)

@@ -123,8 +123,8 @@ def test_a_native_engine_serves_as_judge(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_rewarded_by_the_judge(tmp_path, judge_server):
-    from relax.services.context import RunContext
     from relax.services.driver import train
+    from relax.services.run_context import RunContext
     from tests.relax.services.runtime_helpers import tiny_config
 
     url, app = judge_server

@@ -9,7 +9,8 @@ import pytest
 
 from relax.config import ConfigError, load_config
 from relax.rollout.weight_sync import BroadcastSync
-from relax.services.context import RunContext
+from relax.services.run_context import RunContext
+from relax.services.trainable import check_trainable
 
 
 def test_an_engine_that_cannot_join_sends_the_version_the_disk_way(tmp_path):
@@ -26,4 +27,4 @@ def test_an_engine_that_cannot_join_sends_the_version_the_disk_way(tmp_path):
 def test_broadcast_needs_engine_servers(tmp_path):
     cfg = load_config(None, [f"root=file://{tmp_path}", "data.tasks=[arithmetic]", "rollout.weight_sync=broadcast"])
     with pytest.raises(ConfigError, match="rollout.weight_sync=broadcast sends weights to engine servers"):
-        RunContext(cfg).check_trainable()
+        check_trainable(RunContext(cfg))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from relax.services.context import RunContext
 from relax.services.queue_contract import ACTOR_GROUP
+from relax.services.run_context import RunContext
 from relax.transfer.consumer import load_group_state
 from relax.transfer.lineage import chain
 

@@ -12,13 +12,15 @@ import urllib.request
 
 import pytest
 
-from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.launchers.process import NativeEngineProcess
+from relax.services.policy import build_model
 from relax.services.report.metrics import read_metrics
 from relax.services.roles.actor import ActorRole
 from relax.services.roles.advantage import AdvantageRole
 from relax.services.roles.rollout import RolloutRole
+from relax.services.run_context import RunContext
+from relax.services.run_record import ensure_run
 from relax.transfer.errors import QueueTimeout
 from tests.relax.engines.contract import auth
 from tests.relax.services.manifest_checks import check_run
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.slow
 def test_killing_an_engine_mid_run_does_not_stop_it(tmp_path):
     cfg = tiny_config(f"file://{tmp_path}/root", "engines", "trainer.total_steps=6")
     ctx = RunContext(cfg)
-    model, _ = ctx.build_model()
+    model, _ = build_model(ctx)
     model.save_pretrained(tmp_path / "model")
     ctx.tokenizer.save_pretrained(tmp_path / "model")
     engines = [NativeEngineProcess(tmp_path / "model", max_batch_size=16, log_dir=tmp_path, weight_store_root=cfg.root,
@@ -70,7 +72,7 @@ def test_a_killed_owned_engine_is_replaced_with_the_current_weights(tmp_path):
     cfg = tiny_config(f"file://{tmp_path}/root", "owned", f"trainer.total_steps={cap}",
                       "rollout.engine_processes=2", "rollout.supervise_interval_s=0.5")
     ctx = RunContext(cfg)
-    ctx.ensure_run()
+    ensure_run(ctx)
     # the colocated loop of relax.services.topologies.colocated.run_colocated, kept here to watch the pool
     actor, adv, rollout = ActorRole(ctx), AdvantageRole(ctx), RolloutRole(ctx)
     pool = rollout.pool

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from relax.config_loader import ConfigError
+from relax.config import ConfigError
 from relax.rollout.engine_pool import LocalEngines
-from relax.services.context import RunContext
 from relax.services.rollout_engines import check_api_port, open_engines
+from relax.services.run_context import RunContext
 from tests.relax.services.runtime_helpers import tiny_config
 
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from relax.engines.guards import TOKEN_ENV
-from relax.services.context import RunContext
 from relax.services.driver import train
+from relax.services.policy import build_model
+from relax.services.run_context import RunContext
 from relax.transfer.weights import WeightStore
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
@@ -70,7 +71,7 @@ def _served_logprob_gap(cfg, version: int) -> float:
     ids = [sid for rec in load_group_state(queue, ACTOR_GROUP).steps.values() for sid in rec["ids"]
            if queue.state.samples[sid].policy_version == version]
     rows = queue.read(ids, ["tokens", "logprobs", "prompt_len"])
-    model, _ = ctx.build_model()
+    model, _ = build_model(ctx)
     model.load_state_dict(WeightStore(cfg.root, cfg.run_id).load(version)[0])
     tokens = [torch.as_tensor(t).long() for t in rows["tokens"]]
     mine = compute_logprobs(model, micro_batches(tokens, 4096, "pad"), len(tokens))

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from relax.config import load_config
+from relax.config.preflight import AGENT_TOKEN_ENV
 from relax.data.suite import generate_suite
-from relax.engines.guards import AGENT_TOKEN_ENV
 from relax.engines.types import SamplingParams
 from relax.models import build_policy, build_tokenizer
 from relax.rollout.engine_pool import LocalEngines

@@ -13,9 +13,10 @@ import pytest
 from relax.cli.main import main as relax_cli
 from relax.config import ConfigError
 from relax.engines.client import EngineClient
-from relax.services.context import RunContext
 from relax.services.roles.actor import ActorRole
 from relax.services.roles.rollout import RolloutRole
+from relax.services.run_context import RunContext
+from relax.services.run_record import ensure_run
 from tests.relax.services.runtime_helpers import tiny_config
 
 TOKEN = "t0ken"
@@ -45,7 +46,7 @@ def test_relax_scale_against_a_running_rollout(tmp_path, monkeypatch, capsys):
     port = free_port()
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "api", "rollout.engine_processes=1",
                                  "rollout.max_engine_processes=2", f"rollout.api_port={port}"))
-    ctx.ensure_run()
+    ensure_run(ctx)
     ActorRole(ctx).close()  # publishes weight version 0
     rollout = RolloutRole(ctx)
     api = f"http://127.0.0.1:{port}"
@@ -86,12 +87,12 @@ def test_an_api_the_rollout_cannot_serve_fails_before_any_engine_starts(tmp_path
     port = free_port()
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "noapi", "rollout.engine_processes=1",
                                  f"rollout.api_port={port}"))
-    ctx.ensure_run()
+    ensure_run(ctx)
     with pytest.raises(ConfigError, match="RELAX_API_TOKEN"):
         RolloutRole(ctx)
     monkeypatch.setenv("RELAX_API_TOKEN", TOKEN)
     local = RunContext(tiny_config(f"file://{tmp_path}/root", "inproc", f"rollout.api_port={port}"))
-    local.ensure_run()
+    ensure_run(local)
     with pytest.raises(ConfigError, match="engine_processes"):
         RolloutRole(local)
     with socket.socket() as taken:

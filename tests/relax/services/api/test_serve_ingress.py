@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
-from relax.services.context import RunContext
 from relax.services.driver import train
+from relax.services.run_context import RunContext
 from tests.polling import poll_until
 from tests.relax.engines.contract import auth
 from tests.relax.services.runtime_helpers import tiny_config

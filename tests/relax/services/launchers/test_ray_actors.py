@@ -14,6 +14,7 @@ from relax.engines.client import EngineClient
 from relax.rollout.remote_engines import RemoteEngines
 from relax.services.api.elastic import ElasticRollout
 from relax.services.launchers.process import CapacityError
+from relax.services.run_record import ensure_run
 from tests.polling import poll_until, wait_until
 from tests.relax.engines.contract import save_tiny_model
 
@@ -104,16 +105,16 @@ def test_ray_engines_hold_cluster_resources_and_refuse_what_does_not_fit(ray_ses
 
 
 def test_a_rollout_owns_its_engines_as_ray_actors(ray_session, tmp_path):
-    from relax.services.context import RunContext
     from relax.services.roles.actor import ActorRole
     from relax.services.roles.rollout import RolloutRole
+    from relax.services.run_context import RunContext
     from tests.relax.services.runtime_helpers import tiny_config
 
     ray = ray_session
     before = settled_free_cpus(ray)
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "rayeng", "rollout.engine_processes=1",
                                  "rollout.engine_launcher=ray", "rollout.engine_cpus=1"))
-    ctx.ensure_run()
+    ensure_run(ctx)
     ActorRole(ctx).close()  # publishes weight version 0
     rollout = RolloutRole(ctx)
     try:

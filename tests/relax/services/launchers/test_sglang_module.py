@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from relax.services.launchers.sglang_process import server_module_problem
+from relax.config.preflight import server_module_problem
 
 
 @pytest.mark.parametrize(("source", "allowed"), [

@@ -9,9 +9,10 @@ import torch
 
 import relax.services.roles.actor as actor_role
 from relax import objstore
-from relax.services.context import RunContext
 from relax.services.driver import train
+from relax.services.policy import build_model
 from relax.services.roles.actor import behaviour_is_proximal
+from relax.services.run_context import RunContext
 from relax.trainers.checkpoint.trainer_state import load_checkpoint
 from relax.trainers.torch.actor import Actor
 from relax.transfer.lineage import ParentRef, chain, read_record, record_url
@@ -56,7 +57,7 @@ def test_reusing_behaviour_logprobs_trains_like_recomputing_them(tmp_path, monke
 
 
 def _checkpoint_weights(ctx: RunContext, url: str) -> dict[str, torch.Tensor]:
-    model, _ = ctx.build_model()
+    model, _ = build_model(ctx)
     load_checkpoint(url, model, restore_rng=False)  # the project's reader: checks the sha256 too
     return model.state_dict()
 

@@ -184,7 +184,7 @@ def _descends(pid: int, ancestor: int) -> bool:
 RANK0_FAILS = r"""
 import sys
 from relax.config import load_config
-from relax.services.context import RunContext
+from relax.services.run_context import RunContext
 from relax.services.roles.actor_ranks import ActorRanks, RankFailure
 import torch
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from relax.services.roles.advantage import group_advantages
+from relax.services.run_record import ensure_run
 
 
 def test_grpo_group_by_hand():
@@ -35,8 +36,8 @@ def test_rloo_and_masked_out_error_sample():
 
 def test_gae_waits_for_the_critics_values(tmp_path):
     # GRPO needs only rewards and masks; GAE must not start a batch before the critic's values exist.
-    from relax.services.context import RunContext
     from relax.services.roles.advantage import AdvantageRole
+    from relax.services.run_context import RunContext
     from tests.relax.services.runtime_helpers import tiny_config
 
     gae = AdvantageRole(RunContext(tiny_config(f"file://{tmp_path}/a", "t", "algorithm.advantage=gae",
@@ -60,8 +61,8 @@ def test_group_advantages_with_kl_in_reward_on_ragged_rows():
 
 def test_kl_in_reward_reads_logprobs_and_waits_for_the_reference(tmp_path):
     # the reference is policy version 0, which the actor publishes: without it the role waits, then says so
-    from relax.services.context import RunContext
     from relax.services.roles.advantage import AdvantageRole
+    from relax.services.run_context import RunContext
     from relax.transfer.errors import QueueTimeout
     from tests.relax.services.runtime_helpers import tiny_config
 
@@ -85,16 +86,16 @@ def test_batch_gae_returns_carry_the_kl_penalty():
 def test_a_step_recorded_but_never_committed_is_recomputed_at_start(tmp_path, role):
     # a role that dies between recording step 0 (its consumer's cursor) and committing the
     # column: the next incarnation finds the step by the missing field and commits it
-    from relax.services.context import RunContext
     from relax.services.roles.actor import ActorRole
     from relax.services.roles.advantage import AdvantageRole
     from relax.services.roles.reward import RewardRole
     from relax.services.roles.rollout import RolloutRole
+    from relax.services.run_context import RunContext
     from tests.relax.services.runtime_helpers import tiny_config
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "repair", *(["data.reward_role=true"] if role == "reward"
                                                                     else [])))
-    ctx.ensure_run()
+    ensure_run(ctx)
     ActorRole(ctx).close()
     rollout = RolloutRole(ctx)
     rollout.step(timeout=60)
@@ -226,15 +227,15 @@ def test_the_role_whitens_reinforce_pp_over_the_step(tmp_path, advantage, gamma)
 def one_advantage_step(tmp_path, run_id: str, *overrides: str):
     """A real rollout step of the untrained tiny policy, then one advantage-role step on it: (the role's
     metrics, the committed batch with reward, loss_mask and advantages)."""
-    from relax.services.context import RunContext
     from relax.services.roles.actor import ActorRole
     from relax.services.roles.advantage import AdvantageRole
     from relax.services.roles.rollout import RolloutRole
+    from relax.services.run_context import RunContext
     from relax.transfer.consumer import ConsumerGroup
     from tests.relax.services.runtime_helpers import tiny_config
 
     ctx = RunContext(tiny_config(f"file://{tmp_path}", run_id, *overrides))
-    ctx.ensure_run()
+    ensure_run(ctx)
     ActorRole(ctx).close()
     rollout = RolloutRole(ctx)
     rollout.step(timeout=60)

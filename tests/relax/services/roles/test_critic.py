@@ -17,12 +17,13 @@ from relax.config import ModelConfig
 from relax.models.builders import build_policy
 from relax.models.tokenizers import build_tokenizer
 from relax.models.value_head import ValueHeadModel
-from relax.services.context import RunContext
 from relax.services.driver import train
+from relax.services.policy import build_model
 from relax.services.queue_contract import CRITIC_TRAIN_GROUP, CRITIC_VALUES_GROUP
 from relax.services.report.metrics import read_metrics
 from relax.services.roles.advantage import batch_gae
 from relax.services.roles.critic import CriticRole, critic_checkpoints
+from relax.services.run_context import RunContext
 from relax.trainers.checkpoint.trainer_state import load_checkpoint
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.critic import Critic
@@ -117,7 +118,7 @@ def test_ppo_gae_learns_and_the_critic_resumes_from_its_checkpoint(tmp_path):
     assert np.mean([m["value_mean"] for m in train_log[-4:]]) > 0.5 * late  # the critic follows the reward
 
     # values of step 8 were read by the critic after 8 updates: its step-7 checkpoint gives them again
-    model = ValueHeadModel(ctx.build_model()[0])
+    model = ValueHeadModel(build_model(ctx)[0])
     load_checkpoint(f"{result.run_url}/critic/checkpoints/step-000007", model, restore_rng=False)
     ids = load_group_state(queue, CRITIC_VALUES_GROUP).steps[8]["ids"]
     fields = queue.read(ids, ["tokens", "loss_mask", "values"])

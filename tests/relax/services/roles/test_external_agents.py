@@ -16,9 +16,10 @@ import sys
 
 import pytest
 
-from relax.engines.guards import AGENT_TOKEN_ENV
+from relax.config.preflight import AGENT_TOKEN_ENV
 from relax.pipeline import evaluate, train_run
-from relax.services.context import RunContext
+from relax.services.policy import build_model
+from relax.services.run_context import RunContext
 from relax.trainers.checkpoint.trainer_state import save_checkpoint
 from tests.relax.services.runtime_helpers import tiny_config
 from tests.relax.services.tool_episodes import AGENT, teach_tool_use
@@ -40,7 +41,7 @@ def test_a_run_played_by_external_agents_trains_on_their_sessions_and_learns(tmp
                       "rollout.n_samples_per_prompt=8", "rollout.max_new_tokens=32", "rollout.max_turns=3",
                       f"trainer.total_steps={RL_STEPS}", f"trainer.checkpoint_every={RL_STEPS}", "trainer.lr=1e-3")
     ctx = RunContext(cfg)
-    model, _ = ctx.build_model()
+    model, _ = build_model(ctx)
     start, held_out = f"file://{tmp_path}/part-taught", []
 
     def part_taught(step: int) -> bool:

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import relax.trainers.torch.actor as torch_actor
-from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.report.metrics import read_metrics
 from relax.services.roles.actor import initial_reference
 from relax.services.roles.media import MediaInputs
+from relax.services.run_context import RunContext
 from relax.trainers.torch.batch import RolloutBatch
 from tests.relax.services.runtime_helpers import tiny_config
 

@@ -8,11 +8,14 @@ import copy
 import pytest
 import torch
 
-from relax.services.context import RunContext
+from relax.services.policy import build_model
 from relax.services.roles.actor import ActorRole, to_rollout_batch
 from relax.services.roles.advantage import AdvantageRole
 from relax.services.roles.media import MediaInputs
 from relax.services.roles.rollout import RolloutRole
+from relax.services.run_context import RunContext
+from relax.services.run_record import ensure_run
+from relax.services.trainable import check_trainable
 from relax.trainers.torch.actor import Reference
 from relax.trainers.torch.forward import compute_logprobs
 from relax.transfer.consumer import ConsumerGroup
@@ -24,8 +27,8 @@ OMNI = ["model.name_or_path=tiny-omni", "model.family=qwen2_5_omni", "data.tasks
 
 def _ctx(tmp_path, *extra: str) -> RunContext:
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "mm", *OMNI, *extra))
-    ctx.check_trainable()
-    ctx.ensure_run()
+    check_trainable(ctx)
+    ensure_run(ctx)
     return ctx
 
 
@@ -110,7 +113,7 @@ def test_a_colocated_step_trains_on_media(omni_ctx):
 
 
 def test_media_rows_whose_prompt_changed_are_refused(omni_ctx):
-    media = MediaInputs(omni_ctx.split("train"), omni_ctx.tokenizer, omni_ctx.build_model()[1],
+    media = MediaInputs(omni_ctx.split("train"), omni_ctx.tokenizer, build_model(omni_ctx)[1],
                         omni_ctx.snapshot.load_media)
     sample = next(s for s in omni_ctx.split("train") if s.images)
     with pytest.raises(ValueError, match="prompt tokens differ"):
@@ -147,7 +150,7 @@ def test_a_frozen_vision_encoder_keeps_its_weights_while_the_rest_trains(tmp_pat
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "frozen", *OMNI, "trainer.freeze_encoders=[vision]",
                                 # an entropy bonus: a gradient even when every reward of a tiny run is 0
                                 "algorithm.entropy_coef=0.1"))
-    ctx.ensure_run()
+    ensure_run(ctx)
     run_colocated(ctx, progress=False, max_steps=2)
     store = ctx.weights()
     first, _ = store.load(0)
@@ -166,7 +169,7 @@ def test_a_vision_encoder_thaws_at_its_step_and_stays_thawed_across_resumes(tmp_
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "thaw", *OMNI, "trainer.freeze_encoders=[vision]",
                                  "trainer.thaw_encoders_at=2", "trainer.total_steps=6", "algorithm.entropy_coef=0.1",
                                  f"trainer.thaw_warmup_steps={warmup}"))
-    ctx.ensure_run()
+    ensure_run(ctx)
     store = ctx.weights()
 
     def visual(version: int) -> dict[str, torch.Tensor]:

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from relax.config import ConfigError, load_config
-from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.report.metrics import read_metrics
+from relax.services.run_context import RunContext
 from tests.relax.services.runtime_helpers import tiny_config
 
 KL = ("algorithm.kl_coef=0.5", "algorithm.kl_estimator=k1", "trainer.total_steps=3", "trainer.lr=1e-2",

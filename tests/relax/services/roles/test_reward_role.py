@@ -13,9 +13,11 @@ import torch
 from relax.config import ConfigError, load_config
 from relax.data.samples import Sample
 from relax.data.verifiers import numeric_match_reward
-from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.report.metrics import read_metrics
+from relax.services.run_context import RunContext
+from relax.services.run_record import ensure_run
+from relax.services.trainable import check_trainable
 from tests.relax.services.runtime_helpers import tiny_config
 
 PICKY = "tests.relax.services.roles.test_reward_role:picky_reward"
@@ -66,7 +68,7 @@ def test_a_reward_role_refuses_what_needs_rewards_during_the_rollout(tmp_path):
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "agents", "data.reward_role=true",
                                  "data.tasks=[tool_lookup]"))
     with pytest.raises(ConfigError, match=r"tasks \['tool_lookup'\] are agent episodes"):
-        ctx.check_trainable()
+        check_trainable(ctx)
 
 
 def test_near_miss_credit_reaches_both_scoring_roles(tmp_path):
@@ -77,7 +79,7 @@ def test_near_miss_credit_reaches_both_scoring_roles(tmp_path):
     ctx = RunContext(tiny_config(f"file://{tmp_path}/root", "nm", "data.tasks=[tones]", "data.train_per_task=8",
                                  "model.name_or_path=tiny-omni", "model.family=qwen2_5_omni",
                                  "algorithm.near_miss_credit=0.25"))
-    ctx.ensure_run()
+    ensure_run(ctx)
     count = next(s for s in ctx.split("train") if s.metadata["question"] == "count")
     truth = int(count.answer)
     near = f"<answer>{truth - 1 if truth > 1 else 2}</answer>"

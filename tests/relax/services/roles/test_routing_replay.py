@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from relax.config import ConfigError, load_config
-from relax.services.context import RunContext
 from relax.services.driver import train
+from relax.services.run_context import RunContext
+from relax.services.trainable import check_trainable
 from tests.relax.services.runtime_helpers import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -102,9 +103,9 @@ def test_an_expert_parallel_megatron_moe_actor_replays_the_engines_experts_in_th
     ("model.family=qwen2 trainer.data_parallel=2 trainer.expert_parallel=2", "this model has 0 per layer"),
 ])
 def test_megatron_moe_layouts_that_cannot_train_here_are_refused_before_the_run(tmp_path, override, named):
-    from relax.services.context import RunContext
+    from relax.services.run_context import RunContext
 
     cfg = tiny_config(f"file://{tmp_path}", "refused", "model.family=qwen3_moe", "trainer.backend=megatron",
                       "rollout.prompts_per_step=3", *override.split())
     with pytest.raises(ConfigError, match=named):
-        RunContext(cfg).check_trainable()
+        check_trainable(RunContext(cfg))

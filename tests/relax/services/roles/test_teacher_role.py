@@ -15,10 +15,11 @@ from relax.config import ConfigError, load_config
 from relax.engines.native.engine import NativeEngine
 from relax.engines.server import create_app
 from relax.models import build_tokenizer
-from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.queue_contract import ACTOR_GROUP, ADVANTAGE_GROUP, TEACHER_GROUP
 from relax.services.roles.teacher import build_teacher
+from relax.services.run_context import RunContext
+from relax.services.trainable import check_trainable
 from relax.trainers.torch.batch import RolloutBatch
 from relax.transfer.consumer import load_group_state
 from relax.transfer.lineage import list_records
@@ -142,20 +143,20 @@ def test_a_teacher_of_another_vocabulary_or_no_checkpoint_is_refused_before_the_
     cfg = tiny_config(f"file://{tmp_path}", "vocab", *TEACHER, f"teacher.tokenizer={other}")
     with pytest.raises(ConfigError, match=r"teacher.tokenizer=.*\(513 tokens\) is not the student's "
                                           r"model.tokenizer='bpe-tiny' \(512 tokens\)"):
-        RunContext(cfg).check_trainable()
+        check_trainable(RunContext(cfg))
     cfg = tiny_config(f"file://{tmp_path}", "ckpt", *TEACHER, f"teacher.checkpoint=file://{tmp_path}/nowhere")
     with pytest.raises(ConfigError, match="is not a Relax checkpoint"):
-        RunContext(cfg).check_trainable()
+        check_trainable(RunContext(cfg))
 
 
 def test_a_served_teacher_is_refused_before_the_run_on_media_rows_or_when_it_does_not_answer(tmp_path):
     served = ("algorithm.distill_coef=1", "teacher.url=http://127.0.0.1:9")  # port 9: nothing listens
     cfg = tiny_config(f"file://{tmp_path}", "media", *served, "data.tasks=[shapes]")
     with pytest.raises(ConfigError, match=r"scores token ids only, and training row .* \(shapes\) carries media"):
-        RunContext(cfg).check_trainable()
+        check_trainable(RunContext(cfg))
     cfg = tiny_config(f"file://{tmp_path}", "down", *served)
     with pytest.raises(ConfigError, match=r"teacher.url=http://127.0.0.1:9 does not answer /get_model_info"):
-        RunContext(cfg).check_trainable()
+        check_trainable(RunContext(cfg))
 
 
 def test_a_remote_teacher_gets_its_own_key_never_the_engine_token(monkeypatch):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from relax import objstore
-from relax.services.context import RunContext
 from relax.services.driver import train
+from relax.services.run_context import RunContext
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import FAULTY_PATH, tiny_config
 

@@ -20,10 +20,10 @@ import torch
 
 from relax.cli.train_cmd import run_status
 from relax.config import ConfigError
-from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.queue_contract import ACTOR_GROUP, ADVANTAGE_GROUP, REFERENCE_GROUP
 from relax.services.report.metrics import read_metrics
+from relax.services.run_context import RunContext
 from relax.services.supervision import RunStopped
 from relax.transfer.consumer import load_group_state
 from relax.transfer.lineage import chain

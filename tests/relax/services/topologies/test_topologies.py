@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from relax import objstore
-from relax.services.context import RunContext
 from relax.services.driver import train
 from relax.services.launchers.role_process import role_command
 from relax.services.report.metrics import read_metrics
+from relax.services.run_context import RunContext
+from relax.services.run_record import ensure_run
 from relax.transfer.weights import WeightStore
 from tests.polling import poll_until, wait_until
 from tests.relax.services.manifest_checks import check_run
@@ -107,7 +108,7 @@ def test_actor_sigkill_then_restart_loses_nothing_and_changes_nothing(tmp_path):
     cfg = tiny_config(f"file://{tmp_path}/root", "kill", "trainer.total_steps=8", "trainer.checkpoint_every=3",
                       "queue.max_staleness=1", *exact)
     ctx = RunContext(cfg)
-    ctx.ensure_run()
+    ensure_run(ctx)
     path = _cfg_file(tmp_path, cfg)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 

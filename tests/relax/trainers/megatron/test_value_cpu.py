@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from relax.services.policy import build_model
 from tests.relax.trainers.megatron.child_ranks import run_child
 
 pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
@@ -154,10 +155,10 @@ def _run_checks(root: Path) -> dict[str, Any]:
 
     from relax.config import load_config
     from relax.models.value_head import ValueHeadModel
-    from relax.services.context import RunContext
     from relax.services.driver import train
     from relax.services.queue_contract import CRITIC_VALUES_GROUP
     from relax.services.roles.critic import CriticRole, critic_checkpoints
+    from relax.services.run_context import RunContext
     from relax.trainers.checkpoint.trainer_state import load_checkpoint
     from relax.trainers.megatron.value import MegatronValueModel
     from relax.trainers.torch.batch import RolloutBatch
@@ -176,7 +177,7 @@ def _run_checks(root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"critic_is_megatron": isinstance(role.critic.model, MegatronValueModel),
                            "steps": result.steps, "checkpoints": critic_checkpoints(result.run_url)}
     role.close()
-    model = ValueHeadModel(ctx.build_model()[0])
+    model = ValueHeadModel(build_model(ctx)[0])
     load_checkpoint(f"{result.run_url}/critic/checkpoints/step-000000", model, restore_rng=False)
     queue = ctx.queue()
     queue.refresh()

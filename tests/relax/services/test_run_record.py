@@ -10,41 +10,44 @@ import numpy as np
 import pytest
 
 from relax import objstore
-from relax.services.context import RunConfigMismatch, RunContext
+from relax.config.preflight import check_model_folder, preflight
 from relax.services.queue_contract import pad_topk_rows, topk_response_start
+from relax.services.run_context import RunContext
+from relax.services.run_record import RunConfigMismatch, ensure_run
+from relax.services.trainable import check_trainable
 from tests.relax.services.runtime_helpers import tiny_config
 
 
 def test_run_record_written_then_checked(tmp_path):
     cfg = tiny_config(f"file://{tmp_path}")
     ctx = RunContext(cfg)
-    record = ctx.ensure_run()
+    record = ensure_run(ctx)
     saved = json.loads(objstore.read_bytes(objstore.join(ctx.run_url, "run.json")))
     assert saved["dataset_snapshot"] == record["dataset_snapshot"] == ctx.snapshot_info.id
     assert saved["config"]["rollout"]["n_samples_per_prompt"] == 4
 
     longer = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, total_steps=40))
-    RunContext(longer).ensure_run()  # extending a run is allowed
+    ensure_run(RunContext(longer))  # extending a run is allowed
 
     other = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, lr=0.5))
     with pytest.raises(RunConfigMismatch, match=r"trainer\.lr: 0\.001 -> 0\.5.*fork"):
-        RunContext(other).ensure_run()
-    RunContext(other).ensure_run(fork=True)  # the user asked for it
+        ensure_run(RunContext(other))
+    ensure_run(RunContext(other), fork=True)  # the user asked for it
 
 
 def test_a_setting_added_after_the_run_started_is_compared_by_its_default(tmp_path):
     cfg = tiny_config(f"file://{tmp_path}")
     ctx = RunContext(cfg)
-    ctx.ensure_run()
+    ensure_run(ctx)
     # rewrite run.json as an older Relax would have: without rollout.engine_timeout_s
     url = objstore.join(ctx.run_url, "run.json")
     record = json.loads(objstore.read_bytes(url))
     del record["config"]["rollout"]["engine_timeout_s"]
     objstore.write_bytes(url, json.dumps(record).encode())
-    RunContext(cfg).ensure_run()  # at its default: the same run
+    ensure_run(RunContext(cfg))  # at its default: the same run
     changed = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine_timeout_s=5.0))
     with pytest.raises(RunConfigMismatch, match=r"rollout\.engine_timeout_s: None -> 5\.0"):
-        RunContext(changed).ensure_run()
+        ensure_run(RunContext(changed))
 
 
 def test_top_k_columns_keep_the_rows_from_the_first_trained_token():
@@ -76,16 +79,16 @@ def test_sglang_engine_is_refused_before_the_run_record_where_its_servers_cannot
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang"))
     why = "sglang package is not installed" if importlib.util.find_spec("sglang") is None else "GPUs and 0 are visible"
     with pytest.raises(ConfigError, match=why):
-        ctx.check_trainable()
+        check_trainable(ctx)
     assert not objstore.exists(objstore.join(ctx.run_url, "run.json"))
-    ctx.check_trainable(engine_urls=["http://127.0.0.1:30000"])  # servers the user started: theirs to run
+    check_trainable(ctx, engine_urls=["http://127.0.0.1:30000"])  # servers the user started: theirs to run
     with pytest.raises(ConfigError, match="'no_such.server' is not an importable module"):
-        RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang",
-                               "rollout.sglang_module=no_such.server")).check_trainable()
+        check_trainable(RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang",
+                               "rollout.sglang_module=no_such.server")))
     for module in ("os", "http.server", "json.tool"):  # importable, and would run with the token in its argv
         with pytest.raises(ConfigError, match=f"'{module}' is neither sglang.launch_server nor a stand-in"):
-            RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang",
-                                   f"rollout.sglang_module={module}")).check_trainable()
+            check_trainable(RunContext(tiny_config(f"file://{tmp_path}", "sg", "rollout.engine=sglang",
+                                   f"rollout.sglang_module={module}")))
     # settings that would be ignored are refused as the config loads
     for overrides, why in ((("rollout.engine_launcher=ray", "resources.num_gpus=4", "resources.rollout_gpus=4",
                              "rollout.num_engines=2", "rollout.engine_gpus=1"),
@@ -99,7 +102,7 @@ def test_sglang_engine_is_refused_before_the_run_record_where_its_servers_cannot
     remote = RunContext(tiny_config("memory://bucket", "sg", "rollout.engine=sglang",
                                     "rollout.sglang_module=tests.relax.engines.sglang.stand_in_server"))
     with pytest.raises(ConfigError, match="SGLang loads each weight version from a local folder"):
-        remote._check_backends(None)
+        preflight(remote.cfg)
 
 
 def test_a_local_model_folder_of_another_family_is_refused_before_the_run(tmp_path):
@@ -111,9 +114,9 @@ def test_a_local_model_folder_of_another_family_is_refused_before_the_run(tmp_pa
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "m", f"model.name_or_path={folder}", "model.family=qwen3"))
     with pytest.raises(ConfigError, match=r"model.family='qwen3', but .* holds a 'qwen2' model .*set model.family=qwen2"):
-        ctx.check_trainable()
+        check_trainable(ctx)
     assert not objstore.exists(objstore.join(ctx.run_url, "run.json"))
-    RunContext(tiny_config(f"file://{tmp_path}", "m", f"model.name_or_path={folder}"))._check_model_folder()
+    check_model_folder(tiny_config(f"file://{tmp_path}", "m", f"model.name_or_path={folder}"))
 
 
 def test_external_agents_need_a_gateway_token_of_their_own(tmp_path, monkeypatch):
@@ -123,9 +126,9 @@ def test_external_agents_need_a_gateway_token_of_their_own(tmp_path, monkeypatch
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "ag", "rollout.agents=external", "data.tasks=[tool_lookup]"))
     monkeypatch.delenv("RELAX_AGENT_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="set RELAX_AGENT_TOKEN to a secret your agents send"):
-        ctx.check_trainable()
+        check_trainable(ctx)
     monkeypatch.setenv("RELAX_AGENT_TOKEN", os.environ["RELAX_ENGINE_TOKEN"])
     with pytest.raises(ConfigError, match="not RELAX_ENGINE_TOKEN"):
-        ctx.check_trainable()
+        check_trainable(ctx)
     monkeypatch.setenv("RELAX_AGENT_TOKEN", "agents-own-secret")
-    ctx.check_trainable()
+    check_trainable(ctx)
