@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = ["tests/relax/trainers", "tests/relax/algorithms", "tests/relax/data", "tests/relax/models",
-         "tests/relax/rollout", "tests/relax/transfer", "tests/relax/engines", "tests/relax/test_config.py",
+         "tests/relax/rollout", "tests/relax/transfer", "tests/relax/engines", "tests/relax/config",
          "tests/relax/test_objstore.py", "tests/test_docs.py", "tests/test_layers.py", "tests/test_repo.py",
          *(f"tests/relax/services/roles/{f.name}" for f in sorted((REPO / "tests/relax/services/roles").glob("test_*.py"))
            if f.name != "test_external_agents.py"),  # 200 s: in the cluster session, to balance the two

@@ -139,7 +139,7 @@ def test_pyflyte_run_prints_table_publishes_deck_and_reuses_cache(tmp_path, ray_
 @pytest.mark.slow
 @pytest.mark.parametrize("section, bad, named", [
     ({"total_stepz": 2}, "trainer.total_stepz", "trainer.total_steps"),  # a typo names the closest key
-])  # (a value of the wrong type fails the same way: tests/relax/test_config.py checks those messages)
+])  # (a value of the wrong type fails the same way: tests/relax/config/test_loader.py checks those messages)
 def test_bad_config_file_fails_before_any_task(tmp_path, section, bad, named):
     cfg_file = write_cfg(tmp_path / "cfg.yaml", trainer=section)
     out = run_pyflyte(cfg_file, tmp_path / "home", tmp_path, ok=False)
