@@ -36,12 +36,12 @@ STAND_IN_MARK = "RELAX_SGLANG_STAND_IN"  # a stand-in module declares ``RELAX_SG
 def preflight(cfg: Any, engine_urls: list[str] | None = None, *, teacher: bool = True) -> None:
     """Raise ConfigError, naming the setting and the fix, on the first thing around ``cfg`` that would stop
     its run. ``engine_urls``: engine servers the user started (``--engine-url``); ``teacher``: also check
-    the distillation teacher (False for work that never scores with it: the format warm-start, evaluation)."""
+    the distillation teacher (False for work that never scores with it: the format warm-start, evaluation).
+    A served teacher (teacher.url) is asked by :func:`check_served_teacher` once the training rows are known
+    (``relax.services.trainable``): rows with media refuse it whether or not it answers."""
     check_model_folder(cfg)
     if teacher and cfg.teacher.name_or_path:
         check_teacher_folder(cfg)
-    if teacher and cfg.teacher.url:
-        check_served_teacher(cfg)
     check_megatron_installed(cfg)
     check_http_engine_options(cfg, engine_urls)
     check_agent_token(cfg)

@@ -1,10 +1,10 @@
 """``check_trainable(ctx)``: before any role starts, the config is checked against everything the run would meet.
 
-First the config's :func:`~relax.config.preflight.preflight` (the environment: folders, packages,
-GPUs, servers; nothing written yet), then the checks that need what this layer builds: the
-extension points imported (``data.reward_fn``, ``rollout.env_fn``), the tokenizers, the model's
-Megatron layout and the dataset snapshot's training rows. The checks themselves are
-``relax.config.fit``'s; this module only builds what they read.
+The extension points import (``data.reward_fn``, ``rollout.env_fn``); then the config's
+:func:`~relax.config.preflight.preflight` (the environment: folders, packages, GPUs, tokens;
+nothing written yet); then the checks that need what this layer builds: the tokenizers, the
+model's Megatron layout and the dataset snapshot's training rows (and, after them, a served
+teacher's answer). The checks themselves are ``relax.config``'s; this module only builds what they read.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from relax.config.fit import (
     check_served_vocab,
     check_teacher_vocab,
 )
-from relax.config.preflight import preflight, served_vocab_size
+from relax.config.preflight import check_served_teacher, preflight, served_vocab_size
 from relax.data.suite import TASKS, load_env_fn, load_reward_fn
 from relax.services.run_context import RunContext
 
@@ -39,6 +39,7 @@ def check_trainable(ctx: RunContext, engine_urls: list[str] | None = None, *, te
     train = ctx.split("train")  # the dataset snapshot: made here if this is the run's first start
     if teacher and cfg.teacher.url:
         check_served_teacher_rows(cfg, train)
+        check_served_teacher(cfg)
         check_served_vocab(cfg, served_vocab_size(cfg.teacher.url), len(ctx.tokenizer))
     check_rows(cfg, train, engine_urls, agent_tasks={name for name, task in TASKS.items() if task.make_env})
 
