@@ -49,8 +49,21 @@ def rl_run(root: str, agents: str, start: str, args: argparse.Namespace) -> dict
     player = None
     if agents == "external":
         run_dir = RunContext(cfg).run_url.removeprefix("file://")
-        player = subprocess.Popen([sys.executable, str(AGENT), "--run-root", run_dir, "--forever", "--max-turns", "3",
-                                   "--parallel", str(args.parallel)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        player = subprocess.Popen(
+            [
+                sys.executable,
+                str(AGENT),
+                "--run-root",
+                run_dir,
+                "--forever",
+                "--max-turns",
+                "3",
+                "--parallel",
+                str(args.parallel),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
     t0 = time.perf_counter()
     try:
         summary = train_run(cfg, init_checkpoint=start, progress=False)
@@ -58,8 +71,10 @@ def rl_run(root: str, agents: str, start: str, args: argparse.Namespace) -> dict
         if player is not None:
             player.wait(timeout=60)  # the gateway closes with the run; the agent stops by itself
     train_s = time.perf_counter() - t0
-    curve = [{"step": s, "heldout": evaluate(cfg, f"{summary.run_url}/checkpoints/step-{s - 1:06d}").accuracy["tool_lookup"]}
-             for s in range(args.every, args.steps + 1, args.every)]
+    curve = [
+        {"step": s, "heldout": evaluate(cfg, f"{summary.run_url}/checkpoints/step-{s - 1:06d}").accuracy["tool_lookup"]}
+        for s in range(args.every, args.steps + 1, args.every)
+    ]
     rewards = [m["reward"] for m in sorted(summary.metrics("rollout"), key=lambda m: m["batch"])]
     return {"agents": agents, "train_s": train_s, "s_per_step": train_s / args.steps, "curve": curve,
             "reward_first10": sum(rewards[:10]) / 10, "reward_last10": sum(rewards[-10:]) / 10}
@@ -99,7 +114,9 @@ def main() -> None:
         rows.append(f"| {r['agents']} | {before:.3f} | " + " | ".join(f"{c['heldout']:.3f}" for c in r["curve"])
                     + f" | {r['s_per_step']:.2f} |")
     rows.append("")
-    rows.append(f"A step through the gateway takes {result['step_time_ratio_external_to_builtin']:.2f}x the built-in one.")
+    rows.append(
+        f"A step through the gateway takes {result['step_time_ratio_external_to_builtin']:.2f}x the built-in one."
+    )
     output.table("agents", rows, "## Learning through the session gateway (`benchmarks/agents.py`)")
     print("\n".join(rows))
 

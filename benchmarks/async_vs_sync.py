@@ -95,7 +95,11 @@ def write_table(result: dict, output: Output) -> None:
     for p in result["pipeline"]:
         rows.append(f"| {p['gen_s']}, {p['train_s']}, {p['max_staleness']} | {p['steps_per_s']:.2f} | "
                     f"{p['bound_steps_per_s']:.2f} | {p['efficiency']:.3f} |")
-    output.table('async', rows, f"## Async vs sync (`benchmarks/async_vs_sync.py`, results/async_vs_sync.json)\n\n{result['setup']}")
+    output.table(
+        "async",
+        rows,
+        f"## Async vs sync (`benchmarks/async_vs_sync.py`, results/async_vs_sync.json)\n\n{result['setup']}",
+    )
 
 
 def main() -> None:

@@ -131,12 +131,17 @@ def main() -> None:
         return
     args, m = launched
     g, s = m["gathered"], m["sharded"]
-    result = {"quick": args.quick, **m, "write_ratio": s["write_s"] / g["write_s"],
-              "resume_ratio": s["resume_s"] / g["resume_s"], "bytes_ratio": s["busiest_rank_bytes"] / g["busiest_rank_bytes"],
-              "held_ratio": s["held_bytes"] / g["held_bytes"],
-              "setup": f"Qwen2 of {m['params'] / 1e6:.1f}M parameters (random, from a config) after one step, 2 gloo "
-                       f"ranks on 2 CPU cores (tensor parallel 2), float32 weights and AdamW moments, a local "
-                       f"folder; medians of the interleaved repeats"}
+    result = {
+        "quick": args.quick,
+        **m,
+        "write_ratio": s["write_s"] / g["write_s"],
+        "resume_ratio": s["resume_s"] / g["resume_s"],
+        "bytes_ratio": s["busiest_rank_bytes"] / g["busiest_rank_bytes"],
+        "held_ratio": s["held_bytes"] / g["held_bytes"],
+        "setup": f"Qwen2 of {m['params'] / 1e6:.1f}M parameters (random, from a config) after one step, 2 gloo "
+        f"ranks on 2 CPU cores (tensor parallel 2), float32 weights and AdamW moments, a local "
+        f"folder; medians of the interleaved repeats",
+    }
     output = Output.from_args(args)
     output.write_json("checkpoint_shards", result)
     rows = ["| format | write (every rank done) | bytes the busiest rank writes | tensor bytes rank 0 holds "

@@ -78,9 +78,18 @@ def student(args: argparse.Namespace, root: str, mode: str, teacher: dict) -> di
         f"algorithm.distill_topk={args.topk if mode == 'distill_topk' else 0}",
         f"teacher.hidden_size={teacher['hidden_size']}", f"teacher.num_layers={teacher['num_layers']}",
         f"teacher.checkpoint={teacher['checkpoint']}"]
-    cfg = load_config("tiny-cpu", [*common(args, root), f"run_id=student-{mode}", f"trainer.total_steps={args.steps}",
-                                   f"model.hidden_size={args.student_hidden}", f"model.num_layers={args.student_layers}",
-                                   *extra, *args.overrides])
+    cfg = load_config(
+        "tiny-cpu",
+        [
+            *common(args, root),
+            f"run_id=student-{mode}",
+            f"trainer.total_steps={args.steps}",
+            f"model.hidden_size={args.student_hidden}",
+            f"model.num_layers={args.student_layers}",
+            *extra,
+            *args.overrides,
+        ],
+    )
     init = warm_start(cfg, RunContext(cfg).snapshot_info.id)
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
     t0 = time.perf_counter()
@@ -123,13 +132,21 @@ def main() -> None:
         root = f"file://{tmp}"
         teacher = train_teacher(args, root)
         runs = [student(args, root, mode, teacher) for mode in args.modes]
-    result = {"quick": args.quick, "task": args.task, "target": args.target, "teacher": teacher, "students": runs,
-              "samples_to_target": {r["mode"]: r["samples_to_target"] for r in runs},
-              "setup": (f"2-core CPU; task {args.task}; teacher tiny Qwen2 hidden {args.teacher_hidden} x 3 layers "
-                        f"(supervised on correct answers, {teacher['steps']} steps, held-out {teacher['accuracy']:.3f}); "
-                        f"students tiny Qwen2 hidden {args.student_hidden} x {args.student_layers} layers from the same "
-                        f"warm-start, {args.steps} steps x "
-                        f"{runs[0]['samples_per_step']} samples, greedy held-out accuracy on {args.eval} prompts")}
+    result = {
+        "quick": args.quick,
+        "task": args.task,
+        "target": args.target,
+        "teacher": teacher,
+        "students": runs,
+        "samples_to_target": {r["mode"]: r["samples_to_target"] for r in runs},
+        "setup": (
+            f"2-core CPU; task {args.task}; teacher tiny Qwen2 hidden {args.teacher_hidden} x 3 layers "
+            f"(supervised on correct answers, {teacher['steps']} steps, held-out {teacher['accuracy']:.3f}); "
+            f"students tiny Qwen2 hidden {args.student_hidden} x {args.student_layers} layers from the same "
+            f"warm-start, {args.steps} steps x "
+            f"{runs[0]['samples_per_step']} samples, greedy held-out accuracy on {args.eval} prompts"
+        ),
+    }
     output.write_json("distill_quick" if args.quick else "distill", result, indent=1)
     if not args.quick:
         rows = ["| student samples | " + " | ".join(r["mode"] for r in runs) + " |", "|---" * (len(runs) + 1) + "|"]

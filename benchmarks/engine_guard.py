@@ -5,7 +5,8 @@ per-request price of validating a /generate request.
    10 MB text prompt while a client polls ``/health`` every 20 ms. Side by side in one run: the
    server as shipped (``--max-body-bytes`` 8 MiB: a 413 from the declared length) and the same
    server with the limit raised to 64 MiB (it reads, parses and tokenizes all of it, off the event
-   loop, before the context check refuses it). Reported: time to the answer, its status, and /health p50/p95/max while the
+   loop, before the context check refuses it). Reported: time to the answer, its status, and /health p50/p95/max while
+   the
    big request was in flight.
 2. **The HTTP path** at 64 concurrent clients (256 requests, 16 new tokens), side by side: without a
    token and with the token check, each plain and streaming (SSE), after one warm-up round.

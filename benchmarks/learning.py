@@ -3,7 +3,8 @@
 Runs the pipeline's steps exactly as the workflow does (snapshot, format warm-start, evaluate
 before, train, evaluate) with the ``omni-cpu`` preset at max_staleness 0 and 2, side by side on
 the same seed and data, in the disaggregated topology (three role processes), where staleness
-lets generation overlap training; the colocated loop is synchronous at any staleness. Every checkpoint is evaluated afterwards (greedy, held-out
+lets generation overlap training; the colocated loop is synchronous at any staleness. Every checkpoint is evaluated
+afterwards (greedy, held-out
 split), so evaluation never slows the timed training; a checkpoint's time is the actor's
 clock when it finished that step, from the run's metrics.
 
@@ -30,8 +31,17 @@ from relax.services.run_context import RunContext
 
 def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int | None, target: float,
                  extra: list[str], topology: str, preset: str = "omni-cpu") -> dict:
-    cfg = load_config(preset, [f"root={root}", f"run_id=learn-s{staleness}", f"queue.max_staleness={staleness}",
-                                   f"topology={topology}", *([f"trainer.total_steps={steps}"] if steps else []), *extra])
+    cfg = load_config(
+        preset,
+        [
+            f"root={root}",
+            f"run_id=learn-s{staleness}",
+            f"queue.max_staleness={staleness}",
+            f"topology={topology}",
+            *([f"trainer.total_steps={steps}"] if steps else []),
+            *extra,
+        ],
+    )
     steps = cfg.trainer.total_steps
     sid = RunContext(cfg).snapshot_info.id
     t0 = time.perf_counter()
@@ -54,13 +64,24 @@ def learning_run(root: str, staleness: int, steps: int | None, eval_limit: int |
     last_kinds = report.by_kind  # of the last checkpoint: which kind of question is behind a modality's mean
     after = curve[-1]
     reached = {mod: next((c["minutes"] for c in curve if c[mod] >= target), None) for mod in before.by_modality}
-    return {"max_staleness": staleness, "topology": topology, "steps": steps, "tasks": list(cfg.data.tasks),
-            "eval_per_task": eval_limit or cfg.data.eval_per_task,
-            "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt,
-            "warm_start_s": warm_s, "train_s": train_s,
-            "before": before.by_modality, "after": {k: after[k] for k in before.by_modality},
-            "per_task_before": before.accuracy, "per_kind_after": last_kinds, "minutes_to_target": reached, "curve": curve,
-            "reward_first": summary.reward_first, "reward_last": summary.reward_last}
+    return {
+        "max_staleness": staleness,
+        "topology": topology,
+        "steps": steps,
+        "tasks": list(cfg.data.tasks),
+        "eval_per_task": eval_limit or cfg.data.eval_per_task,
+        "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt,
+        "warm_start_s": warm_s,
+        "train_s": train_s,
+        "before": before.by_modality,
+        "after": {k: after[k] for k in before.by_modality},
+        "per_task_before": before.accuracy,
+        "per_kind_after": last_kinds,
+        "minutes_to_target": reached,
+        "curve": curve,
+        "reward_first": summary.reward_first,
+        "reward_last": summary.reward_last,
+    }
 
 
 def write_table(result: dict, output: Output, name: str) -> None:
@@ -72,8 +93,9 @@ def write_table(result: dict, output: Output, name: str) -> None:
             mins = r["minutes_to_target"][mod]
             rows.append(f"| {r['max_staleness']} | {mod} | {r['before'][mod]:.3f} | {r['after'][mod]:.3f} | "
                         f"{'not reached' if mins is None else f'{mins:.1f}'} | {r['train_s'] / 60:.1f} min |")
-    title = ("## Learning speed of the main job (`benchmarks/learning.py`)" if name == "learning" else
-             f"## Learning speed of the {result['preset']} preset (`benchmarks/learning.py --preset {result['preset']}`)")
+    preset = result["preset"]
+    title = ("## Learning speed of the main job (`benchmarks/learning.py`)" if name == "learning"
+             else f"## Learning speed of the {preset} preset (`benchmarks/learning.py --preset {preset}`)")
     output.table(name, rows, title)
 
 
@@ -98,15 +120,17 @@ def main() -> None:
         runs = [learning_run(f"file://{tmp}/s{s}", s, steps, 4 if args.quick else None, args.target, extra,
                              args.topology, args.preset) for s in args.staleness]
     tasks = " + ".join(runs[0]["tasks"])
-    result = {"preset": args.preset,
-              "setup": f"2-core CPU; {args.preset} preset (tiny-omni, {tasks}), {runs[0]['steps']} steps "
-                       f"x {runs[0]['samples_per_step']} samples, {args.topology}; held-out greedy accuracy per modality "
-                       f"({runs[0]['eval_per_task']} prompts per task)"
-                       + (f"; {extra}" if extra else ""),
-              "target": args.target, "runs": runs,
-              "minutes_to_target": {f"staleness{r['max_staleness']}": r["minutes_to_target"] for r in runs},
-              "accuracy_after": {f"staleness{r['max_staleness']}": r["after"] for r in runs},
-              "accuracy_before": {f"staleness{r['max_staleness']}": r["before"] for r in runs}}
+    result = {
+        "preset": args.preset,
+        "setup": f"2-core CPU; {args.preset} preset (tiny-omni, {tasks}), {runs[0]['steps']} steps "
+        f"x {runs[0]['samples_per_step']} samples, {args.topology}; held-out greedy accuracy per modality "
+        f"({runs[0]['eval_per_task']} prompts per task)" + (f"; {extra}" if extra else ""),
+        "target": args.target,
+        "runs": runs,
+        "minutes_to_target": {f"staleness{r['max_staleness']}": r["minutes_to_target"] for r in runs},
+        "accuracy_after": {f"staleness{r['max_staleness']}": r["after"] for r in runs},
+        "accuracy_before": {f"staleness{r['max_staleness']}": r["before"] for r in runs},
+    }
     name = "learning" if args.preset == "omni-cpu" else f"learning_{args.preset.replace('-', '_')}"
     output.write_json(f"{name}_quick" if args.quick else name, result, indent=1)
     if not args.quick:

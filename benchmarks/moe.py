@@ -126,7 +126,9 @@ def main() -> None:
     moved = Actor(copy.deepcopy(base), cfgs[True])
     moved.train_step(first)  # one version later, as a sample trained at max_staleness 1 (routers moved too)
     noise["one_step_later"] = routing_noise(moved.model, first)
-    med = {("r3" if r3 else "plain"): {k: statistics.median(v) for k, v in parts.items()} for r3, parts in times.items()}
+    med = {
+        ("r3" if r3 else "plain"): {k: statistics.median(v) for k, v in parts.items()} for r3, parts in times.items()
+    }
     ratio = {k: med["r3"][k] / med["plain"][k] for k in ("generate", "train", "step")}
     result = {"quick": args.quick, "seconds": med, "ratio_r3_to_plain": ratio, "step_overhead": ratio["step"],
               **noise, "samples": len(first), "tokens": sum(first.lengths),

@@ -91,7 +91,14 @@ def compare(key: str, store: str, url: str, run: str, version: int, commits: int
     if n_seq != n_bat or n_bat != 8 * commits:
         raise SystemExit(f"{store}: the two opens folded {n_seq} and {n_bat} samples")
     print(f"{store}: one by one {seq_s:.3f} s, batched {bat_s:.3f} s", file=sys.stderr)
-    return {"key": key, "store": store, "samples": n_bat, "one_by_one_s": seq_s, "batched_s": bat_s, "speedup": seq_s / bat_s}
+    return {
+        "key": key,
+        "store": store,
+        "samples": n_bat,
+        "one_by_one_s": seq_s,
+        "batched_s": bat_s,
+        "speedup": seq_s / bat_s,
+    }
 
 
 def main() -> None:
@@ -131,7 +138,12 @@ def main() -> None:
               "setup": f"a topic of {full} commits, a full snapshot, {delta} more commits (8 samples each) and a "
                        f"delta snapshot; time to open the delta (state_at), median of {repeats}, 2 CPU cores."}
     output.write_json("snapshot_open", result)
-    rows = [f"Records folded: {delta}.", "", "| store | one GET at a time s | batched s | speed-up |", "|---|---|---|---|"]
+    rows = [
+        f"Records folded: {delta}.",
+        "",
+        "| store | one GET at a time s | batched s | speed-up |",
+        "|---|---|---|---|",
+    ]
     rows += [f"| {c['store']} | {c['one_by_one_s']:.3f} | {c['batched_s']:.3f} | "
              f"{c['speedup']:.1f}x |" for c in cases]
     output.table("snapshot_open", rows, "## Opening a delta snapshot (`benchmarks/snapshot_open.py`, "

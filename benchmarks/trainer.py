@@ -109,7 +109,9 @@ def write_table(result: dict, output: Output) -> None:
         for name, r in layouts.items():
             rows.append(f"| {dist} | {name} | {r['tokens_per_s']:,.0f} | {r['waste']:.1%} | {r['micro_batches']} | "
                         f"{r['tokens_per_s'] / pad:.2f}x |")
-    output.table('trainer', rows, f"## Trainer packing (`benchmarks/trainer.py`, results/trainer.json)\n\n{result['setup']}")
+    output.table(
+        "trainer", rows, f"## Trainer packing (`benchmarks/trainer.py`, results/trainer.json)\n\n{result['setup']}"
+    )
 
 
 def main() -> None:
@@ -136,21 +138,31 @@ def main() -> None:
     backends = compare_backends(make_batch(n, longest, 16, cfg.vocab_size, skewed=False), budget, cfg, repeats)
     if backends is not None:
         result["backends"] = backends
-    result["setup"] = (f"Tiny Qwen2 (hidden 128, 4 layers, vocab 512), {n} samples of 16 prompt + "
-                       f"{longest // 4}..{longest} response tokens (uniform, or log-uniform = skewed), token budget "
-                       f"{budget} per micro-batch, SFT loss, one full optimizer step, median of {repeats}, 2 CPU cores.")
+    result["setup"] = (
+        f"Tiny Qwen2 (hidden 128, 4 layers, vocab 512), {n} samples of 16 prompt + "
+        f"{longest // 4}..{longest} response tokens (uniform, or log-uniform = skewed), token budget "
+        f"{budget} per micro-batch, SFT loss, one full optimizer step, median of {repeats}, 2 CPU cores."
+    )
     output.write_json("trainer", result)
     write_table(result, output)
     if backends is not None:
         write_backend_table(result, output)
     uni, skew = result["distributions"]["uniform"], result["distributions"]["skewed"]
     speed = lambda d, k: round(d[k]["tokens_per_s"] / d["pad"]["tokens_per_s"], 3)  # noqa: E731
-    summary = {"packing_speedup": speed(uni, "pack"), "packing_speedup_skewed": speed(skew, "pack"),
-               "bucket_speedup": speed(uni, "bucket"), "bucket_speedup_skewed": speed(skew, "bucket"),
-               "padded_waste": round(uni["pad"]["waste"], 3), "padded_waste_skewed": round(skew["pad"]["waste"], 3),
-               "packed_waste": round(uni["pack"]["waste"], 3), "packed_tokens_per_s": round(uni["pack"]["tokens_per_s"])}
+    summary = {
+        "packing_speedup": speed(uni, "pack"),
+        "packing_speedup_skewed": speed(skew, "pack"),
+        "bucket_speedup": speed(uni, "bucket"),
+        "bucket_speedup_skewed": speed(skew, "bucket"),
+        "padded_waste": round(uni["pad"]["waste"], 3),
+        "padded_waste_skewed": round(skew["pad"]["waste"], 3),
+        "packed_waste": round(uni["pack"]["waste"], 3),
+        "packed_tokens_per_s": round(uni["pack"]["tokens_per_s"]),
+    }
     if backends is not None:
-        summary["megatron_vs_torch"] = round(backends["megatron"]["tokens_per_s"] / backends["torch"]["tokens_per_s"], 3)
+        summary["megatron_vs_torch"] = round(
+            backends["megatron"]["tokens_per_s"] / backends["torch"]["tokens_per_s"], 3
+        )
     print(json.dumps(summary))
     sys.stdout.flush()
 

@@ -131,9 +131,22 @@ def transferqueue(n: int, nbytes: int, k: int) -> dict | None:
     if subprocess.run(["bash", str(HERE / "tq_setup.sh")], capture_output=True).returncode != 0:
         print("transferqueue baseline unavailable (tq_setup.sh failed)", file=sys.stderr)
         return None
-    out = subprocess.run([str(REPO / ".venv-tq/bin/python"), str(HERE / "baselines" / "tq_baseline.py"), "--samples", str(n),
-                          "--bytes", str(nbytes), "--batch", str(k), "--json"],
-                         capture_output=True, text=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    out = subprocess.run(
+        [
+            str(REPO / ".venv-tq/bin/python"),
+            str(HERE / "baselines" / "tq_baseline.py"),
+            "--samples",
+            str(n),
+            "--bytes",
+            str(nbytes),
+            "--batch",
+            str(k),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
     if out.returncode != 0:
         print(f"transferqueue baseline failed:\n{out.stderr[-2000:]}", file=sys.stderr)
         return None
@@ -205,7 +218,9 @@ def write_table(result: dict, output: Output) -> None:
     rows += ["", f"Put-to-visible latency (file://): another process, polling at the default 50 ms: "
              f"p50 {lat['cross_process_p50_ms']:.1f} ms, p95 {lat['cross_process_p95_ms']:.1f} ms; same process "
              f"(wake-up fast path): p50 {lat['in_process_p50_ms']:.2f} ms, p95 {lat['in_process_p95_ms']:.2f} ms."]
-    output.table('transfer_queue', rows, "## TransferQueue (`benchmarks/transfer_queue.py`, results/transfer_queue.json)")
+    output.table(
+        "transfer_queue", rows, "## TransferQueue (`benchmarks/transfer_queue.py`, results/transfer_queue.json)"
+    )
 
 
 def main() -> None:
@@ -238,7 +253,9 @@ def main() -> None:
                             "relax_vs_raw": relax["put_get_mb_per_s"] / raw["put_get_mb_per_s"], "transferqueue": tq}
                     if "raw_chunked" in both:
                         case["raw_chunked"] = both["raw_chunked"]
-                        case["relax_vs_raw_chunked"] = relax["put_get_mb_per_s"] / both["raw_chunked"]["put_get_mb_per_s"]
+                        case["relax_vs_raw_chunked"] = (
+                            relax["put_get_mb_per_s"] / both["raw_chunked"]["put_get_mb_per_s"]
+                        )
                     cases.append(case)
                     print(f"{store} {nbytes} B: relax {relax['put_get_samples_per_s']:,.0f}/s, "
                           f"raw {raw['put_get_samples_per_s']:,.0f}/s", file=sys.stderr)
@@ -254,12 +271,18 @@ def main() -> None:
     summary = {
         "large_vs_raw": round(large["relax_vs_raw"], 3),
         "large_vs_raw_chunked": round(large["relax_vs_raw_chunked"], 3),
-        "large_vs_raw_s3": round(next(c for c in cases if c["bytes"] == 1 << 20 and c["store"] == "s3")["relax_vs_raw"], 3),
+        "large_vs_raw_s3": round(
+            next(c for c in cases if c["bytes"] == 1 << 20 and c["store"] == "s3")["relax_vs_raw"], 3
+        ),
         "small_samples_per_s": round(small["relax"]["put_get_samples_per_s"]),
         "small_vs_transferqueue": round(small["relax"]["put_get_samples_per_s"] / tq["put_get_samples_per_s"], 2)
-        if tq else None,
-        "small_vs_transferqueue_single_put": round(small["relax"]["put_get_samples_per_s"]
-                                                   / tq["single_put_samples_per_s"], 1) if tq else None,
+        if tq
+        else None,
+        "small_vs_transferqueue_single_put": round(
+            small["relax"]["put_get_samples_per_s"] / tq["single_put_samples_per_s"], 1
+        )
+        if tq
+        else None,
         "p50_visible_ms": round(latency["cross_process_p50_ms"], 2),
         "p50_visible_in_process_ms": round(latency["in_process_p50_ms"], 3),
     }

@@ -5,7 +5,8 @@ Ray actor), so the suite runs as two sessions at once, split by what they share:
 
 * ``local``: what runs without a Ray cluster or Flyte (the engine's parts: trainers, algorithms,
   data, models, rollout, transfer, engines, config, docs; the roles' and learning tests, whose
-  runs are processes of their own; and the cluster emulator's, whose Ray clusters are its own), its output kept in ``.pytest_local.log`` and printed when both
+  runs are processes of their own; and the cluster emulator's, whose Ray clusters are its own), its output kept in
+  ``.pytest_local.log`` and printed when both
   are done;
 * ``cluster``: everything else (the session's Ray cluster and Serve apps, launchers, topologies,
   CLI, Flyte tasks and workflows), printed as it runs.
@@ -30,15 +31,29 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LOCAL = ["tests/relax/trainers", "tests/relax/algorithms", "tests/relax/data", "tests/relax/models",
-         "tests/relax/rollout", "tests/relax/transfer", "tests/relax/engines", "tests/relax/config",
-         "tests/relax/test_objstore.py", "tests/test_docs.py", "tests/test_layers.py", "tests/test_repo.py",
-         *(f"tests/relax/services/roles/{f.name}" for f in sorted((REPO / "tests/relax/services/roles").glob("test_*.py"))
-           if f.name != "test_external_agents.py"),  # 200 s: in the cluster session, to balance the two
-         "tests/relax/services/test_learning.py",
-         "tests/relax/services/test_video_learning.py",
-         # the cluster emulator starts Ray clusters and an S3 server of its own, not the session's
-         "tests/workflows/test_cluster.py"]
+LOCAL = [
+    "tests/relax/trainers",
+    "tests/relax/algorithms",
+    "tests/relax/data",
+    "tests/relax/models",
+    "tests/relax/rollout",
+    "tests/relax/transfer",
+    "tests/relax/engines",
+    "tests/relax/config",
+    "tests/relax/test_objstore.py",
+    "tests/test_docs.py",
+    "tests/test_layers.py",
+    "tests/test_repo.py",
+    *(
+        f"tests/relax/services/roles/{f.name}"
+        for f in sorted((REPO / "tests/relax/services/roles").glob("test_*.py"))
+        if f.name != "test_external_agents.py"
+    ),  # 200 s: in the cluster session, to balance the two
+    "tests/relax/services/test_learning.py",
+    "tests/relax/services/test_video_learning.py",
+    # the cluster emulator starts Ray clusters and an S3 server of its own, not the session's
+    "tests/workflows/test_cluster.py",
+]
 NO_TESTS = 5  # pytest's exit code when nothing was collected
 
 

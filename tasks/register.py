@@ -5,7 +5,8 @@
   service can find "the newest checkpoint of model M on dataset D" (``RelaxCheckpoint.query(...)``).
   The directory is not copied: Flyte records the URL where relax wrote it (a local path or a
   bucket), so the artifact and the lineage records name the same object.
-* Local runs record no artifacts (local execution has no artifact service); relax's own lineage records are the local truth,
+* Local runs record no artifacts (local execution has no artifact service); relax's own lineage records are the local
+truth,
   and the result carries the chain.
 * The Deck shows the reward curves, the lineage graph and the before/after accuracy table; the
   same table is printed, so ``make run`` shows it on the terminal.

@@ -102,7 +102,9 @@ def resolve_attr_path(lit: literals_pb2.Literal, path) -> literals_pb2.Literal:
     if not path:
         return lit
     if not lit.scalar.HasField("binary"):
-        raise ValueError(f"attribute path {[p.string_value for p in path]} on a literal that is not a msgpack dataclass")
+        raise ValueError(
+            f"attribute path {[p.string_value for p in path]} on a literal that is not a msgpack dataclass"
+        )
     value = msgpack.unpackb(lit.scalar.binary.value)
     for step in path:
         value = value[step.string_value] if step.HasField("string_value") else value[step.int_value]

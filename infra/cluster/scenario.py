@@ -160,7 +160,9 @@ def run_scenario(work: Path, overrides: list[str], preset: str = "omni-cpu", kil
         bucket = f"relax-cluster-{int(time.time() * 1000) % 10**9}"
         fsspec.filesystem("s3").mkdir(bucket)
         cfg = load_config(preset, [f"root=s3://{bucket}/relax", *SHORT, *overrides])
-        night = load_config(preset, [f"root=s3://{bucket}/relax", *SHORT, *overrides, "run_id=nightly", *(nightly or [])])
+        night = load_config(
+            preset, [f"root=s3://{bucket}/relax", *SHORT, *overrides, "run_id=nightly", *(nightly or [])]
+        )
         (work / "nightly.yaml").write_text(yaml.safe_dump(config_to_dict(night)))
         pkg = package(REPO, work, {**env, "RELAX_NIGHTLY_CONFIG": str(work / "nightly.yaml")})
         prop = Propeller(pkg, f"s3://{bucket}/flyte", image_root(work / "image"), env, logs)

@@ -90,5 +90,7 @@ def _inspect(args: argparse.Namespace) -> int:
             break
         shown[sample.task] += 1
         media = f" [{len(sample.images)} image(s), {len(sample.audios)} audio]" if sample.modality != "text" else ""
-        print(f"\n[{sample.id}] task={sample.task}{media}\n  prompt: {sample.prompt_text!r}\n  answer: {sample.answer!r}")
+        print(
+            f"\n[{sample.id}] task={sample.task}{media}\n  prompt: {sample.prompt_text!r}\n  answer: {sample.answer!r}"
+        )
     return 0

@@ -20,7 +20,9 @@ from relax.transfer.lineage import LineageError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous omni-modal RL post-training.")
-    sub = parser.add_subparsers(dest="area", required=True, metavar="{config,data,run,eval,train,role,status,scale,lineage,replay}")
+    sub = parser.add_subparsers(
+        dest="area", required=True, metavar="{config,data,run,eval,train,role,status,scale,lineage,replay}"
+    )
     config_cmd.register(sub)
     data_cmd.register(sub)
     run_cmd.register(sub)

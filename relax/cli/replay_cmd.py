@@ -33,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retrain", type=int, default=None, metavar="STEP",
                    help="retrain the actor's recorded steps after checkpoint STEP in a scratch copy, and compare "
                         "each step's loss and gradient norm (and the final weights) with the run's")
-    p.add_argument("--to", type=int, default=None, metavar="STEP", help="last step to retrain (default: the run's last)")
+    p.add_argument(
+        "--to", type=int, default=None, metavar="STEP", help="last step to retrain (default: the run's last)"
+    )
     p.add_argument("--into", default=None, metavar="DIR",
                    help="local folder for the copy (default: a temporary folder, deleted afterwards)")
     p.set_defaults(func=_replay)

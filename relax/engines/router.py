@@ -111,9 +111,19 @@ class Router:
         await entry.client.close()
 
     def engines(self) -> list[dict[str, Any]]:
-        return [{"url": u, "outstanding": e.client.outstanding, "healthy": e.healthy, "draining": e.draining,
-                 "ready": e.ready, "consecutive_failures": e.consecutive_failures, "failures": e.failures, "last_error": e.last_error}
-                for u, e in self._entries.items()]
+        return [
+            {
+                "url": u,
+                "outstanding": e.client.outstanding,
+                "healthy": e.healthy,
+                "draining": e.draining,
+                "ready": e.ready,
+                "consecutive_failures": e.consecutive_failures,
+                "failures": e.failures,
+                "last_error": e.last_error,
+            }
+            for u, e in self._entries.items()
+        ]
 
     def client(self, url: str) -> EngineClient:
         """The client of engine ``url`` (for probes by its owner); KeyError if it is not routed to."""

@@ -66,8 +66,10 @@ AUDIO_TINY = {"num_mel_bins": 32, "encoder_layers": 1, "encoder_attention_heads"
 BUILTIN_VERSION = 6
 # Mixture-of-experts decoders: 4 experts per layer, top-2 routing, every layer sparse; Qwen3-MoE
 # renormalises the top-k gate weights (its released configs do), Qwen2-MoE does not.
-MOE_TINY = {"qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "norm_topk_prob": False},
-            "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "norm_topk_prob": True}}
+MOE_TINY = {
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "norm_topk_prob": False},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "norm_topk_prob": True},
+}
 TINY_IMAGE_NORM = {"mean": [1.0, 1.0, 1.0], "std": [0.5, 0.5, 0.5]}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -119,7 +121,9 @@ def tiny_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Pretrai
         classes = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig, "qwen2_moe": Qwen2MoeConfig,
                    "qwen3_moe": Qwen3MoeConfig}
         if cfg.family not in classes:
-            raise ValueError(f"tiny-qwen2 is a text model; model.family must be one of {sorted(classes)}, not {cfg.family!r}")
+            raise ValueError(
+                f"tiny-qwen2 is a text model; model.family must be one of {sorted(classes)}, not {cfg.family!r}"
+            )
         extra: dict[str, Any] = {"head_dim": head_dim} if cfg.family in ("qwen3", "qwen3_moe") else {}
         if cfg.family in MOE_TINY:
             extra.update(MOE_TINY[cfg.family], moe_intermediate_size=cfg.hidden_size)

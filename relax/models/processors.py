@@ -190,7 +190,9 @@ def _to_text(prompt: Any, tokenizer: PreTrainedTokenizerBase, add_generation_pro
     if not isinstance(messages, Sequence):
         raise TypeError(f"prepare_inputs takes text, a message list or a Sample, not {type(prompt).__name__}")
     msgs = [
-        {"role": m["role"], "content": m["content"]} if isinstance(m, Mapping) else {"role": m.role, "content": m.content}
+        {"role": m["role"], "content": m["content"]}
+        if isinstance(m, Mapping)
+        else {"role": m.role, "content": m.content}
         for m in messages
     ]
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)

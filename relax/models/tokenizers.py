@@ -56,9 +56,7 @@ CHAT_TEMPLATE = (
 )
 
 # The pre-tokenization regex of Qwen / Qwen2 (from their tokenizer config).
-QWEN_PATTERN = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
 _SUITE_TASKS = ("arithmetic", "shapes", "tones", "tool_lookup")
 
 
@@ -96,7 +94,9 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrai
 
     specials = list(SPECIAL_TOKENS) + list(TAG_TOKENS)
     if vocab_size < 256 + len(specials) + 1:
-        raise ValueError(f"vocab_size {vocab_size} is too small: a byte-level BPE needs at least {256 + len(specials) + 1}")
+        raise ValueError(
+            f"vocab_size {vocab_size} is too small: a byte-level BPE needs at least {256 + len(specials) + 1}"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -155,7 +155,9 @@ def _from_tiktoken_file(path: Path) -> PreTrainedTokenizerFast:
     backend = TikTokenConverter(vocab_file=str(path), pattern=QWEN_PATTERN).converted()
     fast = PreTrainedTokenizerFast(tokenizer_object=backend)
     # Same ids as real Qwen2 checkpoints: <|endoftext|>=151643, <|im_start|>=151644, <|im_end|>=151645.
-    fast.add_tokens([AddedToken(t, special=True, normalized=False) for t in (EOS, IM_START, IM_END)], special_tokens=True)
+    fast.add_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in (EOS, IM_START, IM_END)], special_tokens=True
+    )
     fast.add_special_tokens(
         {"eos_token": IM_END, "pad_token": EOS, "additional_special_tokens": list(SPECIAL_TOKENS[3:])}
     )

@@ -47,7 +47,9 @@ class ValueHeadModel(nn.Module):
         """Switch the backbone's attention (the trainer's padding-free packed kernel goes through here)."""
         self.backbone.set_attn_implementation(name)
 
-    def forward(self, return_logits: bool = False, **model_kwargs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, return_logits: bool = False, **model_kwargs: Any
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Values ``(batch, seq)`` for the kwargs of the backbone (input_ids, pixel_values, ...).
 
         With ``return_logits=True`` returns ``(logits, values)`` from one backbone pass, for

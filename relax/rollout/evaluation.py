@@ -113,7 +113,9 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
                 kind = kind_of(t.sample)
                 if kind:
                     kind_scores[f"{t.sample.task}:{kind}"].append(t.reward)
-                    confusion[f"{t.sample.task}:{kind}"][normalize_answer(t.sample.answer)][given_answer(t.response) or ""] += 1
+                    confusion[f"{t.sample.task}:{kind}"][normalize_answer(t.sample.answer)][
+                        given_answer(t.response) or ""
+                    ] += 1
                 kinds[t.sample.task] = modality_of(t.sample)
                 errors += bool(t.error)
     finally:

@@ -384,6 +384,14 @@ def _completion(rid: str, index: int, item: dict[str, Any], prompt_tokens: int) 
     ids = [int(t) for t in item.get("output_ids", [])]
     if len(lps) != len(ids):
         raise ValueError(f"engine answered {len(ids)} tokens with {len(lps)} logprobs for request {rid}")
-    return Completion(rid, index, ids, lps, meta.get("finish_reason") or {}, prompt_tokens,
-                      str(meta.get("weight_version", "-1")), routed_experts=routes_from_wire(meta.get("routed_experts"), rid))
+    return Completion(
+        rid,
+        index,
+        ids,
+        lps,
+        meta.get("finish_reason") or {},
+        prompt_tokens,
+        str(meta.get("weight_version", "-1")),
+        routed_experts=routes_from_wire(meta.get("routed_experts"), rid),
+    )
 

@@ -144,8 +144,16 @@ class SessionHub:
 
     def take_counts(self) -> dict[str, int]:
         with self._cv:
-            out = {k: self.counts[k] for k in ("sessions_opened", "sessions_closed", "sessions_dropped", "sessions_released",
-                                               "session_turns")}
+            out = {
+                k: self.counts[k]
+                for k in (
+                    "sessions_opened",
+                    "sessions_closed",
+                    "sessions_dropped",
+                    "sessions_released",
+                    "session_turns",
+                )
+            }
             self.counts.clear()
             return out
 
@@ -282,7 +290,9 @@ class SessionHub:
             prompts = [enc for _, enc, _, _, _ in ready]
             params = [dataclasses.replace(self.params, max_new_tokens=k, sampling_seed=turn_seed(t, len(e.input_ids)))
                       for _, e, t, k, _ in ready]
-            rids = [f"{t.sample.id}@{t.position}:{t.index}:{len(e.input_ids)}/{w.session.id}" for w, e, t, _, _ in ready]
+            rids = [
+                f"{t.sample.id}@{t.position}:{t.index}:{len(e.input_ids)}/{w.session.id}" for w, e, t, _, _ in ready
+            ]
             results = self.pool.generate(prompts, params, rids)
             for (w, enc, traj, _, new), cs in zip(ready, results, strict=True):
                 self._resolve(w, self._commit(w.session, enc, traj, new, cs[0]))
@@ -303,7 +313,10 @@ class SessionHub:
             start = self._check_history(s, messages)
             msgs, images, audios = chat_prompt(messages[start:])
             # what the history check compares later, and the transcript text the verifier reads
-            new = ([comparable(m) for m in messages[start:]], "".join(f"\n[{m['role']}] {m['content']}\n" for m in msgs))
+            new = (
+                [comparable(m) for m in messages[start:]],
+                "".join(f"\n[{m['role']}] {m['content']}\n" for m in msgs),
+            )
         except EngineError as e:
             raise SessionError(400, str(e)) from None
         if s.traj is not None and s.traj.turns >= self.max_turns:

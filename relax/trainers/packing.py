@@ -82,7 +82,9 @@ class MicroBatch:
         return inputs
 
 
-def plan(lengths: Sequence[int], token_budget: int, layout: str = "pack", max_samples: int | None = None) -> list[list[int]]:
+def plan(
+    lengths: Sequence[int], token_budget: int, layout: str = "pack", max_samples: int | None = None
+) -> list[list[int]]:
     """Group sample indices into micro-batches of at most ``token_budget`` tokens (counting pads).
 
     ``pack``: first-fit decreasing into bins of ``token_budget`` real tokens.

@@ -72,7 +72,9 @@ class Field:
         if arr.dtype != np.dtype(_STORAGE_DTYPE.get(self.dtype, self.dtype)):
             raise SchemaError(f"{where}: dtype {arr.dtype} contradicts the topic schema ({self.dtype}); "
                               f"cast it before putting")
-        if arr.ndim != len(self.shape) or any(w is not None and w != g for w, g in zip(self.shape, arr.shape, strict=False)):
+        if arr.ndim != len(self.shape) or any(
+            w is not None and w != g for w, g in zip(self.shape, arr.shape, strict=False)
+        ):
             want = "(" + ", ".join("*" if d is None else str(d) for d in self.shape) + ")"
             raise SchemaError(f"{where}: shape {tuple(arr.shape)} contradicts the topic schema {want}")
         return arr if arr.flags.c_contiguous else arr.copy(order="C")  # ascontiguousarray makes 0-d 1-d

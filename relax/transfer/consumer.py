@@ -260,7 +260,9 @@ def wait_for_capacity(queue: TransferQueue, group: str, batch_size: int, max_sta
     """
     limit = (max_staleness + 1) * batch_size
     if incoming > limit:
-        raise ValueError(f"{incoming} samples can never be admitted: the bound is (max_staleness + 1) * batch = {limit}")
+        raise ValueError(
+            f"{incoming} samples can never be admitted: the bound is (max_staleness + 1) * batch = {limit}"
+        )
     deadline = None if timeout is None else time.monotonic() + timeout
     view = view or GroupView(queue, group)
     # consumption is recorded in the group's cursors, not the topic, so wait_for_new only

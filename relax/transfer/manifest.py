@@ -142,7 +142,9 @@ class TopicState:
             "heads": self.heads,
             **_encode_samples(sorted(self.samples.values(), key=lambda m: m.order)),
             "shards": [[s.name, s.crc32c, s.nbytes] for s in sorted(self.shards.values(), key=lambda s: s.name)],
-            "pending": {sid: {f: [list(o), list(loc)] for f, (o, loc) in fs.items()} for sid, fs in self.pending.items()},
+            "pending": {
+                sid: {f: [list(o), list(loc)] for f, (o, loc) in fs.items()} for sid, fs in self.pending.items()
+            },
             "duplicates": {k: [list(o) for o in v] for k, v in self.duplicates.items()},
         }
 
@@ -152,7 +154,9 @@ class TopicState:
         rows = _decode_samples(d) if "tables" in d else [SampleMeta.from_json(row) for row in d["samples"]]
         st.samples = {m.id: m for m in rows}  # stored in order
         st.arrivals = list(st.samples)
-        st.shards = {check_shard_name(name, "manifest snapshot"): ShardInfo(name, crc, n) for name, crc, n in d["shards"]}
+        st.shards = {
+            check_shard_name(name, "manifest snapshot"): ShardInfo(name, crc, n) for name, crc, n in d["shards"]
+        }
         st.pending = {sid: {f: (tuple(o), (loc[0], loc[1])) for f, (o, loc) in fs.items()}
                       for sid, fs in d.get("pending", {}).items()}
         st.duplicates = {k: [tuple(o) for o in v] for k, v in d.get("duplicates", {}).items()}

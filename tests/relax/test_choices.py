@@ -333,7 +333,9 @@ def _run_params():
     for p in PAIRS:
         if EXPECTED.get(p) != RUNS:
             continue
-        marks = [pytest.mark.xfail(raises=RunStopped, strict=True, reason=KNOWN_CRASHES[p])] if p in KNOWN_CRASHES else []
+        marks = (
+            [pytest.mark.xfail(raises=RunStopped, strict=True, reason=KNOWN_CRASHES[p])] if p in KNOWN_CRASHES else []
+        )
         yield pytest.param(p, id=_id(p), marks=marks)
 
 

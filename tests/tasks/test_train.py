@@ -28,7 +28,9 @@ def test_ray_job_config_sizes_head_and_workers():
     assert (head.requests.cpu, head.requests.mem, head.requests.gpu) == ("8", "32Gi", "2")
     assert (worker.group_name, worker.replicas, worker.requests.gpu, worker.limits.cpu) == ("workers", 3, "2", "16")
     # more worker GPUs than the total: the head gets none rather than a negative count
-    assert ray_job_config(ResourcesConfig(num_gpus=1, workers=2, gpus_per_worker=1)).head_node_config.requests.gpu is None
+    assert (
+        ray_job_config(ResourcesConfig(num_gpus=1, workers=2, gpus_per_worker=1)).head_node_config.requests.gpu is None
+    )
 
 
 def test_role_groups_split_the_gpus():
@@ -119,10 +121,16 @@ def test_disaggregated_runs_role_groups_concurrently_between_start_and_finish():
         assert node_cfg(node)["model"]["init_checkpoint"] == "s3://bucket/relax/warm_start/abc"
 
 
-@pytest.mark.parametrize("overrides", [
-    [], ["algorithm.reference_role=true", "algorithm.kl_coef=0.01"], ["algorithm.advantage=gae", "model.value_head=true"],
-    ["data.reward_role=true"], ["algorithm.mode=distill", "algorithm.distill_coef=1", "teacher.name_or_path=tiny-qwen2"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["algorithm.reference_role=true", "algorithm.kl_coef=0.01"],
+        ["algorithm.advantage=gae", "model.value_head=true"],
+        ["data.reward_role=true"],
+        ["algorithm.mode=distill", "algorithm.distill_coef=1", "teacher.name_or_path=tiny-qwen2"],
+    ],
+)
 def test_the_role_groups_start_exactly_the_roles_of_the_run(overrides):
     from relax.services.roles.factory import ROLE_GROUPS, ROLE_NAMES, group_roles, role_names
 

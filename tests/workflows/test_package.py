@@ -77,7 +77,12 @@ def test_ray_train_task_has_the_configured_cluster(cluster_package):
     # the worker holds 1 of the 4 GPUs, the head the other 3
     assert head == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "3", "start": {"num-cpus": "8", "num-gpus": "3"}}
     (worker,) = spec["workerGroupSpec"]
-    assert (worker["groupName"], worker["replicas"], worker["minReplicas"], worker["maxReplicas"]) == ("workers", 1, 1, 1)
+    assert (worker["groupName"], worker["replicas"], worker["minReplicas"], worker["maxReplicas"]) == (
+        "workers",
+        1,
+        1,
+        1,
+    )
     assert pod(worker, "ray-worker") == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "1",
                                          "start": {"num-cpus": "16", "num-gpus": "1"}}
 
@@ -150,7 +155,11 @@ def test_the_registered_ray_cluster_is_the_one_in_infra_kuberay(infra_package):
 
 def test_every_task_fits_the_projects_limits_and_has_a_plugin(infra_package):
     limits = yaml.safe_load((REPO / "infra/flyte/task-resources.yaml").read_text())["limits"]
-    cap = {"cpu": _quantity(limits["cpu"]), "memory": _quantity(limits["memory"]), "nvidia.com/gpu": float(limits["gpu"])}
+    cap = {
+        "cpu": _quantity(limits["cpu"]),
+        "memory": _quantity(limits["memory"]),
+        "nvidia.com/gpu": float(limits["gpu"]),
+    }
     values = yaml.safe_load((REPO / "infra/flyte/values-ray.yaml").read_text())["configuration"]["inline"]
     plugins = values["tasks"]["task-plugins"]
     tasks = {k: v for k, v in infra_package.items() if k.endswith("_1")}

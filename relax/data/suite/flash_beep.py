@@ -62,7 +62,9 @@ class FlashBeepConfig:
 
     def __post_init__(self) -> None:
         if self.flash_frames < 1 or self.frames % self.flash_frames:
-            raise DataError(f"flash_beep: frames ({self.frames}) must be a multiple of flash_frames ({self.flash_frames})")
+            raise DataError(
+                f"flash_beep: frames ({self.frames}) must be a multiple of flash_frames ({self.flash_frames})"
+            )
         if self.max_flashes < 1 or 2 * self.max_flashes - 1 > self.slots:
             raise DataError(f"flash_beep: {self.max_flashes} flashes of {self.flash_frames} frames with a blank as "
                             f"long between each need {(2 * self.max_flashes - 1) * self.flash_frames} frames; "
@@ -220,7 +222,8 @@ TASK = TaskSpec(
     modality="video",
     description=(
         "Synthetic 3 s MP4 (12 frames of 56x56 at 4 fps, H.264 + AAC) of a square flashing 1..N times "
-        "(2 frames each) in different colours, with one beep during one flash; asks for the flash count (answer '2') or the "
+        "(2 frames each) in different colours, with one beep during one flash; "
+        "asks for the flash count (answer '2') or the "
         "colour showing at the beep (answer 'red'). Reward: exact match."
     ),
     generate=generate,

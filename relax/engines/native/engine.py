@@ -4,8 +4,7 @@ A scheduler thread owns the model. Each iteration it admits waiting requests whi
 are free (one prefill per prompt; the n samples of a prompt share it), then runs one
 decode step for every running sequence together, then retires finished ones, so requests
 join and leave the running batch at every step. Forward passes (``forward.py``) are Hugging
-Face's own modules writing into ``SlotCache``, so returned logprobs equal a plain forward pass.
-"""
+Face's own modules writing into ``SlotCache``, so returned logprobs equal a plain forward pass."""
 
 from __future__ import annotations
 
@@ -324,7 +323,8 @@ class NativeEngine:
                 params.append(p.req.params)
                 draws.append(s.uniforms.next())
                 seqs.append(s)
-        tokens, lps = sample(last[rows], params, draws, self.banned, [(s.pending.req.input_ids, s.out_ids) for s in seqs])
+        seen = [(s.pending.req.input_ids, s.out_ids) for s in seqs]  # what the penalties count
+        tokens, lps = sample(last[rows], params, draws, self.banned, seen)
         for k, (s, t, lp) in enumerate(zip(seqs, tokens, lps, strict=True)):
             self._append(s, t, lp, top_logprobs(last[rows[k]], s.pending.req.params))
         with self._cond:

@@ -68,5 +68,10 @@ def decode_logits(model: torch.nn.Module, fused: FusedDecoder | None, cache: Slo
         return fused.step(torch.tensor(tokens), pos, cache, slots, span)
     mask = torch.arange(span)[None, :] <= torch.tensor(pos)[:, None]
     rope = torch.tensor([p + d for p, d in zip(pos, rope_deltas, strict=True)])[:, None]
-    return model(input_ids=torch.tensor([[t] for t in tokens]), position_ids=rope, attention_mask=mask[:, None, None, :],
-                 cache=cache.view(slots, pos, span), use_cache=True).logits[:, -1]
+    return model(
+        input_ids=torch.tensor([[t] for t in tokens]),
+        position_ids=rope,
+        attention_mask=mask[:, None, None, :],
+        cache=cache.view(slots, pos, span),
+        use_cache=True,
+    ).logits[:, -1]

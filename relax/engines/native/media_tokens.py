@@ -41,4 +41,6 @@ def by_video_audio(groups: list[list[tuple[Any, list[int]]]]) -> tuple[list, lis
     """Prompt groups without and with video audio tracks: Qwen2.5-Omni takes one
     ``use_audio_in_video`` flag per forward, so the two kinds prefill in batches of their own."""
     flagged = [audio_in_video(rows[0][0].req.mm_inputs) for rows in groups]
-    return [g for g, f in zip(groups, flagged, strict=True) if not f], [g for g, f in zip(groups, flagged, strict=True) if f]
+    return [g for g, f in zip(groups, flagged, strict=True) if not f], [
+        g for g, f in zip(groups, flagged, strict=True) if f
+    ]

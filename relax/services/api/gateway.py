@@ -177,8 +177,10 @@ class Gateway:
         token = token or os.environ.get(AGENT_TOKEN_ENV)
         engine_token = os.environ.get(TOKEN_ENV)
         if not token or (engine_token and hmac.compare_digest(token, engine_token)):
-            raise GatewayStartError(f"the session gateway needs its own bearer token: set {AGENT_TOKEN_ENV} to a secret "
-                                    f"for your agents (not {TOKEN_ENV}, which controls the run's engines)")
+            raise GatewayStartError(
+                f"the session gateway needs its own bearer token: set {AGENT_TOKEN_ENV} to a secret "
+                f"for your agents (not {TOKEN_ENV}, which controls the run's engines)"
+            )
         self.hub, self.run_url = hub, run_url
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -117,9 +117,13 @@ class RayRole:
     def finish(self) -> RoleFailure | None:
         failure = self._call("finish")
         if self._lost is not None:
-            return RoleFailure(self.role, self.attempt, "its Ray actor was lost (a lost node or worker, or never placed)",
-                               self._lost,
-                               "(on the lost node; the run's logs/ folder has what it uploaded)")
+            return RoleFailure(
+                self.role,
+                self.attempt,
+                "its Ray actor was lost (a lost node or worker, or never placed)",
+                self._lost,
+                "(on the lost node; the run's logs/ folder has what it uploaded)",
+            )
         return failure
 
     def kill(self) -> None:

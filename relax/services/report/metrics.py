@@ -148,8 +148,11 @@ def export_report(run_url: str, by_role: dict[str, list[dict[str, Any]]]) -> dic
     curves under ``<run>/report/``; returns their URLs."""
     report = objstore.join(run_url, "report")
     lines = sorted((r for rs in by_role.values() for r in rs), key=lambda r: r["time"])
-    urls = {"jsonl": objstore.join(report, "metrics.jsonl"), "tfevents": objstore.join(report, "events.out.tfevents.relax"),
-            "png": objstore.join(report, "curves.png")}
+    urls = {
+        "jsonl": objstore.join(report, "metrics.jsonl"),
+        "tfevents": objstore.join(report, "events.out.tfevents.relax"),
+        "png": objstore.join(report, "curves.png"),
+    }
     objstore.write_bytes(urls["jsonl"], "".join(json.dumps(r, sort_keys=True) + "\n" for r in lines).encode())
     rows = (scalar_rows(by_role["actor"], "step", "actor") + scalar_rows(by_role["rollout"], "batch", "rollout")
             + scalar_rows(by_role.get("critic", []), "step", "critic"))

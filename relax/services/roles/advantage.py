@@ -5,7 +5,8 @@ It is the consumer group ``advantage`` of the ``rollouts`` topic: each step take
 relax.algorithms.advantages) and commits the ``advantages`` field for those samples. GRPO,
 Dr.GRPO and RLOO normalise per prompt group; REINFORCE++ and REINFORCE++-baseline whiten over
 the whole step's response tokens (their baseline is the batch, not the group). With
-``algorithm.overlong_buffer`` DAPO's soft length penalty joins the reward first. A sample whose reward failed (``error`` set) has an
+``algorithm.overlong_buffer`` DAPO's soft length penalty joins the reward first. A sample whose reward failed (``error``
+set) has an
 all-zero loss mask, so its advantage is zero everywhere and it trains with zero weight.
 
 With ``advantage=gae`` (PPO with a critic) a group is complete only once the critic role

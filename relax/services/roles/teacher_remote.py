@@ -57,7 +57,8 @@ class RemoteTeacher:
         return served_vocab_size(self.url)
 
     def columns(self, batch: Batch) -> dict[str, list[torch.Tensor]]:
-        """``teacher_logprobs`` (L,) per row and, with top-k, ``teacher_topk_ids`` / ``teacher_topk_logprobs`` (L, k)."""
+        """``teacher_logprobs`` (L,) per row and, with top-k, ``teacher_topk_ids`` /
+        ``teacher_topk_logprobs`` (L, k)."""
         scored = run_async(self._all(batch.ids, batch.fields["tokens"], batch.fields["loss_mask"]))
         out: dict[str, list[torch.Tensor]] = {"teacher_logprobs": [s[0] for s in scored]}
         if self.topk:

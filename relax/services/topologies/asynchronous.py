@@ -79,8 +79,14 @@ class RoleRunner:
         self.steps += 1
 
     def status(self) -> dict[str, Any]:
-        return {"role": self.role, "steps": self.steps, "done": self.done, "error": self.error, "restarts": self.restarts,
-                "uptime_s": time.time() - self.started}
+        return {
+            "role": self.role,
+            "steps": self.steps,
+            "done": self.done,
+            "error": self.error,
+            "restarts": self.restarts,
+            "uptime_s": time.time() - self.started,
+        }
 
 
 class RolloutIngress(RoleRunner):

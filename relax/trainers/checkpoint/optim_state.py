@@ -114,8 +114,10 @@ def _counts_of(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {key: values[0] for key, values in scalars.items()}
 
 
-def moments_to_hf(parts: list[tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]],
-                  to_hf: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]) -> dict[str, dict[str, Any]]:
+def moments_to_hf(
+    parts: list[tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]],
+    to_hf: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]],
+) -> dict[str, dict[str, Any]]:
     """Optimizer state by megatron name -> by Hugging Face name, whole tensors. ``parts``: per part
     of the model, (its weights or tensors of their shapes, its stepped parameters' state), both by
     megatron name; ``to_hf`` turns one such dict per part into the full HF-named dict (a gather over

@@ -5,11 +5,14 @@ Per layer, with ``s`` the HF prefix (``model.layers.i.``) and ``m`` the megatron
 
 | HF | megatron |
 |---|---|
-| ``mlp.gate_proj``, ``mlp.up_proj``, ``mlp.down_proj`` (dense) | ``mlp.linear_fc1`` = cat(gate, up), ``mlp.linear_fc2`` |
+| ``mlp.gate_proj``, ``mlp.up_proj``, ``mlp.down_proj`` (dense) | ``mlp.linear_fc1`` = cat(gate, up), ``mlp.linear_fc2``
+|
 | ``mlp.gate.weight`` (E, H): the router | ``mlp.router.weight`` |
-| ``mlp.experts.gate_up_proj`` (E, 2I, H): gate rows, then up | ``mlp.experts.local_experts.e.linear_fc1.weight`` (2I, H), one per expert |
+| ``mlp.experts.gate_up_proj`` (E, 2I, H): gate rows, then up | ``mlp.experts.local_experts.e.linear_fc1.weight`` (2I,
+H), one per expert |
 | ``mlp.experts.down_proj`` (E, H, I) | ``mlp.experts.local_experts.e.linear_fc2.weight`` (H, I) |
-| ``mlp.shared_expert.{gate,up,down}_proj`` (Qwen2-MoE) | ``mlp.shared_experts.linear_fc1`` = cat(gate, up), ``linear_fc2`` |
+| ``mlp.shared_expert.{gate,up,down}_proj`` (Qwen2-MoE) | ``mlp.shared_experts.linear_fc1`` = cat(gate, up),
+``linear_fc2`` |
 | ``mlp.shared_expert_gate.weight`` (1, H) | ``mlp.shared_experts.gate_weight`` (sigmoid gate, as HF) |
 
 HF fuses gate and up per expert in the order megatron's GLU expects, so ``gate_up_proj[e]`` is
@@ -42,7 +45,11 @@ def hf_mlp_shapes(cfg: Any, s: str) -> dict[str, tuple[int, ...]]:
     H = cfg.hidden_size
     if not cfg.num_experts:
         F = cfg.ffn_hidden_size
-        return {s + "mlp.gate_proj.weight": (F, H), s + "mlp.up_proj.weight": (F, H), s + "mlp.down_proj.weight": (H, F)}
+        return {
+            s + "mlp.gate_proj.weight": (F, H),
+            s + "mlp.up_proj.weight": (F, H),
+            s + "mlp.down_proj.weight": (H, F),
+        }
     E, W = cfg.num_experts, cfg.moe_ffn_hidden_size
     out = {s + "mlp.gate.weight": (E, H), s + "mlp.experts.gate_up_proj": (E, 2 * W, H),
            s + "mlp.experts.down_proj": (E, H, W)}
@@ -96,9 +103,11 @@ def mlp_to_hf(state: dict[str, Tensor], s: str, m: str, cfg: Any) -> dict[str, T
         return {s + "mlp.gate_proj.weight": gate.contiguous(), s + "mlp.up_proj.weight": up.contiguous(),
                 s + "mlp.down_proj.weight": state[m + "mlp.linear_fc2.weight"]}
     expert = f"{m}mlp.experts.local_experts."
-    out = {s + "mlp.gate.weight": state[m + "mlp.router.weight"],
-           s + "mlp.experts.gate_up_proj": torch.stack([state[f"{expert}{e}.linear_fc1.weight"] for e in _experts(cfg)]),
-           s + "mlp.experts.down_proj": torch.stack([state[f"{expert}{e}.linear_fc2.weight"] for e in _experts(cfg)])}
+    out = {
+        s + "mlp.gate.weight": state[m + "mlp.router.weight"],
+        s + "mlp.experts.gate_up_proj": torch.stack([state[f"{expert}{e}.linear_fc1.weight"] for e in _experts(cfg)]),
+        s + "mlp.experts.down_proj": torch.stack([state[f"{expert}{e}.linear_fc2.weight"] for e in _experts(cfg)]),
+    }
     if cfg.shared_expert_size:
         gate, up = state[m + "mlp.shared_experts.linear_fc1.weight"].chunk(2, dim=0)
         out.update({s + "mlp.shared_expert.gate_proj.weight": gate.contiguous(),

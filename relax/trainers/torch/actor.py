@@ -102,14 +102,22 @@ class PolicyLoss:
                 at[n, :part.shape[0]] = part
                 ref[n, :part.shape[0]] = lps[i][start:start + rows]
             # rows past a sample's end gather token 0 against a scorer log-prob of 0; the mask drops them
-            return topk_forward_kl(logp.gather(-1, at.to(logp.device)), ref.to(logp.device), torch.ones_like(ref[..., 0]))
+            return topk_forward_kl(
+                logp.gather(-1, at.to(logp.device)), ref.to(logp.device), torch.ones_like(ref[..., 0])
+            )
 
         def read(indices: list[int], starts: list[int], logp: torch.Tensor) -> torch.Tensor:
             return torch.stack([kl_to(s, indices, starts, logp) for s in scorers], dim=-1)
         return read
 
-    def __call__(self, mb: MicroBatch, logprobs: list[torch.Tensor], entropies: list[torch.Tensor] | None,
-                 batch: RolloutBatch, reads: list[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], dict[str, float]]:
+    def __call__(
+        self,
+        mb: MicroBatch,
+        logprobs: list[torch.Tensor],
+        entropies: list[torch.Tensor] | None,
+        batch: RolloutBatch,
+        reads: list[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], dict[str, float]]:
         a = self.alg
         idx = [s.index for s in mb.spans]
         lengths = [s.length for s in mb.spans]
@@ -161,14 +169,25 @@ class Actor:
         updates = t.mini_batches * t.ppo_epochs  # optimizer steps per RL step: the schedule counts those
         # encoders that thaw later join the optimizer now, frozen (relax.trainers.torch.encoders)
         self.encoders = EncoderSchedule(unwrap(model), t, updates)
-        self.trainer = TorchTrainer(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * updates,
-                                    total_steps=t.total_steps * updates, schedule=t.lr_schedule, grad_clip=t.grad_clip,
-                                    micro_batch_tokens=t.micro_batch_tokens, layout=t.micro_batch_layout,
-                                    pad_id=pad_id, aggregation=cfg.algorithm.loss_agg,
-                                    agg_norm=float(cfg.algorithm.loss_agg_norm or cfg.rollout.max_new_tokens), nan_policy=t.nan_policy,
-                                    temperature=cfg.rollout.temperature,
-                                    autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None,
-                                    lr_scales=self.encoders.lr_scales, ramps=self.encoders.ramps)
+        self.trainer = TorchTrainer(
+            model,
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            warmup_steps=t.warmup_steps * updates,
+            total_steps=t.total_steps * updates,
+            schedule=t.lr_schedule,
+            grad_clip=t.grad_clip,
+            micro_batch_tokens=t.micro_batch_tokens,
+            layout=t.micro_batch_layout,
+            pad_id=pad_id,
+            aggregation=cfg.algorithm.loss_agg,
+            agg_norm=float(cfg.algorithm.loss_agg_norm or cfg.rollout.max_new_tokens),
+            nan_policy=t.nan_policy,
+            temperature=cfg.rollout.temperature,
+            autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None,
+            lr_scales=self.encoders.lr_scales,
+            ramps=self.encoders.ramps,
+        )
         self.encoders.hold(unwrap(model))
         self.loss = PolicyLoss(cfg.algorithm)
 
@@ -199,8 +218,10 @@ class Actor:
         """One RL update from ``batch``, the whole step's batch on every rank: each data-parallel
         rank trains on its share of every mini-batch."""
         self._thaw_if_due()
-        batch.require(required_fields(self.cfg.algorithm),
-                      f"policy loss {self.cfg.algorithm.policy_loss!r} with off_policy {self.cfg.algorithm.off_policy!r}")
+        batch.require(
+            required_fields(self.cfg.algorithm),
+            f"policy loss {self.cfg.algorithm.policy_loss!r} with off_policy {self.cfg.algorithm.off_policy!r}",
+        )
         if self.cfg.algorithm.off_policy != "none" and batch.prox_logprobs is None:
             batch.prox_logprobs = self.logprobs(batch)
         t = self.cfg.trainer

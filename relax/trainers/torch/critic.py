@@ -82,12 +82,22 @@ class Critic:
         """The critic of a run: the actor's optimisation settings with the critic's own lr and
         clip; one update per RL step, token-mean over the response tokens."""
         t = cfg.trainer
-        return cls(model, lr=t.critic_lr or t.lr, value_clip=cfg.algorithm.value_clip,
-                   micro_batch_tokens=t.micro_batch_tokens, weight_decay=t.weight_decay,
-                   warmup_steps=t.warmup_steps, total_steps=t.total_steps, schedule=t.lr_schedule,
-                   grad_clip=t.grad_clip, layout=critic_layout(t.micro_batch_layout), pad_id=pad_id, aggregation="token-mean",
-                   nan_policy=t.nan_policy,
-                   autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None)
+        return cls(
+            model,
+            lr=t.critic_lr or t.lr,
+            value_clip=cfg.algorithm.value_clip,
+            micro_batch_tokens=t.micro_batch_tokens,
+            weight_decay=t.weight_decay,
+            warmup_steps=t.warmup_steps,
+            total_steps=t.total_steps,
+            schedule=t.lr_schedule,
+            grad_clip=t.grad_clip,
+            layout=critic_layout(t.micro_batch_layout),
+            pad_id=pad_id,
+            aggregation="token-mean",
+            nan_policy=t.nan_policy,
+            autocast=cfg.model.dtype if cfg.model.dtype != "float32" else None,
+        )
 
     @property
     def model(self) -> nn.Module:

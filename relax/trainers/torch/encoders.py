@@ -30,7 +30,9 @@ def freeze_encoders(model: torch.nn.Module, which: list[str]) -> int:
     frozen = 0
     for kind in which:
         if kind not in ENCODER_MODULES:
-            raise ValueError(f"trainer.freeze_encoders: unknown encoder {kind!r}; choose from {sorted(ENCODER_MODULES)}")
+            raise ValueError(
+                f"trainer.freeze_encoders: unknown encoder {kind!r}; choose from {sorted(ENCODER_MODULES)}"
+            )
         params = encoder_parameters(model, kind)
         if not params:
             raise ValueError(f"trainer.freeze_encoders: the model has no {kind} encoder "

@@ -147,8 +147,9 @@ def first_row(x, k: int = 0, n: int | None = None):
     return x[k, :n]
 
 
-def prefix_logprobs(model: torch.nn.Module, mb: PrefixMicroBatch, temperature: float = 1.0,
-                    with_entropy: bool = False, read=None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list | None]:
+def prefix_logprobs(
+    model: torch.nn.Module, mb: PrefixMicroBatch, temperature: float = 1.0, with_entropy: bool = False, read=None
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list | None]:
     """Per-sample (L_i,) logprobs of the response tokens (0 over the prompt, which is not scored),
     entropies and what ``read`` (a ``forward.PositionReader``) reads, in ``mb.spans`` order. Two
     forward passes: prompts (G, P_max), responses (N, R_max)."""

@@ -215,7 +215,9 @@ class TorchTrainer:
             fillers = lockstep_fillers(self.model, len(mbs))  # before the first forward: counted collectively
             for k, mb in enumerate(mbs):
                 sync = k == len(mbs) - 1
-                ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else contextlib.nullcontext()
+                ctx = (
+                    self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) else contextlib.nullcontext()
+                )
                 with ctx, self._precision():
                     if forward is None:
                         out = token_logprobs(self.model, mb, self.temperature, with_entropy, read)

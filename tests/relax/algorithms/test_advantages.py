@@ -36,7 +36,9 @@ def test_grpo_three_rewards_population_std():
     # rewards [1, 0, 1]: mean 2/3, deviations [1/3, -2/3, 1/3]
     # population var = (1/9 + 4/9 + 1/9) / 3 = 2/9, std = sqrt(2/9) = 0.471405
     # -> [0.3333/0.4714, -0.6667/0.4714, 0.3333/0.4714] = [0.707107, -1.414214, 0.707107]
-    assert_close_within_1e5(grpo_advantages(torch.tensor([1.0, 0.0, 1.0]), group_size=3), [0.707107, -1.414214, 0.707107])
+    assert_close_within_1e5(
+        grpo_advantages(torch.tensor([1.0, 0.0, 1.0]), group_size=3), [0.707107, -1.414214, 0.707107]
+    )
 
 
 def test_grpo_sample_std_option():
@@ -133,9 +135,13 @@ def test_group_layout_errors():
 def test_broadcast_and_outcome_placement():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
     # A_it = A_i * m_it
-    assert_close_within_1e5(broadcast_to_tokens(torch.tensor([2.0, -1.0, 5.0]), mask), [[2, 2, 0], [-1, 0, -1], [0, 0, 0]])
+    assert_close_within_1e5(
+        broadcast_to_tokens(torch.tensor([2.0, -1.0, 5.0]), mask), [[2, 2, 0], [-1, 0, -1], [0, 0, 0]]
+    )
     # reward on the last response token: row 0 -> t=1, row 1 (hole at t=1) -> t=2, row 2 empty -> none
-    assert_close_within_1e5(outcome_to_token_rewards(torch.tensor([1.0, 2.0, 3.0]), mask), [[0, 1, 0], [0, 0, 2], [0, 0, 0]])
+    assert_close_within_1e5(
+        outcome_to_token_rewards(torch.tensor([1.0, 2.0, 3.0]), mask), [[0, 1, 0], [0, 0, 2], [0, 0, 0]]
+    )
 
 
 def test_reinforce_pp_batch_whitening():

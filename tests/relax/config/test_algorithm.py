@@ -29,7 +29,10 @@ def test_topk_weight_needs_the_top_k_term():
 def test_stuck_group_push_needs_a_group_estimator():
     with pytest.raises(ConfigError, match="stuck_group_push adds to a group estimator"):
         load_config(None, ["algorithm.stuck_group_push=0.2", "algorithm.advantage=reinforce_pp"])
-    assert load_config(None, ["algorithm.stuck_group_push=0.2", "algorithm.advantage=rloo"]).algorithm.stuck_group_push == 0.2
+    assert (
+        load_config(None, ["algorithm.stuck_group_push=0.2", "algorithm.advantage=rloo"]).algorithm.stuck_group_push
+        == 0.2
+    )
 
 
 @pytest.mark.parametrize(("overrides", "name"), [

@@ -21,7 +21,9 @@ def test_cross_field_checks():
 def test_overlong_buffer_fits_inside_the_length_limit():
     with pytest.raises(ConfigError, match=r"overlong_buffer \(32\) exceeds rollout.max_new_tokens \(16\)"):
         load_config(None, ["rollout.max_new_tokens=16", "algorithm.overlong_buffer=32"])
-    assert load_config(None, ["rollout.max_new_tokens=16", "algorithm.overlong_buffer=4"]).algorithm.overlong_buffer == 4
+    assert (
+        load_config(None, ["rollout.max_new_tokens=16", "algorithm.overlong_buffer=4"]).algorithm.overlong_buffer == 4
+    )
 
 
 def test_near_miss_credit_refuses_a_custom_reward_and_stays_below_one():

@@ -26,7 +26,9 @@ def test_default_preset_is_the_dataclass_defaults():
     assert RelaxConfig().root == "file://./.relax"
 
 
-@pytest.mark.parametrize("preset", ["tiny-cpu", "distill-cpu", "omni-video-cpu", "qwen2.5-0.5b", "qwen2.5-vl-3b", "qwen2.5-omni-3b"])
+@pytest.mark.parametrize(
+    "preset", ["tiny-cpu", "distill-cpu", "omni-video-cpu", "qwen2.5-0.5b", "qwen2.5-vl-3b", "qwen2.5-omni-3b"]
+)
 def test_every_preset_loads_and_round_trips(preset, tmp_path):
     cfg = load_config(preset)
     path = tmp_path / "cfg.yaml"

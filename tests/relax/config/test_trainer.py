@@ -29,7 +29,9 @@ def test_backend_layouts_are_honoured_or_refused():
     with pytest.raises(ConfigError, match="trainer.context_parallel=2 is a Megatron layout"):
         load_config(None, ["trainer.context_parallel=2"])
     # expert parallel splits the experts over data-parallel ranks: it must divide them, and runs at pp = 1
-    with pytest.raises(ConfigError, match="expert_parallel=2 splits the experts .* must divide trainer.data_parallel=1"):
+    with pytest.raises(
+        ConfigError, match="expert_parallel=2 splits the experts .* must divide trainer.data_parallel=1"
+    ):
         load_config(None, ["trainer.backend=megatron", "trainer.expert_parallel=2"])
     with pytest.raises(ConfigError, match="expert_parallel=2 with pipeline_parallel=2: .* use pipeline_parallel=1"):
         load_config(None, ["trainer.backend=megatron", "trainer.expert_parallel=2", "trainer.data_parallel=2",
@@ -40,12 +42,16 @@ def test_backend_layouts_are_honoured_or_refused():
     with pytest.raises(ConfigError, match="trainer.distributed_optimizer=true is megatron-core's optimizer; the torch "
                                           "backend would ignore it: set trainer.backend=megatron"):
         load_config(None, ["trainer.distributed_optimizer=true", "trainer.data_parallel=2"])
-    assert load_config(None, ["trainer.backend=megatron", "trainer.distributed_optimizer=true"]).trainer.distributed_optimizer
+    assert load_config(
+        None, ["trainer.backend=megatron", "trainer.distributed_optimizer=true"]
+    ).trainer.distributed_optimizer
     # sharded checkpoints are megatron's model-parallel parts; the torch backend's ranks hold whole replicas
     with pytest.raises(ConfigError, match="trainer.checkpoint_format=sharded writes megatron's model-parallel parts; "
                                           "the torch backend.* set trainer.checkpoint_format=gathered"):
         load_config(None, ["trainer.checkpoint_format=sharded"])
-    assert load_config(None, ["trainer.backend=megatron", "trainer.checkpoint_format=sharded"]).trainer.checkpoint_format
+    assert load_config(
+        None, ["trainer.backend=megatron", "trainer.checkpoint_format=sharded"]
+    ).trainer.checkpoint_format
     ep = load_config(None, ["trainer.backend=megatron", "trainer.expert_parallel=2", "trainer.data_parallel=4"])
     assert (ep.trainer.expert_parallel, ep.trainer.data_parallel) == (2, 4)
     # data and tensor parallel ranks are the actor's processes (relax.services.roles.actor_ranks)

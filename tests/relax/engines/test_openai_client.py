@@ -20,7 +20,9 @@ def client(tmp_path_factory: pytest.TempPathFactory):
     engine.start()
     try:
         with InProcessServer(create_app(engine, str(model_dir), processor=processor)) as srv:
-            yield openai.OpenAI(base_url=srv.url + "/v1", api_key=os.environ["RELAX_ENGINE_TOKEN"], max_retries=0, timeout=30)
+            yield openai.OpenAI(
+                base_url=srv.url + "/v1", api_key=os.environ["RELAX_ENGINE_TOKEN"], max_retries=0, timeout=30
+            )
     finally:
         engine.stop()
 
@@ -51,9 +53,11 @@ def test_max_tokens_and_stop(client: openai.OpenAI) -> None:
 
 def test_image_and_audio_parts(client: openai.OpenAI) -> None:
     """Both parts are decoded and validated; this text-only model then refuses them by name (400)."""
-    content = [{"type": "text", "text": "what is shown and heard?"},
-               {"type": "image_url", "image_url": {"url": data_uri(png_bytes())}},
-               {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes()).decode(), "format": "wav"}}]
+    content = [
+        {"type": "text", "text": "what is shown and heard?"},
+        {"type": "image_url", "image_url": {"url": data_uri(png_bytes())}},
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes()).decode(), "format": "wav"}},
+    ]
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}], max_tokens=2)
     assert e.value.status_code == 400 and "takes no images and audio" in str(e.value)
@@ -103,7 +107,9 @@ def test_text_completions_and_their_stream(client: openai.OpenAI) -> None:
     r = client.completions.create(model="tiny", prompt="1 + 2 =", max_tokens=5, temperature=0.0, logprobs=0)
     c = r.choices[0]
     assert r.object == "text_completion" and isinstance(c.text, str) and r.usage.completion_tokens >= 1
-    assert len(c.logprobs.token_logprobs) == r.usage.completion_tokens and all(x <= 0 for x in c.logprobs.token_logprobs)
+    assert len(c.logprobs.token_logprobs) == r.usage.completion_tokens and all(
+        x <= 0 for x in c.logprobs.token_logprobs
+    )
     streamed = "".join(ch.choices[0].text for ch in client.completions.create(
         model="tiny", prompt="1 + 2 =", max_tokens=5, temperature=0.0, stream=True))
     assert streamed == c.text
@@ -147,7 +153,9 @@ def test_stream_options_include_usage_ends_the_stream_with_the_usage(client: ope
                                              stream=True))
     assert all(c.choices for c in unasked)  # no usage chunk unless asked for
     with pytest.raises(openai.BadRequestError, match="include_usage is only allowed when stream is true"):
-        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, stream_options={"include_usage": True})
+        client.chat.completions.create(
+            model="tiny", messages=msgs, max_tokens=2, stream_options={"include_usage": True}
+        )
     with pytest.raises(openai.BadRequestError, match="stream_options must be an object"):
         client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, stream=True,
                                        stream_options={"include_usage": True, "other": 1})

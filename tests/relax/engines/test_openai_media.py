@@ -38,15 +38,19 @@ def client(tmp_path_factory: pytest.TempPathFactory):
     engine.start()
     try:
         with InProcessServer(create_app(engine, str(folder), processor=processor)) as srv:
-            yield openai.OpenAI(base_url=srv.url + "/v1", api_key=os.environ["RELAX_ENGINE_TOKEN"], max_retries=0, timeout=60)
+            yield openai.OpenAI(
+                base_url=srv.url + "/v1", api_key=os.environ["RELAX_ENGINE_TOKEN"], max_retries=0, timeout=60
+            )
     finally:
         engine.stop()
 
 
 def ask(client: openai.OpenAI, image: bytes):
-    content = [{"type": "text", "text": "what do you see and hear?"},
-               {"type": "image_url", "image_url": {"url": data_uri(image)}},
-               {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes()).decode(), "format": "wav"}}]
+    content = [
+        {"type": "text", "text": "what do you see and hear?"},
+        {"type": "image_url", "image_url": {"url": data_uri(image)}},
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes()).decode(), "format": "wav"}},
+    ]
     return client.chat.completions.create(model="tiny-omni", messages=[{"role": "user", "content": content}],
                                           max_tokens=4, temperature=1.0, seed=3, logprobs=True)
 

@@ -1,7 +1,8 @@
 """Bad requests get a 400 naming the field, as JSON, and fail alone: the valid requests sent with them in the
 same moment (so batched in the same engine step) answer 200 with the tokens they produce alone.
 
-Against the native server as a real subprocess (``python -m relax.engines.server``, a tiny Qwen2 with a\n64-token context)."""
+Against the native server as a real subprocess (``python -m relax.engines.server``, a tiny Qwen2 with a
+64-token context)."""
 
 from __future__ import annotations
 
@@ -38,44 +39,89 @@ def url(model_dir: Path):
 BAD = [
     ("/generate", {"input_ids": [1, 2, 100000], "sampling_params": GREEDY}, ["input_ids[2] = 100000"]),
     ("/generate", {"input_ids": [1, -3, 2], "sampling_params": GREEDY}, ["input_ids[1] = -3"]),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "max_new_tokens": 2.5}},
-     ["max_new_tokens must be an integer"]),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "max_new_tokens": 100000}},
-     ["context length (64 tokens)", "at most 62"]),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "temperature": "hot"}},
-     ["temperature must be a finite number"]),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {**GREEDY, "max_new_tokens": 2.5}},
+        ["max_new_tokens must be an integer"],
+    ),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {**GREEDY, "max_new_tokens": 100000}},
+        ["context length (64 tokens)", "at most 62"],
+    ),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {**GREEDY, "temperature": "hot"}},
+        ["temperature must be a finite number"],
+    ),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "n": 0}}, ["n must be >= 1"]),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "regex": "a+"}}, ["sampling_params.regex='a+' is not supported"]),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {**GREEDY, "regex": "a+"}},
+        ["sampling_params.regex='a+' is not supported"],
+    ),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "min_p": 1.5}}, ["min_p must be in [0, 1]"]),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": GREEDY, "logprob_start_len": 0},
-     ["logprob_start_len asks for prompt log-probs", "return_logprob=true"]),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}, "logprob_start_len": 2,
-                   "return_logprob": True}, ["logprob_start_len=2 is not below prompt 0's length (2)"]),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {**GREEDY, "stop_token_ids": [99999]}},
-     ["stop_token_ids[0] = 99999"]),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": GREEDY, "logprob_start_len": 0},
+        ["logprob_start_len asks for prompt log-probs", "return_logprob=true"],
+    ),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}, "logprob_start_len": 2, "return_logprob": True},
+        ["logprob_start_len=2 is not below prompt 0's length (2)"],
+    ),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {**GREEDY, "stop_token_ids": [99999]}},
+        ["stop_token_ids[0] = 99999"],
+    ),
     ("/v1/chat/completions", {"messages": "hello"}, ["messages must be a non-empty list"]),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, ["messages[0].content must be"]),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": ["hi"]}]}, ["messages[0].content[0] must be"]),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
-     ["content[0].image_url must be a dict"]),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"},
-     ["request.max_tokens must be an integer"]),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.5},
-     ["request.max_tokens must be an integer"]),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
-     ["request.temperature must be a finite number"]),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+        ["content[0].image_url must be a dict"],
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"},
+        ["request.max_tokens must be an integer"],
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.5},
+        ["request.max_tokens must be an integer"],
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+        ["request.temperature must be a finite number"],
+    ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 0}, ["n must be an integer >= 1"]),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000},
-     ["exceeds the model's context length"]),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 100}},
-     ["logit_bias", "not supported"]),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                              "response_format": {"type": "json_object"}}, ["response_format", "not supported"]),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000},
+        ["exceeds the model's context length"],
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 100}},
+        ["logit_bias", "not supported"],
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+        ["response_format", "not supported"],
+    ),
 ]
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=auth({"Content-Type": "application/json"}))
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers=auth({"Content-Type": "application/json"})
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.load(r)
@@ -188,7 +234,9 @@ def test_a_prompt_is_scored_from_logprob_start_len_as_sglang_answers(url, model_
     status, whole = post(url + "/generate", {**body, "input_ids": ids, "logprob_start_len": 0})
     entries = whole["meta_info"]["input_token_logprobs"]
     assert status == 200 and entries[0][0] is None and whole["meta_info"]["input_top_logprobs"][0] is None
-    assert [e[1] for e in entries] == ids and entries[2][0] == pytest.approx(meta["input_token_logprobs"][0][0], abs=1e-6)
+    assert [e[1] for e in entries] == ids and entries[2][0] == pytest.approx(
+        meta["input_token_logprobs"][0][0], abs=1e-6
+    )
 
 
 def test_prompt_and_output_logprobs_come_in_one_generate(url):

@@ -53,7 +53,9 @@ def perturbed(model_dir: Path, seed: int):
 
     state = load_file(str(model_dir / "model.safetensors"))
     g = torch.Generator().manual_seed(seed)
-    return {k: (-v if k == "lm_head.weight" else v + 0.05 * torch.randn(v.shape, generator=g)) for k, v in state.items()}
+    return {
+        k: (-v if k == "lm_head.weight" else v + 0.05 * torch.randn(v.shape, generator=g)) for k, v in state.items()
+    }
 
 
 async def sample(c: EngineClient) -> tuple[list[int], list[float], str]:

@@ -89,5 +89,7 @@ def test_one_training_step_moves_the_router_and_the_experts(tok, family):
 
 def test_moe_families_build_on_both_backends_and_are_refused_where_they_cannot():
     assert load_config(None, ["model.family=qwen2_moe", "trainer.backend=megatron"]).trainer.backend == "megatron"
-    with pytest.raises(ConfigError, match="model.family='qwen3_moe' cannot be built from model.name_or_path='tiny-omni'"):
+    with pytest.raises(
+        ConfigError, match="model.family='qwen3_moe' cannot be built from model.name_or_path='tiny-omni'"
+    ):
         load_config(None, ["model.family=qwen3_moe", "model.name_or_path=tiny-omni"])

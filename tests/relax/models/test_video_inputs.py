@@ -63,8 +63,17 @@ def test_omni_interleaves_audio_like_hf_processor(tokenizer, frames, fps):
                          audio_token=AUDIO_TOKEN, video_processor=SimpleNamespace(merge_size=proc.merge_size))
     hf.get_chunked_index = lambda indices, n: Qwen2_5OmniProcessor.get_chunked_index(hf, indices, n)
     text = Qwen2_5OmniProcessor.replace_video_with_audio_token(
-        hf, {"video_grid_thw": out["video_grid_thw"].numpy(), "video_second_per_grid": out["video_second_per_grid"].tolist()},
-        0, {"num_audio_tokens": counts}, 0, position_id_per_seconds=25, seconds_per_chunk=2.0)
+        hf,
+        {
+            "video_grid_thw": out["video_grid_thw"].numpy(),
+            "video_second_per_grid": out["video_second_per_grid"].tolist(),
+        },
+        0,
+        {"num_audio_tokens": counts},
+        0,
+        position_id_per_seconds=25,
+        seconds_per_chunk=2.0,
+    )
     assert spans[0][1:-1] == tokenizer(text, add_special_tokens=False)["input_ids"]
     if frames == 16:  # the video tokens come in more than one run: the layout really is chunked
         video_id = proc.video_token_id

@@ -65,7 +65,9 @@ def test_near_miss_credit_refuses_a_custom_reward():
 
 def test_reward_metrics_are_means_per_task_and_per_kind_of_question():
     def picture(sid: str, question: str) -> Sample:
-        return Sample(id=sid, messages=(Message("user", "?"),), answer="1", task="shapes", metadata={"question": question})
+        return Sample(
+            id=sid, messages=(Message("user", "?"),), answer="1", task="shapes", metadata={"question": question}
+        )
 
     scored = [(picture("p0", "colour"), 0.0), (picture("p1", "count"), 1.0), (picture("p2", "count"), 0.5),
               (_sample("t0"), 1.0)]

@@ -44,7 +44,8 @@ def test_hung_owned_engine_is_replaced_and_restarted_external_engine_comes_back(
     store.publish(1, {k: (-v if k == "lm_head.weight" else v) for k, v in state.items()})
     served = {"weight_store_root": str(tmp_path / "store"), "run_id": "run1"}  # what they may load weights from
     launcher = LocalProcessLauncher(model_dir, max_engines=1, max_batch_size=4, log_dir=tmp_path, **served)
-    external = NativeEngineProcess(model_dir, max_batch_size=4, log_dir=tmp_path, **served)  # boots beside the owned one
+    # boots beside the owned one
+    external = NativeEngineProcess(model_dir, max_batch_size=4, log_dir=tmp_path, **served)
     owned = launcher.launch(1)
     external.wait_healthy()
     restarted = None
@@ -70,7 +71,9 @@ def test_hung_owned_engine_is_replaced_and_restarted_external_engine_comes_back(
         assert _generate(pool, 2) == ["1", "1"]
         assert not {e["url"]: e for e in pool.engines()}[external.url]["healthy"]
         assert pool.supervise() == {"retired": [], "added": [], "revived": []}  # still down: nothing to do
-        restarted = NativeEngineProcess.start(model_dir, port=external.port, max_batch_size=4, log_dir=tmp_path, **served)
+        restarted = NativeEngineProcess.start(
+            model_dir, port=external.port, max_batch_size=4, log_dir=tmp_path, **served
+        )
         assert _version(restarted.url) == "0"
         assert pool.supervise()["revived"] == [external.url]  # after it loaded version 1
         assert _version(restarted.url) == "1" and pool.replaced == 1

@@ -25,8 +25,22 @@ COMMON = ["data.tasks=[arithmetic]", "trainer.total_steps=60", "trainer.lr=3e-3"
 
 def _curve(root: str, backend: str) -> list[float]:
     """The rollout's reward per batch of a 60-step ``relax train`` on ``backend``."""
-    proc = subprocess.run([sys.executable, "-m", "relax.cli.main", "train", *COMMON, f"trainer.backend={backend}",
-                           f"root={root}", "run_id=learn", "--no-progress"], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relax.cli.main",
+            "train",
+            *COMMON,
+            f"trainer.backend={backend}",
+            f"root={root}",
+            "run_id=learn",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rollout = read_all_metrics(f"{root}/runs/learn")["rollout"]
     return [m["reward"] for m in sorted(rollout, key=lambda m: m["batch"])]

@@ -113,7 +113,9 @@ def test_a_local_model_folder_of_another_family_is_refused_before_the_run(tmp_pa
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     ctx = RunContext(tiny_config(f"file://{tmp_path}", "m", f"model.name_or_path={folder}", "model.family=qwen3"))
-    with pytest.raises(ConfigError, match=r"model.family='qwen3', but .* holds a 'qwen2' model .*set model.family=qwen2"):
+    with pytest.raises(
+        ConfigError, match=r"model.family='qwen3', but .* holds a 'qwen2' model .*set model.family=qwen2"
+    ):
         check_trainable(ctx)
     assert not objstore.exists(objstore.join(ctx.run_url, "run.json"))
     check_model_folder(tiny_config(f"file://{tmp_path}", "m", f"model.name_or_path={folder}"))

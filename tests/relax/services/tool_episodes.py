@@ -29,8 +29,11 @@ def teach_tool_use(model: torch.nn.Module, tok: Any, samples: list, steps: int =
         call = json.dumps({"name": "lookup", "arguments": {"key": key}})
         msgs = [{"role": m.role, "content": m.content} for m in s.messages]
         prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        msgs += [{"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
-                 {"role": "tool", "content": f"{key}: {code}"}, {"role": "assistant", "content": f"<answer>{code}</answer>"}]
+        msgs += [
+            {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+            {"role": "tool", "content": f"{key}: {code}"},
+            {"role": "assistant", "content": f"<answer>{code}</answer>"},
+        ]
         ids = tok(tok.apply_chat_template(msgs, tokenize=False), add_special_tokens=False)["input_ids"]
         n = len(tok(prompt, add_special_tokens=False)["input_ids"])
         rows.append((ids, [-100] * n + ids[n:]))

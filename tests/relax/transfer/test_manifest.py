@@ -17,13 +17,46 @@ def _state(steps: int) -> TopicState:
         ids = [[f"p{s}@{i}", f"g{s}", 4, s, 10 + i] for i in range(4)]
         st.apply("rollout.a", s, {"kind": "put", "shard": f"rollout.a/{s:08d}.safetensors", "crc32c": s,
                                   "nbytes": 100, "time": 1.0 + s, "samples": ids, "fields": FIELDS})
-        st.apply("advantage.b", s, {"kind": "fields", "shard": f"advantage.b/{s:08d}.safetensors", "crc32c": s,
-                                    "nbytes": 10, "time": 1.5 + s, "ids": [i[0] for i in ids], "fields": ["advantages"]})
+        st.apply(
+            "advantage.b",
+            s,
+            {
+                "kind": "fields",
+                "shard": f"advantage.b/{s:08d}.safetensors",
+                "crc32c": s,
+                "nbytes": 10,
+                "time": 1.5 + s,
+                "ids": [i[0] for i in ids],
+                "fields": ["advantages"],
+            },
+        )
     # a field for an id not put yet waits in `pending`; a second put of an id is a duplicate
-    st.apply("advantage.b", steps, {"kind": "fields", "shard": f"advantage.b/{steps:08d}.safetensors", "crc32c": 1, "nbytes": 1,
-                                    "time": 99.0, "ids": ["later"], "fields": ["advantages"]})
-    st.apply("rollout.a", steps, {"kind": "put", "shard": f"rollout.a/{steps:08d}.safetensors", "crc32c": 2, "nbytes": 1,
-                                  "time": 100.0, "samples": [["p0@0", "g0", 4, 9, 3]], "fields": FIELDS})
+    st.apply(
+        "advantage.b",
+        steps,
+        {
+            "kind": "fields",
+            "shard": f"advantage.b/{steps:08d}.safetensors",
+            "crc32c": 1,
+            "nbytes": 1,
+            "time": 99.0,
+            "ids": ["later"],
+            "fields": ["advantages"],
+        },
+    )
+    st.apply(
+        "rollout.a",
+        steps,
+        {
+            "kind": "put",
+            "shard": f"rollout.a/{steps:08d}.safetensors",
+            "crc32c": 2,
+            "nbytes": 1,
+            "time": 100.0,
+            "samples": [["p0@0", "g0", 4, 9, 3]],
+            "fields": FIELDS,
+        },
+    )
     return st
 
 

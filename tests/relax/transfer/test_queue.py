@@ -180,7 +180,9 @@ def test_until_the_topic_doubles_a_snapshot_is_a_delta_on_the_last_full_one(any_
     reopened = TransferQueue(any_url, "run", "rollouts")  # opens from the delta, then reads newer records
     assert reopened.snapshot_version == 4
     assert json.dumps(reopened.state.to_json(), sort_keys=True) == json.dumps(_fold_logs(q).to_json(), sort_keys=True)
-    assert list(reopened.state.samples) == [m.id for m in sorted(reopened.state.samples.values(), key=lambda m: m.order)]
+    assert list(reopened.state.samples) == [
+        m.id for m in sorted(reopened.state.samples.values(), key=lambda m: m.order)
+    ]
     assert reopened.compact() == 5 and _snapshot(reopened, 5)["base"] == 3  # 7 < 2 x 4: it knows its base
 
 

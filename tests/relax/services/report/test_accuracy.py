@@ -38,7 +38,9 @@ def test_a_run_writes_its_table_and_the_check_exits_by_it(tmp_path, capsys):
     assert json.loads((tmp_path / "report" / "accuracy.json").read_text())["tasks"] == {
         "largest": {"before": 0.031, "after": 1.0}}  # rounded as the table prints it
     readme = tmp_path / "README.md"
-    readme.write_text("| modality | task | before RL | after RL |\n|---|---|---|---|\n| text | `largest` | 0.031 | 1.000 |\n")
+    readme.write_text(
+        "| modality | task | before RL | after RL |\n|---|---|---|---|\n| text | `largest` | 0.031 | 1.000 |\n"
+    )
     assert main([str(readme), url]) == 0
     readme.write_text(readme.read_text().replace("1.000", "0.977"))
     assert main([str(readme), url]) == 1

@@ -1,7 +1,8 @@
 """The actor as several processes in the RL loop (relax.services.roles.actor_ranks).
 
 ``trainer.data_parallel`` (the PyTorch backend's DDP) and ``trainer.tensor_parallel``,
-``pipeline_parallel`` or ``context_parallel`` (the Megatron backend) start that many training ranks; their first update equals the one-process
+``pipeline_parallel`` or ``context_parallel`` (the Megatron backend) start that many training ranks; their first update
+equals the one-process
 actor's on the same batch. A multi-rank actor killed mid-run is restarted with its ranks, and a
 run checkpointed at tensor parallel 2 resumes at 1. Each run is ``relax train`` in a process of
 its own (a colocated driver would hold the actor's process group and megatron's state).

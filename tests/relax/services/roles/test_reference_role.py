@@ -46,7 +46,9 @@ def test_a_reference_role_trains_exactly_like_a_held_reference(tmp_path, mode):
     assert len(read_metrics(ctx.run_url, "reference")) == 3
     queue = ctx.queue()
     queue.refresh()
-    columns = {"topk": ["ref_topk_logprobs"], "split": ["ref_topk_logprobs", "ref_logprobs"]}.get(mode, ["ref_logprobs"])
+    columns = {"topk": ["ref_topk_logprobs"], "split": ["ref_topk_logprobs", "ref_logprobs"]}.get(
+        mode, ["ref_logprobs"]
+    )
     trained = [m for m in queue.state.samples.values() if "advantages" in m.locs]
     assert trained and all(c in m.locs for m in trained for c in columns)
     assert mode == "split" or all("ref_logprobs" not in m.locs for m in trained) == (mode == "topk")

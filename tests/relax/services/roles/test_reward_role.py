@@ -46,8 +46,12 @@ def test_a_reward_role_trains_exactly_like_the_rollout_scoring(tmp_path, topolog
     role, ctx, w_role = _run(f"file://{tmp_path}/b", "role", "data.reward_role=true", f"topology={topology}")
     assert role.steps == 3
     # the report merges the reward role's figures into the rollout batches
-    assert [m["reward"] for m in role.metrics("rollout")] == pytest.approx([m["reward"] for m in inline.metrics("rollout")])
-    assert [m["reward_errors"] for m in role.metrics("rollout")] == [m["reward_errors"] for m in inline.metrics("rollout")]
+    assert [m["reward"] for m in role.metrics("rollout")] == pytest.approx(
+        [m["reward"] for m in inline.metrics("rollout")]
+    )
+    assert [m["reward_errors"] for m in role.metrics("rollout")] == [
+        m["reward_errors"] for m in inline.metrics("rollout")
+    ]
     assert sum(m["reward_errors"] for m in role.metrics("rollout")) > 0  # the error path ran
     for name, w in w_inline.items():
         torch.testing.assert_close(torch.as_tensor(w_role[name]), torch.as_tensor(w), atol=1e-5, rtol=0)

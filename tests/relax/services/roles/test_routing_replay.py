@@ -64,15 +64,41 @@ def test_an_expert_parallel_megatron_moe_actor_replays_the_engines_experts_in_th
     repo = Path(__file__).resolve().parents[4]
     env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONWARNINGS": "ignore"}
     env.pop("RELAX_FAULT", None)
-    proc = subprocess.run([sys.executable, "-m", "relax.cli.main", "train", "tiny-cpu", "data.tasks=[arithmetic]",
-                           "data.train_per_task=64", "data.eval_per_task=8", "rollout.prompts_per_step=4",
-                           "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8", "trainer.total_steps=2",
-                           "trainer.checkpoint_every=2", f"root=file://{tmp_path}", "run_id=mr3", "topology=disaggregated",
-                           "model.family=qwen3_moe", "trainer.backend=megatron", "algorithm.routing_replay=true",
-                           "trainer.data_parallel=2", "trainer.expert_parallel=2", "trainer.lr=1e-3",
-                           "trainer.distributed_optimizer=true", "trainer.checkpoint_format=sharded",
-                           "data.reward_fn=tests.relax.services.runtime_helpers.length_reward",
-                           "--no-progress"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relax.cli.main",
+            "train",
+            "tiny-cpu",
+            "data.tasks=[arithmetic]",
+            "data.train_per_task=64",
+            "data.eval_per_task=8",
+            "rollout.prompts_per_step=4",
+            "rollout.n_samples_per_prompt=4",
+            "rollout.max_new_tokens=8",
+            "trainer.total_steps=2",
+            "trainer.checkpoint_every=2",
+            f"root=file://{tmp_path}",
+            "run_id=mr3",
+            "topology=disaggregated",
+            "model.family=qwen3_moe",
+            "trainer.backend=megatron",
+            "algorithm.routing_replay=true",
+            "trainer.data_parallel=2",
+            "trainer.expert_parallel=2",
+            "trainer.lr=1e-3",
+            "trainer.distributed_optimizer=true",
+            "trainer.checkpoint_format=sharded",
+            "data.reward_fn=tests.relax.services.runtime_helpers.length_reward",
+            "--no-progress",
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     actor = sorted(read_metrics(f"file://{tmp_path}/runs/mr3", "actor"), key=lambda m: m["step"])
     assert [(m["step"], m["ranks"]) for m in actor] == [(0, 2), (1, 2)]

@@ -92,4 +92,6 @@ def test_the_package_unpickles_nothing_but_weights():
         text = path.read_text()
         for m in re.finditer(r"torch\.load\((?:[^()]|\([^()]*\))*\)|pickle\.loads?\(|weights_only\s*=\s*False", text):
             loads.append((path.relative_to(PACKAGE).as_posix(), m.group(0)))
-    assert loads and all(f == "trainers/checkpoint/files.py" and "weights_only=True" in call for f, call in loads), loads
+    assert loads and all(f == "trainers/checkpoint/files.py" and "weights_only=True" in call for f, call in loads), (
+        loads
+    )

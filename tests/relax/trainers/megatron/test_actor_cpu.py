@@ -17,8 +17,11 @@ import pytest
 
 from tests.relax.trainers.megatron.child_ranks import run_child
 
-pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
-                    exc_type=ImportError)
+pytest.importorskip(
+    "megatron.core",
+    reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
+    exc_type=ImportError,
+)
 
 HERE = Path(__file__).resolve()
 
@@ -58,7 +61,9 @@ def test_published_weights_reproduce_the_megatron_logprobs_in_a_hf_model(child: 
     assert child["published_logprob_diff"] < 1e-4
 
 
-def test_a_native_engine_serving_the_published_weights_samples_with_the_megatron_logprobs(child: dict[str, Any]) -> None:
+def test_a_native_engine_serving_the_published_weights_samples_with_the_megatron_logprobs(
+    child: dict[str, Any],
+) -> None:
     assert child["engine_versions"] == ["1"] and child["engine_tokens"] >= 12
     assert child["engine_logprob_diff"] < 1e-4
 
@@ -130,7 +135,9 @@ def _main(out: str) -> None:
     engine = NativeEngine(tiny_qwen2(seed=7), None, max_batch_size=4, max_seq_len=64, seed=0, background=False)
     engine.update_weights(published, "1")
     prompts = [ids[:5].tolist() for ids in batch.input_ids[:3]]
-    futures = [engine.submit(GenerateRequest(f"r{i}", p, SamplingParams(max_new_tokens=6))) for i, p in enumerate(prompts)]
+    futures = [
+        engine.submit(GenerateRequest(f"r{i}", p, SamplingParams(max_new_tokens=6))) for i, p in enumerate(prompts)
+    ]
     while engine.step():
         pass
     gaps, versions = [], set()
@@ -142,7 +149,11 @@ def _main(out: str) -> None:
         logp = torch.log_softmax(logits, -1)
         gaps += [abs(float(logp[len(p) - 1 + i, t]) - lp) for i, (t, lp) in enumerate(zip(c.output_ids, c.logprobs,
                                                                                           strict=True))]
-    result["engine_logprob_diff"], result["engine_tokens"], result["engine_versions"] = max(gaps), len(gaps), sorted(versions)
+    result["engine_logprob_diff"], result["engine_tokens"], result["engine_versions"] = (
+        max(gaps),
+        len(gaps),
+        sorted(versions),
+    )
     # checkpoint after one step, two more steps; a fresh actor resumed from it takes the same two steps
     url = f"file://{Path(out).parent}/ckpt"
     mcore_actor.trainer.save(url, {"step": 1})

@@ -74,11 +74,18 @@ def _main(out: str) -> None:
         a, b = torch_actor.train_step(batch), mcore_actor.train_step(batch)
         after_t, after_m, before = torch_actor.model.state_dict(), mcore_actor.model.state_dict(), hf.state_dict()
         optimizer = type(mcore_actor.trainer.optimizer).__name__
-        result[f"{dtype} {optimizer}"] = {"optimizer": optimizer, "loss_torch": a.loss, "loss_megatron": b.loss, "grad_norm_torch": a.grad_norm,
-                         "grad_norm_megatron": b.grad_norm, "finite": not b.skipped, "tensors": len(after_m),
-                         "moved": sum(not torch.equal(after_m[k], before[k]) for k in after_m),
-                         "max_weight_diff": max(float((after_t[k] - after_m[k]).abs().max()) for k in after_m),
-                         "max_weight_change": max(float((after_m[k] - before[k]).abs().max()) for k in after_m)}
+        result[f"{dtype} {optimizer}"] = {
+            "optimizer": optimizer,
+            "loss_torch": a.loss,
+            "loss_megatron": b.loss,
+            "grad_norm_torch": a.grad_norm,
+            "grad_norm_megatron": b.grad_norm,
+            "finite": not b.skipped,
+            "tensors": len(after_m),
+            "moved": sum(not torch.equal(after_m[k], before[k]) for k in after_m),
+            "max_weight_diff": max(float((after_t[k] - after_m[k]).abs().max()) for k in after_m),
+            "max_weight_change": max(float((after_m[k] - before[k]).abs().max()) for k in after_m),
+        }
     Path(out).write_text(json.dumps(result))
 
 

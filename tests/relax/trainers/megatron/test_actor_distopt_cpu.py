@@ -21,8 +21,11 @@ import pytest
 
 from tests.relax.trainers.megatron.child_ranks import run_ranks
 
-pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
-                    exc_type=ImportError)
+pytest.importorskip(
+    "megatron.core",
+    reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
+    exc_type=ImportError,
+)
 
 HERE = Path(__file__).resolve()
 LAYOUTS = {"dp2": {}, "tp2": {"tp": 2}, "pp2": {"pp": 2}, "ep2": {"ep": 2}}
@@ -109,7 +112,9 @@ def _main(rank: int, port: str, out_dir: str) -> None:
         ckpt = str(out / f"torch-{layout}-{rank}")
         actor.trainer.save(ckpt)
         # copies: the HF model's state dict and AdamW's state are the live tensors the second step updates
-        state = copy.deepcopy((actor.model.state_dict(), optimizer_state(actor.model, actor.trainer.optimizer)["state"]))
+        state = copy.deepcopy(
+            (actor.model.state_dict(), optimizer_state(actor.model, actor.trainer.optimizer)["state"])
+        )
         second = actor.train_step(batch)
         torch_side[layout] = (batch, first, state, ckpt, second, actor.model.state_dict())
 

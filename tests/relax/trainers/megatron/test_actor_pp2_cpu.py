@@ -20,8 +20,11 @@ import pytest
 
 from tests.relax.trainers.megatron.child_ranks import run_ranks
 
-pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
-                    exc_type=ImportError)
+pytest.importorskip(
+    "megatron.core",
+    reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
+    exc_type=ImportError,
+)
 
 HERE = Path(__file__).resolve()
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
-                    exc_type=ImportError)
+pytest.importorskip(
+    "megatron.core",
+    reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
+    exc_type=ImportError,
+)
 
 from relax.trainers.megatron.context_parallel import padded_length, rank_order, zigzag_positions  # noqa: E402
 

@@ -195,7 +195,9 @@ def test_pipeline_stages_slice_and_merge_exactly(tied):
     first = stage_slice(mcore, cfg, 0, 2, first=True, last=False)
     last = stage_slice(mcore, cfg, 2, 2, first=False, last=True)
     layer = {k.split(".", 3)[3] for k in mcore if k.startswith("decoder.layers.0.")}
-    assert set(first) == {"embedding.word_embeddings.weight"} | {f"decoder.layers.{i}.{n}" for i in (0, 1) for n in layer}
+    assert set(first) == {"embedding.word_embeddings.weight"} | {
+        f"decoder.layers.{i}.{n}" for i in (0, 1) for n in layer
+    }
     assert set(last) == {"decoder.final_layernorm.weight", "output_layer.weight"} | {
         f"decoder.layers.{i}.{n}" for i in (0, 1) for n in layer}
     # the last stage's layer 0 is global layer 2; a tied model's output layer is the embedding (megatron's copy)

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
-                    exc_type=ImportError)
+pytest.importorskip(
+    "megatron.core",
+    reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
+    exc_type=ImportError,
+)
 
 from relax.trainers.megatron.cpu import megatron_calls_on_cpu  # noqa: E402
 from relax.trainers.megatron.dist_optim import DistributedAdam  # noqa: E402
@@ -31,7 +34,9 @@ def test_megatrons_cuda_calls_land_on_the_cpu_inside_the_block_only() -> None:
 
 def test_one_learning_rate_and_float32_weights_or_a_named_refusal() -> None:
     a, b = torch.nn.Parameter(torch.zeros(3, 3)), torch.nn.Parameter(torch.zeros(3))
-    with pytest.raises(ValueError, match="one learning rate; per-module lr scales .*trainer.distributed_optimizer=false"):
+    with pytest.raises(
+        ValueError, match="one learning rate; per-module lr scales .*trainer.distributed_optimizer=false"
+    ):
         DistributedAdam([{"params": [a], "lr": 1e-3}, {"params": [b], "lr": 2e-3}], lr=1e-3, policy=None)
     half = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="steps float32 weights .* build the model in float32"):

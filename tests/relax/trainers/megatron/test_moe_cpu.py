@@ -17,8 +17,11 @@ import pytest
 
 from tests.relax.trainers.megatron.child_ranks import run_child
 
-pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
-                    exc_type=ImportError)
+pytest.importorskip(
+    "megatron.core",
+    reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
+    exc_type=ImportError,
+)
 
 HERE = Path(__file__).resolve()
 FAMILIES = ("qwen2_moe", "qwen3_moe")
@@ -108,15 +111,30 @@ def _main(out: str) -> None:
             changed += int((got[0].long().sort(-1).values != r[:-1].sort(-1).values).any(-1).sum())
             total += got[0].shape[0] * got[0].shape[1]
         res["routes_changed_share"] = changed / total
-        cfg = load_config(None, ["trainer.warmup_steps=0", "trainer.lr=1e-3", "rollout.max_new_tokens=16",
-                                 "algorithm.off_policy=none", f"model.family={family}", "trainer.micro_batch_tokens=40"])
+        cfg = load_config(
+            None,
+            [
+                "trainer.warmup_steps=0",
+                "trainer.lr=1e-3",
+                "rollout.max_new_tokens=16",
+                "algorithm.off_policy=none",
+                f"model.family={family}",
+                "trainer.micro_batch_tokens=40",
+            ],
+        )
 
         def batch(with_routes: bool, routes: list = routes) -> RolloutBatch:
             old = [-torch.rand(len(x), generator=torch.Generator().manual_seed(3)) * m for x, m in zip(ids, masks,
                                                                                                     strict=True)]
-            return RolloutBatch(ids=[f"s{i}" for i in range(len(ids))], input_ids=ids, loss_mask=masks,
-                                old_logprobs=old, advantages=[m * (1.0 if i % 2 else -1.0) for i, m in enumerate(masks)],
-                                routed_experts=routes if with_routes else None, policy_versions=[0] * len(ids))
+            return RolloutBatch(
+                ids=[f"s{i}" for i in range(len(ids))],
+                input_ids=ids,
+                loss_mask=masks,
+                old_logprobs=old,
+                advantages=[m * (1.0 if i % 2 else -1.0) for i, m in enumerate(masks)],
+                routed_experts=routes if with_routes else None,
+                policy_versions=[0] * len(ids),
+            )
 
         mcore_moved = megatron_policy(copy.deepcopy(moved), routing_replay=True)
         with torch.no_grad():

@@ -21,8 +21,11 @@ import pytest
 
 from tests.relax.trainers.megatron.child_ranks import run_ranks
 
-pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
-                    exc_type=ImportError)
+pytest.importorskip(
+    "megatron.core",
+    reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
+    exc_type=ImportError,
+)
 
 HERE = Path(__file__).resolve()
 LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "ep2": {"ep": 2}}
@@ -195,10 +198,15 @@ def _main(rank: int, port: str, out_dir: str) -> None:
         c = resumed.train_step(batch)
         result[layout] = {
             "read_own_part": own,
-            "second_loss": second.loss, "second_grad_norm": second.grad_norm, "resumed_loss": c.loss,
-            "resumed_grad_norm": c.grad_norm, "weight_change": max(float((after[k] - before[k]).abs().max())
-                                                                 for k in after),
-            "resumed_max_weight_diff": max(float((after[k] - v).abs().max()) for k, v in resumed.model.state_dict().items())}
+            "second_loss": second.loss,
+            "second_grad_norm": second.grad_norm,
+            "resumed_loss": c.loss,
+            "resumed_grad_norm": c.grad_norm,
+            "weight_change": max(float((after[k] - before[k]).abs().max()) for k in after),
+            "resumed_max_weight_diff": max(
+                float((after[k] - v).abs().max()) for k, v in resumed.model.state_dict().items()
+            ),
+        }
         seconds[layout] = (batch, after)
     shutdown_distributed()  # a gloo group left to the interpreter's exit can abort it
     if rank == 0:  # the PyTorch backend, one process: the consolidated parts, its own next step

@@ -20,8 +20,11 @@ import pytest
 from relax.services.policy import build_model
 from tests.relax.trainers.megatron.child_ranks import run_child
 
-pytest.importorskip("megatron.core", reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
-                    exc_type=ImportError)
+pytest.importorskip(
+    "megatron.core",
+    reason="megatron-core does not import; pip install --no-deps megatron-core==0.16.1",
+    exc_type=ImportError,
+)
 
 HERE = Path(__file__).resolve()
 
@@ -134,7 +137,9 @@ def _step_checks(layout: str) -> tuple[dict[str, Any], Any, Any, Any]:
     res: dict[str, Any] = {"value_diff": _max_diff(v_hf, v_m), "value_max": max(float(v.abs().max()) for v in v_hf),
                            "packed_rows": any(mb.packed for mb in c_m.trainer.micro_batches(batch))}
     g = torch.Generator().manual_seed(3)
-    batch.values = [(v + 0.1 * torch.randn(v.shape, generator=g)) * m for v, m in zip(v_hf, batch.loss_mask, strict=True)]
+    batch.values = [
+        (v + 0.1 * torch.randn(v.shape, generator=g)) * m for v, m in zip(v_hf, batch.loss_mask, strict=True)
+    ]
     batch.returns = [torch.randn(v.shape, generator=g) * m for v, m in zip(v_hf, batch.loss_mask, strict=True)]
     a, b = c_hf.train_step(batch), c_m.train_step(batch)
     after_t, after_m = c_hf.model.state_dict(), c_m.model.state_dict()
@@ -165,12 +170,26 @@ def _run_checks(root: Path) -> dict[str, Any]:
     from relax.trainers.torch.critic import Critic
     from relax.transfer.consumer import load_group_state
 
-    cfg = load_config("tiny-cpu", [f"root=file://{root}", "run_id=ppo-mcore", "data.tasks=[arithmetic]",
-                                   "data.train_per_task=16", "data.eval_per_task=4", "rollout.prompts_per_step=2",
-                                   "rollout.n_samples_per_prompt=2", "rollout.max_new_tokens=8", "trainer.total_steps=2",
-                                   "trainer.checkpoint_every=1", "trainer.warmup_steps=0", "algorithm.advantage=gae",
-                                   "model.value_head=true", "trainer.backend=megatron",
-                                   "data.reward_fn=tests.relax.services.runtime_helpers:length_reward"])
+    cfg = load_config(
+        "tiny-cpu",
+        [
+            f"root=file://{root}",
+            "run_id=ppo-mcore",
+            "data.tasks=[arithmetic]",
+            "data.train_per_task=16",
+            "data.eval_per_task=4",
+            "rollout.prompts_per_step=2",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.max_new_tokens=8",
+            "trainer.total_steps=2",
+            "trainer.checkpoint_every=1",
+            "trainer.warmup_steps=0",
+            "algorithm.advantage=gae",
+            "model.value_head=true",
+            "trainer.backend=megatron",
+            "data.reward_fn=tests.relax.services.runtime_helpers:length_reward",
+        ],
+    )
     result = train(cfg, progress=False)
     ctx = RunContext(cfg)
     role = CriticRole(ctx)  # resumes from the run's newest critic checkpoint

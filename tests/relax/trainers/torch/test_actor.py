@@ -259,7 +259,9 @@ def test_ppo_epochs_repeat_the_mini_batches():
 def test_encoder_lr_scale_reaches_the_vision_and_audio_towers_only():
     from relax.models import build_policy, build_tokenizer
 
-    cfg = load_config("omni-cpu", ["trainer.encoder_lr_scale=3", "trainer.warmup_steps=0", "trainer.freeze_encoders=[]"])
+    cfg = load_config(
+        "omni-cpu", ["trainer.encoder_lr_scale=3", "trainer.warmup_steps=0", "trainer.freeze_encoders=[]"]
+    )
     model, _ = build_policy(cfg.model, build_tokenizer(cfg.model.tokenizer), seed=0)
     a = Actor(model, cfg)
     group_of = {id(p): g for g in a.trainer.optimizer.param_groups for p in g["params"]}
@@ -274,9 +276,17 @@ def test_encoder_lr_scale_reaches_the_vision_and_audio_towers_only():
 def test_encoders_that_thaw_later_sit_frozen_in_the_optimizer_at_their_own_lr():
     from relax.models import build_policy, build_tokenizer
 
-    cfg = load_config("omni-cpu", ["trainer.warmup_steps=0", "trainer.freeze_encoders=[vision]",
-                                   "trainer.thaw_encoders_at=5", "trainer.encoder_lr_scale=2", "trainer.thaw_lr_scale=0.25",
-                                   "trainer.thaw_warmup_steps=0"])
+    cfg = load_config(
+        "omni-cpu",
+        [
+            "trainer.warmup_steps=0",
+            "trainer.freeze_encoders=[vision]",
+            "trainer.thaw_encoders_at=5",
+            "trainer.encoder_lr_scale=2",
+            "trainer.thaw_lr_scale=0.25",
+            "trainer.thaw_warmup_steps=0",
+        ],
+    )
     model, _ = build_policy(cfg.model, build_tokenizer(cfg.model.tokenizer), seed=0)
     a = Actor(model, cfg)
     group_of = {id(p): g for g in a.trainer.optimizer.param_groups for p in g["params"]}
@@ -288,7 +298,8 @@ def test_encoders_that_thaw_later_sit_frozen_in_the_optimizer_at_their_own_lr():
     # 2e-3 x encoder scale 2 x thaw scale 0.25 = 1e-3 on the vision tower; 2 x 2e-3 on the audio tower
     assert sorted({group_of[id(params[n])]["lr"] for n in visual}) == pytest.approx([0.5 * cfg.trainer.lr])
     assert sorted({group_of[id(params[n])]["lr"] for n in audio}) == pytest.approx([2 * cfg.trainer.lr])
-    # a copy of that model arrives with the tower frozen: its optimizer must still hold the tower, or the thaw does nothing
+    # a copy of that model arrives with the tower frozen: its optimizer must still hold the tower, or the thaw does
+    # nothing
     twin = copy.deepcopy(model)
     held = {id(p) for g in Actor(twin, cfg).trainer.optimizer.param_groups for p in g["params"]}
     assert held == {id(p) for p in twin.parameters()}

@@ -52,7 +52,10 @@ def test_optimizer_state_by_name_resumes_bit_for_bit_and_loads_the_positional_fo
         a2 = copy.deepcopy(a)
         a2.train_step(tiny_batch(seed=2))
         b.train_step(tiny_batch(seed=2))
-        assert all(torch.equal(x, y) for x, y in zip(a2.model.state_dict().values(), b.model.state_dict().values(), strict=True))
+        assert all(
+            torch.equal(x, y)
+            for x, y in zip(a2.model.state_dict().values(), b.model.state_dict().values(), strict=True)
+        )
         # every parameter counts its own steps (a shared counter would advance once per parameter)
         steps = {float(st["step"]) for st in b.trainer.optimizer.state.values()}
         assert steps == {2.0}

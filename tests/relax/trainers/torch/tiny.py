@@ -20,7 +20,9 @@ def tiny_qwen2(seed: int = 0, hidden: int = 32, layers: int = 2, pad_token_id: i
     return Qwen2ForCausalLM(cfg)
 
 
-def tiny_batch(n: int = 6, seed: int = 1, prompt: int = 4, lengths: tuple[int, ...] = (3, 9, 5, 12, 2, 7)) -> RolloutBatch:
+def tiny_batch(
+    n: int = 6, seed: int = 1, prompt: int = 4, lengths: tuple[int, ...] = (3, 9, 5, 12, 2, 7)
+) -> RolloutBatch:
     """``n`` samples: ``prompt`` prompt tokens then a response of ``lengths[i % len]`` tokens."""
     g = torch.Generator().manual_seed(seed)
     ids, masks, old, adv = [], [], [], []
