@@ -39,6 +39,7 @@ def preflight(cfg: Any, engine_urls: list[str] | None = None, *, teacher: bool =
     the distillation teacher (False for work that never scores with it: the format warm-start, evaluation).
     A served teacher (teacher.url) is asked by :func:`check_served_teacher` once the training rows are known
     (``relax.services.trainable``): rows with media refuse it whether or not it answers."""
+    check_root_writable(cfg.root)
     check_model_folder(cfg)
     if teacher and cfg.teacher.name_or_path:
         check_teacher_folder(cfg)
@@ -46,6 +47,26 @@ def preflight(cfg: Any, engine_urls: list[str] | None = None, *, teacher: bool =
     check_http_engine_options(cfg, engine_urls)
     check_agent_token(cfg)
     check_sglang_launchable(cfg, engine_urls)
+
+
+ROOT_FIX = "pick a root you can write (root=PATH; --root PATH for relax data snapshot) or change its permissions"
+
+
+def check_root_writable(root: str) -> None:
+    """A local root can be made and written to, judged from its nearest existing folder without
+    writing anything (an object store answers for itself at the first write)."""
+    path = objstore.local_path(root)
+    if path is None:
+        return
+    folder = path
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"root {root} cannot be made: {folder} is a file, not a folder; {ROOT_FIX}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        inside = "" if folder == path else f" (nor its nearest existing folder {folder})"
+        raise ConfigError(f"root {root} is not writable{inside}: permission denied or a read-only file system; "
+                          f"{ROOT_FIX}")
 
 
 def _model_type(folder: str) -> str | None:

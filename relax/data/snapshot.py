@@ -35,7 +35,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from relax import objstore
-from relax.config import DataConfig
+from relax.config import ConfigError, DataConfig
+from relax.config.preflight import ROOT_FIX
 from relax.data.errors import DataError
 from relax.data.readers import encode_jsonl
 from relax.data.samples import NEEDS_VIDEO_AUDIO, MediaRef, Sample
@@ -129,6 +130,14 @@ def write_snapshot(plan: SnapshotPlan, root: str, progress: bool = False) -> Sna
     manifest_url = objstore.join(url, "manifest.json")
     if objstore.exists(manifest_url):
         return _info(json.loads(objstore.read_bytes(manifest_url)), url, created=False)
+    try:
+        return _write(plan, url, manifest_url, progress)
+    except OSError as e:  # what relax.config.preflight.check_root_writable cannot see: a full disk, a store's refusal
+        raise ConfigError(f"cannot write the snapshot under root {root} ({type(e).__name__}: {e}); "
+                          f"{ROOT_FIX}") from None
+
+
+def _write(plan: SnapshotPlan, url: str, manifest_url: str, progress: bool) -> SnapshotInfo:
     present = set(objstore.list_dir(objstore.join(url, "media")))
     total = 0
     for name, (where, ref) in tqdm(sorted(plan.media.items()), desc="snapshot media", unit="file",

@@ -10,6 +10,7 @@ import hashlib
 from typing import Any
 
 from relax.config import DataConfig
+from relax.config.preflight import check_root_writable
 from relax.data.errors import DataError
 from relax.data.readers import read_samples
 from relax.data.samples import Sample
@@ -61,4 +62,5 @@ def plan_from_config(data: DataConfig, progress: bool = False) -> SnapshotPlan:
 
 def snapshot_from_config(data: DataConfig, root: str, progress: bool = False) -> SnapshotInfo:
     """Create (or reuse) the snapshot of the dataset ``data`` describes under ``root``."""
+    check_root_writable(root)  # before the rows are read: a wrong root is the cheaper thing to learn first
     return write_snapshot(plan_from_config(data, progress), root, progress=progress)

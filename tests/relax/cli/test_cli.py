@@ -13,6 +13,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from relax.cli.main import main
 from relax.data.readers import write_jsonl
 from relax.data.samples import MediaRef, Message, Sample
 
@@ -68,6 +69,26 @@ def test_snapshot_missing_media_fails_cleanly(tmp_path):
     assert out.returncode == 2
     assert re.search(r"row 'r\d+' images\[0\]: media file \S+/img/x.png not found", out.stderr)
     assert not (tmp_path / "store").exists()
+
+
+def error_lines(err: str) -> list[str]:
+    assert "Traceback" not in err, err
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_snapshot_under_an_unwritable_root_is_one_error_line(tmp_path, capsys):
+    write_rows(tmp_path)
+    (tmp_path / "notes.txt").write_text("")
+    rows = str(tmp_path / "rows.jsonl")
+    assert main(["data", "snapshot", rows, "--root", str(tmp_path / "notes.txt" / "store")]) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert f"{tmp_path}/notes.txt is a file, not a folder; pick a root you can write" in line
+    # a root that looks writable, and a write under it that fails anyway (here: `datasets` is a file)
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "datasets").write_text("")
+    assert main(["data", "snapshot", rows, "--root", str(tmp_path / "store")]) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line.startswith(f"error: cannot write the snapshot under root {tmp_path}/store (") and "pick a root" in line
 
 
 @pytest.mark.slow  # five `relax` processes, ~6 s each

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from relax import objstore
-from relax.config import DataConfig
+from relax.config import ConfigError, DataConfig
 from relax.data.errors import DataError
 from relax.data.readers import write_jsonl
 from relax.data.samples import MediaRef, Message, Sample
@@ -135,7 +135,7 @@ def test_manifest_is_written_last(tmp_path, monkeypatch):
         real_write(url, blob)
 
     monkeypatch.setattr(objstore, "write_bytes", crash_on_rows)
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError, match=r"cannot write the snapshot under root .*\(OSError: disk gone\)"):
         snapshot_from_config(data, root)
     monkeypatch.setattr(objstore, "write_bytes", real_write)
     assert list_snapshots(root) == []
