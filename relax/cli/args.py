@@ -8,6 +8,10 @@ from collections.abc import Sequence
 from relax.config import ConfigError, RelaxConfig, load_config
 
 
+class CommandError(Exception):
+    """A command's arguments name nothing it can work on (a root with no runs); ``relax`` prints one line."""
+
+
 def split_overrides(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
     """Separate ``key=value`` overrides from positional arguments."""
     overrides = [t for t in tokens if "=" in t and not t.startswith(("/", ".", "s3:", "file:"))]

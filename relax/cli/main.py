@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd, run_cmd, scale_cmd, train_cmd
+from relax.cli.args import CommandError
 from relax.config import ConfigError
 from relax.data.errors import DataError
 from relax.services.run_record import RunConfigMismatch
@@ -37,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except (ConfigError, DataError, LineageError, TransferError, RunConfigMismatch) as e:
+    except (CommandError, ConfigError, DataError, LineageError, TransferError, RunConfigMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

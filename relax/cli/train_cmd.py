@@ -19,7 +19,7 @@ import time
 import traceback
 
 from relax import objstore
-from relax.cli.args import config_from_args
+from relax.cli.args import CommandError, config_from_args
 from relax.config import config_from_dict, saved_config
 from relax.services.heartbeat import last_progress
 from relax.services.queue_contract import ACTOR_GROUP, ADVANTAGE_GROUP
@@ -123,11 +123,25 @@ def run_status(root: str, run_id: str) -> dict:
     return out
 
 
+def runs_to_show(root: str, run: str | None) -> list[str]:
+    """The runs ``relax status ROOT [RUN]`` shows; a CommandError when there is none to show, since
+    printing nothing would look like a root whose runs have nothing to report."""
+    url = objstore.absolute_url(root)
+    base = objstore.join(url, "runs")
+    runs = [r for r in objstore.list_dir(base) if objstore.exists(objstore.join(base, r, "run.json"))]
+    start = f"start one there with `relax train root={root} ...` (or `relax run`)"
+    if not objstore.exists(url):
+        raise CommandError(f"no run root at {url}: nothing is there. A root holds runs/<run_id>/run.json, written "
+                           f"when a run starts; check the path (the default root is ./.relax) or {start}")
+    if not runs:
+        raise CommandError(f"no runs under {url} (no runs/<run_id>/run.json there); check the path or {start}")
+    if run is not None and run not in runs:
+        raise CommandError(f"no run {run!r} under {url}; the runs there are {', '.join(runs)}")
+    return [run] if run is not None else runs
+
+
 def _status(args: argparse.Namespace) -> int:
-    base = objstore.join(objstore.absolute_url(args.root), "runs")
-    runs = [args.run] if args.run else [r for r in objstore.list_dir(base)
-                                        if objstore.exists(objstore.join(base, r, "run.json"))]
-    for run in runs:
+    for run in runs_to_show(args.root, args.run):
         st = run_status(args.root, run)
         if args.json:
             print(json.dumps(st, sort_keys=True))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from relax.cli.main import main
 
 ARGS = ["data.tasks=[arithmetic]", "data.train_per_task=32", "data.eval_per_task=4", "rollout.prompts_per_step=2",
         "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=4", "trainer.total_steps=2", "run_id=cli"]
@@ -18,6 +18,7 @@ def _relax(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "relax.cli.main", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_train_status_and_config_mismatch(tmp_path):
     root = f"file://{tmp_path}"
     out = _relax("train", f"root={root}", *ARGS, "--no-progress")
@@ -32,3 +33,17 @@ def test_train_status_and_config_mismatch(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: run 'cli'") and "trainer.lr" in bad.stderr
     media = _relax("train", f"root={root}", *ARGS[1:], "run_id=m", "data.tasks=[shapes]", "--no-progress")
     assert media.returncode == 2 and "shapes" in media.stderr
+
+
+def test_status_of_a_root_without_runs_says_so_and_fails(tmp_path, capsys):
+    # it printed nothing and exited 0, as a root whose runs had nothing to report would
+    assert main(["status", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: no run root at file://{tmp_path}/nope: nothing is there. A root holds "
+                          f"runs/<run_id>/run.json") and f"relax train root={tmp_path}/nope" in err
+    (tmp_path / "nope" / "runs" / "half").mkdir(parents=True)  # a folder, but no run.json: no run
+    assert main(["status", str(tmp_path / "nope"), "--json"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: no runs under file://{tmp_path}/nope (no runs/<run_id>/")
+    (tmp_path / "nope" / "runs" / "half" / "run.json").write_text("{}")
+    assert main(["status", str(tmp_path / "nope"), "hlaf"]) == 2
+    assert capsys.readouterr().err == f"error: no run 'hlaf' under file://{tmp_path}/nope; the runs there are half\n"
