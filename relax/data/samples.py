@@ -21,6 +21,7 @@ to a content-addressed file inside the snapshot.
 from __future__ import annotations
 
 import base64
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,8 +35,25 @@ VIDEO_PLACEHOLDER = "<video>"
 ROLES = ("system", "user", "assistant", "tool")
 MEDIA_KINDS = ("image", "audio", "video")
 _PLACEHOLDER_RE = re.compile(r"<(image|audio|video)>")
+# Every field a row may have. Any other is refused, naming the closest of these: most are typos
+# (``image`` for ``images``) that would otherwise drop the row's media or metadata without a word.
+ROW_FIELDS = ("id", "task", "messages", "images", "audios", "videos", "answer", "metadata")
+_PANDAS_INDEX = re.compile(r"__index_level_\d+__")  # the index column pandas adds to a parquet file
 # metadata key of a row whose videos must carry an audio track (a snapshot refuses one without)
 NEEDS_VIDEO_AUDIO = "needs_video_audio"
+
+
+def check_row_fields(row: Mapping[str, Any], where: str) -> None:
+    """Refuse a field the row format does not have, naming the one it probably meant."""
+    unknown = [str(k) for k in row if k not in ROW_FIELDS and not _PANDAS_INDEX.fullmatch(str(k))]
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, ROW_FIELDS, n=1)
+        named.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    raise DataError(f"{where}: unknown field(s) {', '.join(named)}; a row's fields are {', '.join(ROW_FIELDS)}: "
+                    f"rename a misspelled field, or move extra information under 'metadata'")
 
 
 @dataclass(frozen=True)
@@ -155,6 +173,7 @@ class Sample:
         """Parse and validate one row; ``where`` (e.g. ``data.jsonl:12``) prefixes errors."""
         if not isinstance(row, Mapping):
             raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+        check_row_fields(row, where)
         missing = [k for k in ("id", "messages", "answer") if row.get(k) is None]
         if missing:
             raise DataError(f"{where}: missing required field(s) {missing}; every row needs id, messages, answer")

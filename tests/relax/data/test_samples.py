@@ -66,3 +66,17 @@ def test_bad_rows_name_the_location(bad, fragment):
         Sample.from_json(bad, "data.jsonl:7")
     assert str(err.value).startswith("data.jsonl:7")
     assert fragment in str(err.value)
+
+
+def test_a_misspelled_field_is_named_with_the_one_meant():
+    # `image` for `images` used to be dropped without a word, leaving only the placeholder count to complain
+    bad = {k: v for k, v in row().items() if k != "images"} | {"image": ["img/x.png"]}
+    with pytest.raises(DataError, match=r"data.jsonl:7: unknown field\(s\) 'image' \(did you mean 'images'\?\); "
+                                        r".*move extra information under 'metadata'"):
+        Sample.from_json(bad, "data.jsonl:7")
+    with pytest.raises(DataError, match=r"'Answer' \(did you mean 'answer'\?\), 'source'"):
+        Sample.from_json(row() | {"Answer": "2", "source": "web"}, "data.jsonl:7")
+
+
+def test_the_index_column_pandas_writes_is_not_a_field():
+    assert Sample.from_json(row() | {"__index_level_0__": 3}, "data.parquet#row3").id == row()["id"]
