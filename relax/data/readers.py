@@ -85,18 +85,21 @@ def _iter_parquet(url: str, name: str) -> Iterator[tuple[dict[str, Any], str]]:
             index += 1
 
 
-def read_samples(url: str, format: str = "relax", allow_remote_media: bool = False) -> Iterator[Sample]:
+def read_samples(url: str, format: str = "relax", allow_remote_media: bool = False,
+                 split: str = "train") -> Iterator[Sample]:
     """Parse every row of ``url`` into a validated ``Sample`` (``format``: relax or gsm8k).
 
     Media paths are resolved and confined here, where the dataset's folder is known: see
-    :func:`resolve_media_path`. ``allow_remote_media`` is ``data.allow_remote_media``.
+    :func:`resolve_media_path`. ``allow_remote_media`` is ``data.allow_remote_media``. ``split``
+    ("train" or "eval": which of the config's files this is) goes into the ids of GSM8K rows, which
+    have none of their own.
     """
     base = posixpath.dirname(objstore.absolute_url(url))
     for index, (record, where) in enumerate(iter_records(url)):
         if format == "gsm8k":
             from relax.data.gsm8k import gsm8k_row_to_sample
 
-            sample = gsm8k_row_to_sample(record, where, index)
+            sample = gsm8k_row_to_sample(record, where, index, split)
         else:
             sample = Sample.from_json(record, where)
         yield _resolve_media(sample, base, where, allow_remote_media)

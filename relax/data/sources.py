@@ -25,9 +25,10 @@ def load_splits(data: DataConfig) -> dict[str, list[Sample]]:
 
         return generate_suite(list(data.tasks), seed=data.seed, train_per_task=data.train_per_task,
                               eval_per_task=data.eval_per_task, difficulty=data.difficulty)
-    train = list(read_samples(data.train_url, data.format, data.allow_remote_media))
+    train = list(read_samples(data.train_url, data.format, data.allow_remote_media, "train"))
     if data.eval_url:
-        return {"train": train, "eval": list(read_samples(data.eval_url, data.format, data.allow_remote_media))}
+        return {"train": train,
+                "eval": list(read_samples(data.eval_url, data.format, data.allow_remote_media, "eval"))}
     splits: dict[str, list[Sample]] = {"train": [], "eval": []}
     for s in train:
         splits["eval" if held_out(s.id, data.eval_fraction) else "train"].append(s)
