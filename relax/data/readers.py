@@ -22,27 +22,36 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from relax import objstore
-from relax.data.errors import DataError
+from relax.data.errors import DataError, Problems
 from relax.data.samples import MediaRef, Sample
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
-def iter_records(url: str) -> Iterator[tuple[dict[str, Any], str]]:
-    """Yield ``(record, where)`` for every row of a jsonl or parquet file."""
+def iter_records(url: str, problems: Problems | None = None) -> Iterator[tuple[dict[str, Any], str]]:
+    """Yield ``(record, where)`` for every row of a jsonl or parquet file.
+
+    A bad line raises a DataError; with ``problems``, it is added there and the line skipped, and so
+    is a file that cannot be read at all, so that every problem of a dataset is found in one pass."""
     name = posixpath.basename(url)
     if not objstore.exists(url):
-        raise DataError(f"data file {url} does not exist; check data.train_url / data.eval_url")
-    if url.endswith(JSONL_SUFFIXES):
-        yield from _iter_jsonl(url, name)
+        _fail(problems, f"data file {url} does not exist; check data.train_url / data.eval_url")
+    elif url.endswith(JSONL_SUFFIXES):
+        yield from _iter_jsonl(url, name, problems)
     elif url.endswith(PARQUET_SUFFIXES):
-        yield from _iter_parquet(url, name)
+        yield from _iter_parquet(url, problems)
     else:
-        raise DataError(f"{url}: unknown file type; use a .jsonl (or .jsonl.gz) or .parquet file")
+        _fail(problems, f"{url}: unknown file type; use a .jsonl (or .jsonl.gz) or .parquet file")
 
 
-def _iter_jsonl(url: str, name: str) -> Iterator[tuple[dict[str, Any], str]]:
+def _fail(problems: Problems | None, message: str) -> None:
+    if problems is None:
+        raise DataError(message)
+    problems.add(message)
+
+
+def _iter_jsonl(url: str, name: str, problems: Problems | None) -> Iterator[tuple[dict[str, Any], str]]:
     # Bytes, decoded line by line: a text-mode reader decodes ahead in blocks, so a bad byte would
     # surface as a bare UnicodeDecodeError while an earlier line is being read, naming no line.
     with fsspec.open(url, "rb", compression="infer") as fh:
@@ -51,58 +60,77 @@ def _iter_jsonl(url: str, name: str) -> Iterator[tuple[dict[str, Any], str]]:
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
-                                f"re-save {name} as UTF-8 or fix line {lineno}") from None
+                _fail(problems, f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                                f"re-save {name} as UTF-8 or fix line {lineno}")
+                continue
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{where}: malformed JSON ({e.msg} at column {e.colno}); fix or delete line "
-                                f"{lineno} of {name}") from None
+                _fail(problems, f"{where}: malformed JSON ({e.msg} at column {e.colno}); fix or delete line "
+                                f"{lineno} of {name}")
+                continue
             if not isinstance(record, dict):
-                raise DataError(f"{where}: each line must be a JSON object, got {type(record).__name__}")
+                _fail(problems, f"{where}: each line must be a JSON object, got {type(record).__name__}")
+                continue
             yield record, where
 
 
-def _iter_parquet(url: str, name: str) -> Iterator[tuple[dict[str, Any], str]]:
+def _iter_parquet(url: str, problems: Problems | None) -> Iterator[tuple[dict[str, Any], str]]:
     with fsspec.open(url, "rb") as fh:
         try:
             pf = pq.ParquetFile(io.BytesIO(fh.read()))
         except (pa.ArrowInvalid, OSError) as e:
-            raise DataError(f"{url}: not a readable parquet file ({e})") from None
+            _fail(problems, f"{url}: not a readable parquet file ({e})")
+            return
     index = 0
     for batch in pf.iter_batches(batch_size=1024):
         for record in batch.to_pylist():
-            # Nested columns may be stored as JSON strings by tools that flatten them.
-            for key in ("messages", "metadata", "images", "audios", "videos"):
-                if isinstance(record.get(key), str) and record[key][:1] in "[{":
-                    try:
-                        record[key] = json.loads(record[key])
-                    except json.JSONDecodeError:
-                        raise DataError(f"{url}#row{index}: column {key!r} holds invalid JSON") from None
-            yield record, f"{url}#row{index}"
-            index += 1
+            where, index = f"{url}#row{index}", index + 1
+            if _parse_nested_columns(record, where, problems):
+                yield record, where
 
 
-def read_samples(url: str, format: str = "relax", allow_remote_media: bool = False,
-                 split: str = "train") -> Iterator[Sample]:
+def _parse_nested_columns(record: dict[str, Any], where: str, problems: Problems | None) -> bool:
+    """Nested columns may be stored as JSON strings by tools that flatten them; False if one is not JSON."""
+    for key in ("messages", "metadata", "images", "audios", "videos"):
+        if isinstance(record.get(key), str) and record[key][:1] in "[{":
+            try:
+                record[key] = json.loads(record[key])
+            except json.JSONDecodeError:
+                _fail(problems, f"{where}: column {key!r} holds invalid JSON")
+                return False
+    return True
+
+
+def read_samples(url: str, format: str = "relax", allow_remote_media: bool = False, split: str = "train",
+                 problems: Problems | None = None) -> Iterator[Sample]:
     """Parse every row of ``url`` into a validated ``Sample`` (``format``: relax or gsm8k).
 
     Media paths are resolved and confined here, where the dataset's folder is known: see
     :func:`resolve_media_path`. ``allow_remote_media`` is ``data.allow_remote_media``. ``split``
     ("train" or "eval": which of the config's files this is) goes into the ids of GSM8K rows, which
-    have none of their own.
+    have none of their own. Every bad row is met before anything is raised: with ``problems`` they
+    are added there and skipped; without, one error lists them once the file is read.
     """
+    own = problems is None
+    problems = Problems() if own else problems
     base = posixpath.dirname(objstore.absolute_url(url))
-    for index, (record, where) in enumerate(iter_records(url)):
-        if format == "gsm8k":
-            from relax.data.gsm8k import gsm8k_row_to_sample
+    for index, (record, where) in enumerate(iter_records(url, problems)):
+        resolved = None
+        with problems.collect():
+            if format == "gsm8k":
+                from relax.data.gsm8k import gsm8k_row_to_sample
 
-            sample = gsm8k_row_to_sample(record, where, index, split)
-        else:
-            sample = Sample.from_json(record, where)
-        yield _resolve_media(sample, base, where, allow_remote_media)
+                sample = gsm8k_row_to_sample(record, where, index, split)
+            else:
+                sample = Sample.from_json(record, where)
+            resolved = _resolve_media(sample, base, where, allow_remote_media)
+        if resolved is not None:
+            yield resolved
+    if own:
+        problems.raise_if_any()
 
 
 def _resolve_media(sample: Sample, base: str, where: str, allow_remote: bool) -> Sample:

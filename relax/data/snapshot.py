@@ -37,12 +37,13 @@ from tqdm import tqdm
 from relax import objstore
 from relax.config import ConfigError, DataConfig
 from relax.config.preflight import ROOT_FIX
-from relax.data.errors import DataError
+from relax.data.errors import DataError, Problems
 from relax.data.readers import encode_jsonl
 from relax.data.samples import NEEDS_VIDEO_AUDIO, MediaRef, Sample
 from relax.data.video_snapshot import check_video, is_folder, read_folder
 
 SCHEMA_VERSION = 1
+MEDIA_SLOTS = ("images", "audios", "videos")
 _MAGIC = ((b"\x89PNG", ".png"), (b"\xff\xd8\xff", ".jpg"), (b"GIF8", ".gif"), (b"RIFF", ".wav"),
           (b"fLaC", ".flac"), (b"OggS", ".ogg"), (b"ID3", ".mp3"), (b"\xff\xfb", ".mp3"),
           (b"\x1a\x45\xdf\xa3", ".mkv"))
@@ -92,36 +93,49 @@ class SnapshotPlan:
 
 
 def plan_snapshot(splits: Mapping[str, Iterable[Sample]], source: Mapping[str, Any] | None = None,
-                  progress: bool = False, limits: MediaLimits | None = None) -> SnapshotPlan:
-    """Read, validate and hash every row and media item; write nothing."""
+                  progress: bool = False, limits: MediaLimits | None = None,
+                  problems: Problems | None = None) -> SnapshotPlan:
+    """Read, validate and hash every row and media item; write nothing.
+
+    Every row is checked before anything is raised; one DataError then lists the problems met here
+    and those already in ``problems`` (the readers')."""
     limits = limits or MediaLimits()
+    problems = problems if problems is not None else Problems()
     media: dict[str, tuple[str, MediaRef]] = {}
     rows: dict[str, bytes] = {}
     stats: dict[str, Any] = {"tasks": {}, "modalities": {}}
     seen_ids: dict[str, str] = {}
     for split in sorted(splits):
         out: list[Sample] = []
+        given = 0
         samples = tqdm(splits[split], desc=f"snapshot {split}", unit="row", disable=not progress, leave=False)
         for sample in samples:
+            given += 1
             if sample.id in seen_ids:
-                raise DataError(f"row id {sample.id!r} appears twice (splits {seen_ids[sample.id]} and {split}); "
-                                f"ids must be unique across the dataset")
+                problems.add(f"{_origin(sample)}row id {sample.id!r} appears twice (splits {seen_ids[sample.id]} and "
+                             f"{split}); ids must be unique across the dataset")
+                continue
             seen_ids[sample.id] = split
-            images = tuple(_content_ref(r, sample, "images", i, media, limits) for i, r in enumerate(sample.images))
-            audios = tuple(_content_ref(r, sample, "audios", i, media, limits) for i, r in enumerate(sample.audios))
-            videos = tuple(_content_ref(r, sample, "videos", i, media, limits) for i, r in enumerate(sample.videos))
-            out.append(sample.with_media(images, audios, videos))
-        if not out:
-            raise DataError(f"split {split!r} has no rows; a snapshot needs at least one row per split")
+            with problems.collect():
+                refs = [tuple(_content_ref(ref, sample, kind, i, media, limits)
+                              for i, ref in enumerate(getattr(sample, kind))) for kind in MEDIA_SLOTS]
+                out.append(sample.with_media(*refs))
+        if not given:
+            problems.add(f"split {split!r} has no rows; a snapshot needs at least one row per split")
         rows[split] = encode_jsonl(out)
         stats["tasks"][split] = dict(sorted(Counter(s.task for s in out).items()))
         stats["modalities"][split] = dict(sorted(Counter(s.modality for s in out).items()))
+    problems.raise_if_any()
     digest = hashlib.sha256(f"relax-dataset-v{SCHEMA_VERSION}\n".encode())
     for split in sorted(rows):
         digest.update(f"{split}\n{len(rows[split])}\n".encode())
         digest.update(rows[split])
     return SnapshotPlan(id="ds-" + digest.hexdigest()[:16], rows=rows, stats=stats, media=media,
                         source=dict(source or {}))
+
+
+def _origin(sample: Sample) -> str:
+    return f"{sample.origin}: " if sample.origin else ""
 
 
 def write_snapshot(plan: SnapshotPlan, root: str, progress: bool = False) -> SnapshotInfo:
@@ -233,7 +247,7 @@ def list_snapshots(root: str) -> list[str]:
 
 
 def _content_ref(ref: MediaRef, sample: Sample, kind: str, i: int, media: dict, limits: MediaLimits) -> MediaRef:
-    where = f"{sample.origin + ': ' if sample.origin else ''}row {sample.id!r} {kind}[{i}]"
+    where = f"{_origin(sample)}row {sample.id!r} {kind}[{i}]"
     data = _fetch(ref, where, folder=kind == "videos")
     if not data:
         raise DataError(f"{where}: media {ref.path or '<bytes>'} is empty")

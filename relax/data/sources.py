@@ -11,32 +11,41 @@ from typing import Any
 
 from relax.config import DataConfig
 from relax.config.preflight import check_root_writable
-from relax.data.errors import DataError
+from relax.data.errors import Problems
 from relax.data.readers import read_samples
 from relax.data.samples import Sample
 from relax.data.snapshot import MediaLimits, SnapshotInfo, SnapshotPlan, plan_snapshot, write_snapshot
 from relax.objstore import absolute_url
 
 
-def load_splits(data: DataConfig) -> dict[str, list[Sample]]:
-    """``{"train": [...], "eval": [...]}`` from the built-in suite or from data.train_url/eval_url."""
+def load_splits(data: DataConfig, problems: Problems | None = None) -> dict[str, list[Sample]]:
+    """``{"train": [...], "eval": [...]}`` from the built-in suite or from data.train_url/eval_url.
+
+    Every bad row of both files is met before anything is raised: with ``problems`` they (and a
+    split left empty) are added there and the splits of the good rows returned, an empty split
+    left out; without, one error lists them all."""
     if not data.train_url:
         from relax.data.suite import generate_suite
 
         return generate_suite(list(data.tasks), seed=data.seed, train_per_task=data.train_per_task,
                               eval_per_task=data.eval_per_task, difficulty=data.difficulty)
-    train = list(read_samples(data.train_url, data.format, data.allow_remote_media, "train"))
+    own = problems is None
+    problems = Problems() if own else problems
+    train = list(read_samples(data.train_url, data.format, data.allow_remote_media, "train", problems))
     if data.eval_url:
-        return {"train": train,
-                "eval": list(read_samples(data.eval_url, data.format, data.allow_remote_media, "eval"))}
-    splits: dict[str, list[Sample]] = {"train": [], "eval": []}
-    for s in train:
-        splits["eval" if held_out(s.id, data.eval_fraction) else "train"].append(s)
-    if not splits["eval"] or not splits["train"]:
-        empty = "eval" if not splits["eval"] else "train"
-        raise DataError(f"splitting {len(train)} rows of {data.train_url} with data.eval_fraction="
-                        f"{data.eval_fraction} left the {empty} split empty; change data.eval_fraction or pass "
-                        f"held-out rows in data.eval_url")
+        splits = {"train": train,
+                  "eval": list(read_samples(data.eval_url, data.format, data.allow_remote_media, "eval", problems))}
+    else:
+        splits = {"train": [], "eval": []}
+        for s in train:
+            splits["eval" if held_out(s.id, data.eval_fraction) else "train"].append(s)
+        for empty in [k for k, v in splits.items() if not v and train]:
+            problems.add(f"splitting the {len(train)} rows of {data.train_url} with data.eval_fraction="
+                         f"{data.eval_fraction} left the {empty} split empty; change data.eval_fraction or pass "
+                         f"held-out rows in data.eval_url")
+            del splits[empty]
+    if own:
+        problems.raise_if_any()
     return splits
 
 
@@ -57,8 +66,10 @@ def source_description(data: DataConfig) -> dict[str, Any]:
 
 
 def plan_from_config(data: DataConfig, progress: bool = False) -> SnapshotPlan:
-    return plan_snapshot(load_splits(data), source_description(data), progress=progress,
-                         limits=MediaLimits.from_config(data))
+    """The snapshot plan of ``data``; one DataError lists every problem of its rows and media."""
+    problems = Problems()
+    return plan_snapshot(load_splits(data, problems), source_description(data), progress=progress,
+                         limits=MediaLimits.from_config(data), problems=problems)
 
 
 def snapshot_from_config(data: DataConfig, root: str, progress: bool = False) -> SnapshotInfo:
