@@ -17,8 +17,8 @@ from relax.pipeline import EvalReport
 from tasks.image import task_image
 
 # bump when the evaluation protocol (prompts, decoding, scoring), the report or a built-in model changes
-# (2: tiny vision models map white to zero; 3: accuracy per kind of question)
-EVAL_CACHE_VERSION = "3"
+# (2: tiny vision models map white to zero; 3: accuracy per kind of question; 4: the responses, EvalReport.examples)
+EVAL_CACHE_VERSION = "4"
 
 
 @task(cache=Cache(version=EVAL_CACHE_VERSION), retries=2, timeout=timedelta(hours=4),

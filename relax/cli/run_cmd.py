@@ -6,13 +6,16 @@ before/after table (``relax run omni-cpu`` is ``make run`` without Flyte). Runni
 resumes (every step is idempotent on the root). ``--json`` ends with one JSON object of the
 scores, for scripts comparing recipes across seeds.
 
-``relax eval [preset|file] [key=value ...] [--checkpoint URL]`` prints the greedy held-out
-accuracy of a checkpoint (default: the model RL would start from).
+``relax eval [preset|file] [key=value ...] [--checkpoint URL] [--show N]`` prints the greedy held-out
+accuracy of a checkpoint (default: the model RL would start from); ``--show N`` also prints N of the
+held-out prompts (taken in turn from each task) with the policy's responses and their rewards, which
+is how to see why a model scores 0: no answer in the expected format, or a wrong one.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from relax.cli.args import config_from_args
@@ -31,8 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("args", nargs="*", help="[preset or config file] then key=value overrides")
     e.add_argument("--checkpoint", default="", help="a checkpoint folder URL (default: the model RL starts from)")
     e.add_argument("--limit", type=int, default=None, help="held-out prompts per task (default: all)")
+    e.add_argument("--show", type=_count, default=0, metavar="N",
+                   help="also print N held-out prompts with the policy's responses and their rewards")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
     e.set_defaults(func=_eval)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of prompts (0, 1, 2, ...)")
+    return int(text)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -57,9 +68,20 @@ def _eval(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args.args)
     report = pipeline.evaluate(cfg, args.checkpoint, limit=args.limit)
+    shown = report.sample_examples(args.show)
     if args.json:
         print(json.dumps({"checkpoint": args.checkpoint, "accuracy": report.accuracy, "n": report.n,
-                          "by_modality": report.by_modality, "by_kind": report.by_kind}))
+                          "by_modality": report.by_modality, "by_kind": report.by_kind,
+                          **({"examples": [dataclasses.asdict(e) for e in shown]} if args.show else {})}))
     else:
         print(report.table())
+        if args.show:
+            print(f"\n{len(shown)} of {len(report.examples)} held-out prompts, answered greedily:")
+        for e in shown:
+            prompt = e.prompt if len(e.prompt) <= PROMPT_SHOWN else e.prompt[:PROMPT_SHOWN] + "..."
+            print(f"\n[{e.task}] {e.id}  reward {e.reward:.3f}{f'  (reward error: {e.error})' if e.error else ''}\n"
+                  f"  prompt:   {prompt!r}\n  answer:   {e.answer!r}\n  response: {e.response!r}")
     return 0
+
+
+PROMPT_SHOWN = 300  # characters of a prompt --show prints; the response is printed whole

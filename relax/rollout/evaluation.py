@@ -33,6 +33,19 @@ def modality_of(sample: Sample) -> str:
 
 
 @dataclass
+class EvalExample:
+    """One held-out prompt as the greedy policy answered it, and its reward (``relax eval --show``)."""
+
+    id: str = ""
+    task: str = ""
+    prompt: str = ""
+    answer: str = ""
+    response: str = ""
+    reward: float = 0.0
+    error: str = ""  # what the reward function raised, if it did
+
+
+@dataclass
 class EvalReport:
     """Greedy held-out accuracy of one policy."""
 
@@ -47,6 +60,19 @@ class EvalReport:
     # "task:kind" -> correct answer -> the policy's answer -> prompts (answers normalised as the
     # verifiers compare them; "" = no answer found in the response)
     confusion: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    # every prompt with the policy's response, as evaluated: what a score of 0 looks like from inside
+    examples: list[EvalExample] = field(default_factory=list)
+
+    def sample_examples(self, n: int) -> list[EvalExample]:
+        """``n`` examples taken in turn from each task (tasks sorted), each task's in the order evaluated."""
+        by_task: dict[str, list[EvalExample]] = defaultdict(list)
+        for e in self.examples:
+            by_task[e.task].append(e)
+        queues = [by_task[t] for t in sorted(by_task)]
+        out: list[EvalExample] = []
+        for i in range(max(map(len, queues), default=0)):
+            out += [q[i] for q in queues if i < len(q)]
+        return out[:n]
 
     def never_answered(self) -> dict[str, list[str]]:
         """Per "task:kind", the correct answers of its prompts that the policy gave to none of them.
@@ -98,6 +124,7 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
     kind_scores: dict[str, list[float]] = defaultdict(list)
     confusion: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
     kinds: dict[str, str] = {}
+    examples: list[EvalExample] = []
     errors = 0
     try:
         indexed = list(enumerate(samples))
@@ -110,6 +137,8 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
                 trajs += runner.agent(multi, 1, make_env)
             for t in trajs:
                 scores[t.sample.task].append(t.reward)
+                examples.append(EvalExample(t.sample.id, t.sample.task, t.sample.prompt_text, t.sample.answer,
+                                            t.response, t.reward, t.error))
                 kind = kind_of(t.sample)
                 if kind:
                     kind_scores[f"{t.sample.task}:{kind}"].append(t.reward)
@@ -129,7 +158,8 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Any, processor: Any, samp
     return EvalReport("", accuracy, by_modality, {t: len(v) for t, v in scores.items()}, errors,
                       by_kind={k: sum(v) / len(v) for k, v in kind_scores.items()},
                       n_by_kind={k: len(v) for k, v in kind_scores.items()},
-                      confusion={k: {truth: dict(row) for truth, row in rows.items()} for k, rows in confusion.items()})
+                      confusion={k: {truth: dict(row) for truth, row in rows.items()} for k, rows in confusion.items()},
+                      examples=examples)
 
 
 def per_task_limit(samples: Sequence[Sample], limit: int | None) -> list[Sample]:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from relax.cli.main import main
 
 ARGS = ["data.tasks=[arithmetic]", "data.train_per_task=16", "data.eval_per_task=3", "rollout.prompts_per_step=2",
         "rollout.n_samples_per_prompt=2", "rollout.max_new_tokens=6", "trainer.total_steps=2",
@@ -19,6 +19,7 @@ def _relax(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "relax.cli.main", *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_run_warm_starts_trains_and_evaluates_then_eval_scores_the_checkpoint(tmp_path):
     root = f"file://{tmp_path}"
     out = _relax("run", f"root={root}", *ARGS, "--no-progress", "--json")
@@ -40,3 +41,29 @@ def test_run_warm_starts_trains_and_evaluates_then_eval_scores_the_checkpoint(tm
 
     two = _relax("eval", "tiny-cpu", "omni-cpu", f"root={root}")
     assert two.returncode == 2 and "at most one preset" in two.stderr
+
+
+def test_eval_show_prints_prompts_responses_and_rewards(tmp_path, capsys):
+    # a user's own rows: the scores alone (0.000) never said what the model wrote
+    rows = [{"id": f"q{i}", "messages": f"What is {i} + 1? Reply as <answer>N</answer>.", "answer": str(i + 1)}
+            for i in range(8)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["eval", f"root={tmp_path / 'root'}", f"data.train_url={tmp_path / 'rows.jsonl'}", "data.eval_fraction=0.5",
+            "rollout.max_new_tokens=4"]
+    assert main([*args, "--show", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "custom" in out.split("\n\n")[0]  # the accuracy table first
+    shown = out.split("held-out prompts, answered greedily:\n")[1].strip().split("\n\n")
+    assert len(shown) == 2
+    for block in shown:
+        head, prompt, answer, response = block.splitlines()
+        row = rows[int(head.split()[1][1:])]
+        assert head.startswith(f"[custom] {row['id']}  reward ")
+        assert prompt == f"  prompt:   {row['messages']!r}" and answer == f"  answer:   {row['answer']!r}"
+        assert response.startswith("  response: '")
+
+    assert main([*args, "--show", "100", "--json"]) == 0  # more than there are: all of them
+    report = json.loads(capsys.readouterr().out)
+    assert {"id", "prompt", "answer", "response", "reward"} <= set(report["examples"][0])
+    rewards = [e["reward"] for e in report["examples"]]
+    assert len(rewards) == report["n"]["custom"] and sum(rewards) / len(rewards) == report["accuracy"]["custom"]
