@@ -5,7 +5,7 @@ Policies write answers in many styles: ``<answer>7</answer>``, ``\\boxed{7}``, G
 strict enough not to be gamed and lenient enough not to punish harmless formatting, so
 extraction and normalization live here, once, and every task's reward goes through them.
 
-The two reward functions below follow the :data:`relax.data.suite.base.RewardFn` contract:
+The reward functions below follow the :data:`relax.data.suite.base.RewardFn` contract:
 ``reward(response: str, sample: Sample) -> float`` with a value in ``[0, 1]``.
 """
 
@@ -187,6 +187,18 @@ def numeric_match_reward(response: str, sample: Sample) -> float:
         return 1.0
     last = _last_number(predicted)
     return 1.0 if last is not None and numbers_equal(last, sample.answer) else 0.0
+
+
+def answer_match_reward(response: str, sample: Sample) -> float:
+    """:func:`numeric_match_reward` when ``sample.answer`` is a number (``7``, ``1,200``, ``3/4``), else
+    :func:`exact_match_reward`: the default verifier of rows whose task is not built in (``custom``).
+
+    Why both: a numeric match alone never rewards a word answer (``<answer>red</answer>`` for
+    ``red`` scored 0, so a dataset of labels trained on an all-zero reward), and an exact match
+    alone would refuse ``7 apples`` for ``7``."""
+    if parse_number(sample.answer) is not None:
+        return numeric_match_reward(response, sample)
+    return exact_match_reward(response, sample)
 
 
 def integer_distance(response: str, sample: Sample) -> int | None:

@@ -1,6 +1,8 @@
 """Reward dispatch: which function scores a response, and what happens when it raises.
 
-By default each sample is scored by its task's verifier (``TASKS[sample.task].reward``);
+By default each sample is scored by its task's verifier (``TASKS[sample.task].reward``), and a
+row of a task that is not built in (``custom``, ``gsm8k``) by
+:func:`~relax.data.verifiers.answer_match_reward` (numbers compared as numbers, words exactly);
 ``data.reward_fn`` (a dotted path, see :data:`relax.data.suite.base.RewardFn`) replaces it
 for every sample. A reward function that raises or returns something that is not a finite
 number in [0, 1] does not stop the run: the sample gets reward 0, zero loss weight and the
@@ -20,7 +22,7 @@ from typing import Any
 
 from relax.data.samples import Sample
 from relax.data.suite import TASKS, kind_of, load_reward_fn
-from relax.data.verifiers import integer_distance, numeric_match_reward
+from relax.data.verifiers import answer_match_reward, integer_distance
 from relax.rollout.judge import judge_from_config
 
 
@@ -74,7 +76,7 @@ class RewardDispatcher:
         if self.custom is not None:
             return self.custom
         task = TASKS.get(sample.task)
-        return task.reward if task is not None else numeric_match_reward
+        return task.reward if task is not None else answer_match_reward
 
     def score(self, response: str, sample: Sample) -> Scored:
         fn = self.function_for(sample)
