@@ -6,6 +6,13 @@ a *random* answer drawn from the task's answer space (``TaskSpec.answer_space``)
 answer, so the warm-started policy emits well-formed answers at chance accuracy, and any
 accuracy above chance after RL was learned by RL.
 
+Rows of your own data (a task that is not built in, e.g. ``custom`` or ``gsm8k``) are
+demonstrated the same way: their answer space is the set of distinct answers of the task's
+training rows (:func:`answer_spaces`), and the response is written in the format the prompt
+asks for (:func:`stated_format`: ``<answer>``, ``\\boxed{}`` or ``####``; ``<answer>`` when it
+names none, the default verifier's first choice). A row's own answer is never read: the plan
+is the same whichever row holds which answer.
+
 Random labels also teach the model to ignore its input, which RL must then undo. Two choices
 keep that damage small (measured with linear probes on the shapes task, docs/history/learning-recipe.md):
 
@@ -20,7 +27,7 @@ keep that damage small (measured with linear probes on the shapes task, docs/his
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,26 +47,67 @@ IM_END = "<|im_end|>"
 FORMAT_RECIPE = 2
 
 
-def demonstration_answers(sample: Sample, rng: random.Random, difficulty: int, per_prompt: int) -> list[str]:
-    """``min(per_prompt, |space|)`` distinct answers drawn at random from the task's answer space."""
-    space = TASKS[sample.task].answer_space(difficulty)
+# The answer formats a prompt can ask for, as (what the prompt says, the response for answer X).
+# The order is the verifier's (relax.data.verifiers.extract_final_answer): <answer> first.
+STATED_FORMATS: tuple[tuple[str, str], ...] = (
+    ("<answer>", "<answer>{}</answer>"),
+    ("\\boxed", "\\boxed{{{}}}"),
+    ("####", "#### {}"),
+)
+
+
+def answer_spaces(samples: Sequence[Sample], difficulty: int) -> dict[str, list[str]]:
+    """Every answer each task of ``samples`` can have: a built-in task's ``answer_space``, and for a
+    task of your own the sorted distinct answers of its rows. A set of answers, cut from the rows
+    it came from, so a demonstration drawn from it says nothing about which prompt has which answer."""
+    spaces: dict[str, set[str]] = {}
+    for s in samples:
+        if s.task not in TASKS:
+            spaces.setdefault(s.task, set()).add(s.answer.strip())
+    out = {task: sorted(answers) for task, answers in spaces.items()}
+    out.update({s.task: TASKS[s.task].answer_space(difficulty) for s in samples if s.task in TASKS})
+    return out
+
+
+def stated_format(sample: Sample) -> str:
+    """The response template (``"<answer>{}</answer>"``) of the first answer format the prompt's
+    text names; ``<answer>`` when it names none."""
+    text = "\n".join(m.content for m in sample.messages if m.role in ("system", "user"))
+    return next((template for marker, template in STATED_FORMATS if marker in text), STATED_FORMATS[0][1])
+
+
+def demonstration_answers(sample: Sample, rng: random.Random, difficulty: int, per_prompt: int,
+                          spaces: Mapping[str, list[str]] | None = None) -> list[str]:
+    """``min(per_prompt, |space|)`` distinct answers drawn at random from the task's answer space
+    (``spaces[sample.task]`` for a task of your own, see :func:`answer_spaces`)."""
+    if sample.task in TASKS:
+        space = TASKS[sample.task].answer_space(difficulty)
+    elif spaces is not None and spaces.get(sample.task):
+        space = list(spaces[sample.task])
+    else:
+        raise ValueError(f"format warm-start: task {sample.task!r} is not built in and no answer space was given "
+                         f"for it (relax.trainers.torch.sft.answer_spaces of the training rows)")
     return rng.sample(space, min(per_prompt, len(space)))
 
 
 def demonstration_plan(samples: Sequence[Sample], rng: random.Random, difficulty: int, batch_size: int,
-                       answers_per_prompt: int) -> list[tuple[Sample, str]]:
+                       answers_per_prompt: int, spaces: Mapping[str, list[str]] | None = None,
+                       ) -> list[tuple[Sample, str]]:
     """One step's (prompt, answer) pairs: random prompts, each with its distinct random answers
     (:func:`demonstration_answers`), until there are at least ``batch_size``."""
     plan: list[tuple[Sample, str]] = []
     while len(plan) < batch_size:
         s = samples[rng.randrange(len(samples))]
-        plan += [(s, a) for a in demonstration_answers(s, rng, difficulty, answers_per_prompt)]
+        plan += [(s, a) for a in demonstration_answers(s, rng, difficulty, answers_per_prompt, spaces)]
     return plan
 
 
 def format_demonstration(sample: Sample, answer: str) -> str:
-    """The oracle response of ``sample`` with its answer replaced by ``answer``."""
-    return TASKS[sample.task].response_with(sample, answer)
+    """The oracle response of ``sample`` with its answer replaced by ``answer``: the task's own for a
+    built-in task, else ``answer`` in the format the prompt states (:func:`stated_format`)."""
+    if sample.task in TASKS:
+        return TASKS[sample.task].response_with(sample, answer)
+    return stated_format(sample).format(answer)
 
 
 def prompt_inputs(sample: Sample, tokenizer: Any, processor: Any = None, load: Callable[[Any], bytes] | None = None,
@@ -105,16 +153,17 @@ def format_warmup(model: torch.nn.Module, tokenizer: Any, samples: Sequence[Samp
                   batch_size: int = 64, answers_per_prompt: int = 16, seed: int = 0, difficulty: int = 1,
                   micro_batch_tokens: int = 4096, processor: Any = None,
                   media_loader: Callable[[Any], bytes] | None = None) -> list[StepResult]:
-    """``steps`` SFT steps on format-only demonstrations of ``samples`` (built-in tasks; image and
-    audio prompts too when the model's ``processor`` and a ``media_loader`` are given).
+    """``steps`` SFT steps on format-only demonstrations of ``samples`` (built-in tasks and your own;
+    image and audio prompts too when the model's ``processor`` and a ``media_loader`` are given).
 
     A step holds at least ``batch_size`` demonstrations: random prompts, each with
     ``answers_per_prompt`` distinct random answers (all of a smaller answer space)."""
-    usable = [s for s in samples if s.task in TASKS and (processor is not None or not (s.images or s.audios
-                                                                                        or s.videos))]
+    usable = [s for s in samples if processor is not None or not (s.images or s.audios or s.videos)]
     if not usable:
-        raise ValueError("format warm-start needs samples of built-in tasks (text ones, or media ones with a "
-                         "multimodal model); set trainer.sft_steps=0 for custom data")
+        raise ValueError(f"format warm-start: all {len(samples)} training rows hold images, audio or video and the "
+                         f"model takes text only; use a multimodal model (the omni-cpu preset) or skip the warm "
+                         f"start with trainer.sft_steps=0 and start from model.init_checkpoint")
+    spaces = answer_spaces(usable, difficulty)
     rng = random.Random(derive_seed(seed, "format-warmup"))
     results = []
     with frozen_media_encoders(model):
@@ -122,7 +171,7 @@ def format_warmup(model: torch.nn.Module, tokenizer: Any, samples: Sequence[Samp
                                micro_batch_tokens=micro_batch_tokens, layout="pack",
                                pad_id=tokenizer.pad_token_id or 0)
         for step in range(steps):
-            plan = demonstration_plan(usable, rng, difficulty, batch_size, answers_per_prompt)
+            plan = demonstration_plan(usable, rng, difficulty, batch_size, answers_per_prompt, spaces)
             # a prompt comes with several answers: decode and process its media once
             prompts = {s.id: s for s, _ in plan}
             encoded = {sid: prompt_inputs(s, tokenizer, processor, media_loader) for sid, s in prompts.items()}
