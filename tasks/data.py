@@ -16,7 +16,7 @@ from flytekit import Cache, Resources, task
 
 from relax.config import DataConfig, RelaxConfig, validate
 from relax.data.snapshot import SnapshotInfo
-from relax.data.sources import plan_from_config, snapshot_from_config
+from relax.data.sources import open_snapshot, plan_from_config, snapshot_from_config
 from relax.objstore import absolute_url
 
 SNAPSHOT_CACHE_VERSION = "1"  # bump when the snapshot layout changes
@@ -34,6 +34,8 @@ class DatasetKey:
 def hash_dataset(cfg: RelaxConfig) -> DatasetKey:
     """Validate the whole config, then return its dataset's content id (reads, writes nothing)."""
     validate(cfg)  # a config from `pyflyte run --cfg file.json` has not been through relax's loader
+    if cfg.data.snapshot:  # written already: its id is its content
+        return DatasetKey(id=open_snapshot(cfg.data.snapshot, cfg.root).id, root=absolute_url(cfg.root))
     return DatasetKey(id=plan_from_config(cfg.data).id, root=absolute_url(cfg.root))
 
 

@@ -5,6 +5,7 @@ Beside it, the checks that read only this section.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,9 @@ from relax.config.fields import ConfigError, opt
 class DataConfig:
     """Where prompts come from and how the dataset snapshot is cut."""
 
+    snapshot: str = opt(
+        "", "Id of a dataset snapshot under root (ds-..., printed by `relax data snapshot`) to train and evaluate on, "
+        "as it was written. Empty = snapshot train_url, or the built-in suite.")
     train_url: str = opt(
         "",
         "jsonl or parquet file (any fsspec URL) with training rows; empty = the built-in task suite.",
@@ -86,3 +90,20 @@ def check_data_format(cfg: Any) -> None:
         raise ConfigError(f"data.format={d.format!r} is the row format of data.train_url/eval_url, and data.train_url "
                           f"is empty (the built-in task suite, which ignores it): set data.train_url to your "
                           f"{d.format} file, or data.format=relax")
+
+
+SNAPSHOT_ID = re.compile(r"ds-[0-9a-f]{16}")
+
+
+def check_snapshot(cfg: Any) -> None:
+    """data.snapshot names the rows already; the settings that would make other rows contradict it."""
+    d = cfg.data
+    if not d.snapshot:
+        return
+    if not SNAPSHOT_ID.fullmatch(d.snapshot):
+        raise ConfigError(f"data.snapshot={d.snapshot!r} is not a snapshot id: it looks like ds- and 16 hex digits, "
+                          f"as `relax data snapshot` prints it (`relax data inspect ROOT` lists them)")
+    given = [f"data.{k}" for k in ("train_url", "eval_url") if getattr(d, k)]
+    if given:
+        raise ConfigError(f"data.snapshot={d.snapshot} already names the rows, and {' and '.join(given)} name others: "
+                          f"set data.snapshot or {given[0]}, not both")

@@ -1,7 +1,8 @@
 """Turn the ``data`` section of a config into train/eval splits and into a snapshot.
 
 This is the one function the CLI, the Flyte task and later the trainer call, so that a
-config always names exactly one dataset snapshot.
+config always names exactly one dataset snapshot: the one ``data.snapshot`` names, as it was
+written, or the one made from ``data.train_url`` (or the built-in suite).
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from relax.config.preflight import check_root_writable
 from relax.data.errors import Problems
 from relax.data.readers import read_samples
 from relax.data.samples import Sample
-from relax.data.snapshot import MediaLimits, SnapshotInfo, SnapshotPlan, plan_snapshot, write_snapshot
-from relax.objstore import absolute_url
+from relax.data.snapshot import (
+    MediaLimits,
+    Snapshot,
+    SnapshotInfo,
+    SnapshotPlan,
+    list_snapshots,
+    plan_snapshot,
+    write_snapshot,
+)
+from relax.objstore import absolute_url, exists, join
 
 
 def load_splits(data: DataConfig, problems: Problems | None = None) -> dict[str, list[Sample]]:
@@ -67,12 +76,29 @@ def source_description(data: DataConfig) -> dict[str, Any]:
 
 def plan_from_config(data: DataConfig, progress: bool = False) -> SnapshotPlan:
     """The snapshot plan of ``data``; one DataError lists every problem of its rows and media."""
+    if data.snapshot:
+        raise DataError(f"data.snapshot={data.snapshot} is a snapshot already written; there is nothing to plan "
+                        f"(open it with snapshot_from_config)")
     problems = Problems()
     return plan_snapshot(load_splits(data, problems), source_description(data), progress=progress,
                          limits=MediaLimits.from_config(data), problems=problems)
 
 
 def snapshot_from_config(data: DataConfig, root: str, progress: bool = False) -> SnapshotInfo:
-    """Create (or reuse) the snapshot of the dataset ``data`` describes under ``root``."""
+    """Create (or reuse) the snapshot of the dataset ``data`` describes under ``root``; with
+    ``data.snapshot``, open that snapshot (it must exist under ``root``)."""
+    if data.snapshot:
+        return open_snapshot(data.snapshot, root).info()
     check_root_writable(root)  # before the rows are read: a wrong root is the cheaper thing to learn first
     return write_snapshot(plan_from_config(data, progress), root, progress=progress)
+
+
+def open_snapshot(snapshot_id: str, root: str) -> Snapshot:
+    """Snapshot ``snapshot_id`` under ``root``; a missing one is an error listing those that exist."""
+    root = absolute_url(root)
+    if not exists(join(root, "datasets", snapshot_id, "manifest.json")):
+        present = list_snapshots(root)
+        listed = f"snapshots there: {', '.join(present)}" if present else "there are no snapshots there"
+        raise DataError(f"data.snapshot={snapshot_id}: no such snapshot under root {root} ({listed}); make it with "
+                        f"`relax data snapshot FILE --root {root}`, or set root to where it was made")
+    return Snapshot.open(root, snapshot_id)
