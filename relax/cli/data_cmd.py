@@ -10,7 +10,7 @@ from collections import Counter
 from relax.cli.args import split_overrides
 from relax.config import ConfigError, load_config
 from relax.data.errors import DataError
-from relax.data.snapshot import Snapshot, list_snapshots
+from relax.data.snapshot import Snapshot, SnapshotInfo, list_snapshots
 from relax.data.sources import snapshot_from_config
 from relax.objstore import absolute_url, exists, join
 
@@ -61,7 +61,19 @@ def _snapshot(args: argparse.Namespace) -> int:
         rows = ", ".join(f"{k}={v}" for k, v in sorted(info.rows.items()))
         print(f"snapshot {info.id} ({state})\n  at    {info.url}\n  rows  {rows}\n"
               f"  media {info.media_files} files, {info.media_bytes} bytes")
+        print("\n".join(usage_lines(info, args.root)))
     return 0
+
+
+def usage_lines(info: SnapshotInfo, root: str | None) -> list[str]:
+    """How to train and evaluate on the snapshot just made, with the preset docs/quickstart.md
+    recommends for what its rows hold (omni-cpu; omni-video-cpu when they hold videos)."""
+    modalities = set(Snapshot(info.url).manifest.get("modalities", {}).get("train", {}))
+    preset = "omni-video-cpu" if "video" in modalities else "omni-cpu"
+    where = f" root={root}" if root else ""
+    return [f"train on it:  relax run {preset} data.snapshot={info.id}{where} run_id=mine",
+            f"evaluate it:  relax eval {preset} data.snapshot={info.id}{where} --checkpoint CHECKPOINT --show 5",
+            "  (docs/quickstart.md, \"Train on your own data\")"]
 
 
 def _inspect(args: argparse.Namespace) -> int:
