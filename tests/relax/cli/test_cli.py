@@ -60,6 +60,9 @@ def test_snapshot_twice_prints_the_same_id(tmp_path):
     assert a["url"] == f"file://{tmp_path}/store/datasets/{a['id']}"
     human = relax("data", "snapshot", "rows.jsonl", "--root", "store", cwd=tmp_path).stdout
     assert f"snapshot {a['id']} (already existed, reused)" in human and f"at    {a['url']}" in human
+    # and how to use it: the run and the evaluation on the snapshot by id, with the root it lives under
+    assert f"relax run omni-cpu data.snapshot={a['id']} root=store run_id=mine" in human
+    assert f"relax eval omni-cpu data.snapshot={a['id']} root=store --checkpoint CHECKPOINT" in human
 
 
 def test_snapshot_missing_media_fails_cleanly(tmp_path):

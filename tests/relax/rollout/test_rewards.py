@@ -76,3 +76,12 @@ def test_reward_metrics_are_means_per_task_and_per_kind_of_question():
     assert reward_metrics(scored) == {"reward/arithmetic": 1.0, "reward/shapes": 0.5,
                                       "reward/shapes:colour": 0.0, "reward/shapes:count": 0.75}
     assert reward_metrics([]) == {}
+
+
+def test_rows_of_your_own_are_scored_as_numbers_or_as_words():
+    d = RewardDispatcher()
+    # a label dataset: numeric matching alone scored every right word 0
+    assert d.score("<answer>Red</answer>", _sample("c", task="custom", answer="red")).reward == 1.0
+    assert d.score("<answer>blue</answer>", _sample("c", task="custom", answer="red")).reward == 0.0
+    assert d.score("<answer>1,200 pens</answer>", _sample("g", task="gsm8k", answer="1200")).reward == 1.0
+    assert d.score("<answer>1201</answer>", _sample("g", task="gsm8k", answer="1200")).reward == 0.0

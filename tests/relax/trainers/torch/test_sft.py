@@ -79,3 +79,58 @@ def test_format_warmup_trains_the_decoder_and_leaves_the_encoders(omni, suite):
     assert encoder and not changed & encoder  # random answers say nothing about pictures or sounds
     assert any(n.endswith("embed_tokens.weight") for n in changed)  # the decoder learned
     assert all(p.requires_grad for p in model.parameters())
+
+
+def _custom(sid: str, answer: str, prompt: str = "Which digit? Put your final answer inside <answer></answer>.",
+            task: str = "custom"):
+    from relax.data.samples import Message, Sample
+
+    return Sample(id=sid, messages=(Message("user", prompt),), answer=answer, task=task)
+
+
+def test_a_custom_task_is_demonstrated_from_its_rows_answer_set():
+    from relax.trainers.torch.sft import answer_spaces
+
+    rows = [_custom(f"r{i}", str(i % 4)) for i in range(12)]
+    assert answer_spaces(rows, 1) == {"custom": ["0", "1", "2", "3"]}
+    plan = demonstration_plan(rows, random.Random(0), 1, batch_size=8, answers_per_prompt=16,
+                              spaces=answer_spaces(rows, 1))
+    for sample in {s.id: s for s, _ in plan}.values():
+        # every answer of the space as often per prompt: uniform targets, whatever the row's answer
+        counts = Counter(a for s, a in plan if s.id == sample.id)
+        assert set(counts) == {"0", "1", "2", "3"} and len(set(counts.values())) == 1
+
+
+def test_the_plan_does_not_depend_on_which_row_holds_which_answer():
+    from relax.trainers.torch.sft import answer_spaces
+
+    rows = [_custom(f"r{i}", str(i % 10)) for i in range(20)]
+    shuffled = [_custom(r.id, str((i * 7 + 3) % 10)) for i, r in enumerate(rows)]  # same answer set, moved around
+
+    def plan(samples):
+        spaces = answer_spaces(samples, 1)
+        return [(s.id, a) for s, a in demonstration_plan(samples, random.Random(5), 1, 40, 4, spaces)]
+
+    assert plan(rows) == plan(shuffled)
+
+
+@pytest.mark.parametrize(("prompt", "response"), [
+    ("Which digit? Put your final answer inside <answer></answer>.", "<answer>7</answer>"),
+    ("Solve it and write the result as \\boxed{}.", "\\boxed{7}"),
+    ("End with '#### N'.", "#### 7"),
+    ("Which digit?", "<answer>7</answer>"),  # no format stated: the default verifier's first choice
+])
+def test_a_custom_demonstration_uses_the_format_the_prompt_states(prompt, response):
+    from relax.data.verifiers import numeric_match_reward
+
+    sample = _custom("r", "3", prompt)
+    assert format_demonstration(sample, "7") == response
+    assert numeric_match_reward(response, _custom("r", "7", prompt)) == 1.0  # and the verifier reads it
+
+
+def test_format_warmup_runs_on_rows_of_your_own(omni):
+    """omni-cpu on custom rows crashed here; now the rows' own prompts are demonstrated."""
+    model, processor, tokenizer = omni
+    rows = [_custom(f"r{i}", str(i % 5)) for i in range(10)] + [_custom("g", "12", "Add. ####", task="gsm8k")]
+    results = format_warmup(model, tokenizer, rows, 2, lr=1e-2, batch_size=8, processor=processor)
+    assert len(results) == 2 and all(not r.skipped for r in results)
