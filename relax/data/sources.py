@@ -12,7 +12,7 @@ from typing import Any
 
 from relax.config import DataConfig
 from relax.config.preflight import check_root_writable
-from relax.data.errors import Problems
+from relax.data.errors import DataError, Problems
 from relax.data.readers import read_samples
 from relax.data.samples import Sample
 from relax.data.snapshot import (
