@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from relax.data.errors import DataError
 from relax.data.samples import Sample
 from relax.data.suite import TASKS
 from relax.data.suite.base import derive_seed
@@ -160,7 +161,8 @@ def format_warmup(model: torch.nn.Module, tokenizer: Any, samples: Sequence[Samp
     ``answers_per_prompt`` distinct random answers (all of a smaller answer space)."""
     usable = [s for s in samples if processor is not None or not (s.images or s.audios or s.videos)]
     if not usable:
-        raise ValueError(f"format warm-start: all {len(samples)} training rows hold images, audio or video and the "
+        # the data and the model disagree, a user's mistake: a DataError, which the CLI prints as one line
+        raise DataError(f"format warm-start: all {len(samples)} training rows hold images, audio or video and the "
                          f"model takes text only; use a multimodal model (the omni-cpu preset) or skip the warm "
                          f"start with trainer.sft_steps=0 and start from model.init_checkpoint")
     spaces = answer_spaces(usable, difficulty)

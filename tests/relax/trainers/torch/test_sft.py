@@ -134,3 +134,15 @@ def test_format_warmup_runs_on_rows_of_your_own(omni):
     rows = [_custom(f"r{i}", str(i % 5)) for i in range(10)] + [_custom("g", "12", "Add. ####", task="gsm8k")]
     results = format_warmup(model, tokenizer, rows, 2, lr=1e-2, batch_size=8, processor=processor)
     assert len(results) == 2 and all(not r.skipped for r in results)
+
+
+def test_picture_rows_for_a_text_only_model_are_a_data_error_naming_the_ways_out(omni):
+    """A user's mistake, so a DataError (the CLI prints it as one line), not a raw ValueError."""
+    from dataclasses import replace
+
+    from relax.data.errors import DataError
+
+    model, _, tokenizer = omni
+    rows = [replace(_custom(f"r{i}", str(i)), images=(f"img/{i}.png",)) for i in range(3)]
+    with pytest.raises(DataError, match=r"all 3 training rows hold images.*trainer\.sft_steps=0"):
+        format_warmup(model, tokenizer, rows, 1, lr=1e-2, processor=None)
