@@ -44,11 +44,7 @@ LOCAL = [
     "tests/test_docs.py",
     "tests/test_layers.py",
     "tests/test_repo.py",
-    *(
-        f"tests/relax/services/roles/{f.name}"
-        for f in sorted((REPO / "tests/relax/services/roles").glob("test_*.py"))
-        if f.name != "test_external_agents.py"
-    ),  # 200 s: in the cluster session, to balance the two
+    "tests/relax/services/roles",  # every role's test; their runs are processes of their own
     "tests/relax/services/test_learning.py",
     "tests/relax/services/test_video_learning.py",
     # the cluster emulator starts Ray clusters and an S3 server of its own, not the session's
