@@ -77,8 +77,9 @@ def gsm8k_rows(folder: Path, split: str, n: int) -> None:
                                 "answer": f"Ali has {a}+{b}=<<{a}+{b}={a + b}>>{a + b} pens.\n#### {a + b}"}) + "\n")
 
 
-def follow(folder: Path, gsm8k: bool) -> None:
-    """The section's snapshot (the GSM8K one or the other), run and eval commands in ``folder``."""
+def follow(folder: Path, gsm8k: bool) -> tuple[float, str]:
+    """The section's snapshot (the GSM8K one or the other), run and eval commands in ``folder``;
+    returns the run's first training reward and what ``relax eval --show`` printed."""
     snap, run, evaluate = ([c for c in commands() if c[1:3] == ["data", "snapshot"] and ("gsm8k" in c) == gsm8k]
                            + [c for c in commands() if c[1] in ("run", "eval")])
     out = relax(snap, folder)
@@ -90,12 +91,11 @@ def follow(folder: Path, gsm8k: bool) -> None:
     assert out.returncode == 0, out.stderr
     assert f"on data {sid}" in out.stdout  # trained on the snapshot by id, not a new one
     first, _ = map(float, re.search(r"training reward ([\d.]+) -> ([\d.]+)", out.stdout).groups())
-    assert first > 0.0, out.stdout  # the warm start taught the format: some first answers were right
     checkpoint = re.search(r"^checkpoint: (\S+)", out.stdout, re.M).group(1)
 
     out = relax(evaluate, folder, id=sid, checkpoint=checkpoint)
     assert out.returncode == 0, out.stderr
-    assert "<answer>" in out.stdout  # the samples shown: responses in the format the warm start taught
+    return first, out.stdout
 
 
 def test_the_example_row_states_the_answer_format():
@@ -107,10 +107,14 @@ def test_the_example_row_states_the_answer_format():
 def test_pictures_of_digits_train_from_the_first_steps(tmp_path):
     digit_rows(tmp_path, "train", 60)
     digit_rows(tmp_path, "test", 10)
-    follow(tmp_path, gsm8k=False)
+    first_reward, shown = follow(tmp_path, gsm8k=False)
+    assert first_reward > 0.0  # the warm start taught the format: some first answers were right
+    assert "<answer>" in shown  # the samples shown: responses in the format the warm start taught
 
 
 def test_gsm8k_train_and_test_files_train_from_the_first_steps(tmp_path):
     gsm8k_rows(tmp_path, "train", 60)
     gsm8k_rows(tmp_path, "test", 10)
-    follow(tmp_path, gsm8k=True)
+    first_reward, shown = follow(tmp_path, gsm8k=True)
+    assert first_reward > 0.0
+    assert "<answer>" in shown
