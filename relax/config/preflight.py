@@ -114,11 +114,12 @@ def served_vocab_size(url: str, timeout_s: float = 30.0) -> int | None:
     return int(size) if isinstance(size, int) else None
 
 
-def check_served_teacher(cfg: Any) -> None:
-    """teacher.url answers as an engine server (its vocabulary is compared with the student's by relax.config.fit)."""
+def check_served_teacher(cfg: Any) -> int | None:
+    """teacher.url answers as an engine server; returns its vocabulary size, which relax.config.fit compares
+    with the student's (one request for both)."""
     url = cfg.teacher.url
     try:
-        served_vocab_size(url)
+        return served_vocab_size(url)
     except Exception as e:  # unreachable, refused, not an engine
         raise ConfigError(f"teacher.url={url} does not answer /get_model_info ({type(e).__name__}: {e}); "
                           f"start the teacher's engine server first") from None

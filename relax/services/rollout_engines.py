@@ -105,15 +105,15 @@ def open_engines(ctx: RunContext, engine_urls: list[str] | None, store: WeightSt
     cfg, r = ctx.cfg, ctx.cfg.rollout
     slots = max(r.n_samples_per_prompt * r.prompts_per_step, 8)
     sglang = r.engine == "sglang"  # SGLang servers it owns (with --engine-url: those URLs)
-    # HTTP engines: the rollout expands media placeholders itself, from the processor alone
-    processor = ctx.processor if (engine_urls or r.engine_processes > 0 or sglang) else None
     faults = {"timeout_s": r.engine_timeout_s, "max_failures": r.engine_max_failures,
               "supervise_interval_s": r.supervise_interval_s, "weight_sync": r.weight_sync,
               "routed_experts": cfg.algorithm.routing_replay}
+    # HTTP engines (by URL or owned): the rollout expands media placeholders itself, from the processor alone
     if engine_urls:
-        return RolloutEngines(RemoteEngines(engine_urls, **faults), processor, ctx.run_url)
+        return RolloutEngines(RemoteEngines(engine_urls, **faults), ctx.processor, ctx.run_url)
     if sglang or r.engine_processes > 0:
-        return _owned_engines(ctx, r.num_engines if sglang else r.engine_processes, slots, store, faults, processor)
+        return _owned_engines(ctx, r.num_engines if sglang else r.engine_processes, slots, store, faults,
+                              ctx.processor)
     model, processor = build_model(ctx)
     pool = LocalEngines(model, ctx.tokenizer, max_batch_size=slots, max_seq_len=cfg.model.max_seq_len,
                         seed=cfg.seed, record_routes=cfg.algorithm.routing_replay)

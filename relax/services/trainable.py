@@ -16,7 +16,7 @@ from relax.config.fit import (
     check_served_vocab,
     check_teacher_vocab,
 )
-from relax.config.preflight import check_served_teacher, preflight, served_vocab_size
+from relax.config.preflight import check_served_teacher, preflight
 from relax.data.suite import TASKS, load_env_fn, load_reward_fn
 from relax.services.run_context import RunContext
 
@@ -39,8 +39,7 @@ def check_trainable(ctx: RunContext, engine_urls: list[str] | None = None, *, te
     train = ctx.split("train")  # the dataset snapshot: made here if this is the run's first start
     if teacher and cfg.teacher.url:
         check_served_teacher_rows(cfg, train)
-        check_served_teacher(cfg)
-        check_served_vocab(cfg, served_vocab_size(cfg.teacher.url), len(ctx.tokenizer))
+        check_served_vocab(cfg, check_served_teacher(cfg), len(ctx.tokenizer))
     check_rows(cfg, train, engine_urls, agent_tasks={name for name, task in TASKS.items() if task.make_env})
 
 
