@@ -183,3 +183,23 @@ def check_warm_started(cfg: Any) -> None:
         raise ConfigError(f"trainer.sft_steps={cfg.trainer.sft_steps} asks for a format warm-start, which the "
                           f"pipeline runs before RL: use `relax train`/`relax run` or relax.pipeline.train_run, "
                           f"or set trainer.sft_steps=0 (or model.init_checkpoint to a warm-start)")
+
+
+def check_lora(cfg: Any) -> None:
+    """``model.lora`` runs on the PyTorch backend with engines that load adapter versions (docs/lora.md)."""
+    if cfg.model.lora.rank == 0:
+        if cfg.model.lora.init_checkpoint:
+            raise ConfigError("model.lora.init_checkpoint continues an adapter, but model.lora.rank=0 trains none: "
+                              "set model.lora.rank to the adapter's rank")
+        return
+    if cfg.trainer.backend == "megatron":
+        raise ConfigError("model.lora trains PEFT adapters on the PyTorch backend only (megatron-bridge's PEFT "
+                          "needs transformer-engine on CUDA and transformers<5): set trainer.backend=torch or "
+                          "model.lora.rank=0")
+    if cfg.rollout.weight_sync == "broadcast":
+        raise ConfigError("model.lora publishes adapter-only versions that engines merge onto their base; "
+                          "rollout.weight_sync=broadcast sends whole models: set rollout.weight_sync=disk")
+    if cfg.rollout.engine != "native":
+        raise ConfigError(f"model.lora with rollout.engine={cfg.rollout.engine}: the rollout loads adapter versions "
+                          f"into native engines only so far (SGLang servers take a PEFT folder by hand, docs/lora.md): "
+                          f"set rollout.engine=native")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from relax.config.fields import ConfigError, opt
+from relax.config.fields import ConfigError, opt, section
 
 # the families each built-in tiny model (relax.models.builders) can be built as
 BUILTIN_FAMILIES = {
@@ -23,6 +23,26 @@ MOE_FAMILIES = ("qwen2_moe", "qwen3_moe")
 # model families whose processors take images / audio (relax.models.processors)
 IMAGE_FAMILIES = ("qwen2_5_vl", "qwen2_5_omni")
 AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
+# the decoder's projections LoRA may wrap per family (nn.Linear in every layer; relax.models.lora)
+_DENSE = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_MODULES = {**{f: _DENSE for f in ("qwen2", "qwen3", "llama", "qwen2_5_vl", "qwen2_audio", "qwen2_5_omni")},
+                "qwen2_moe": _DENSE,  # its MLP projections are the shared expert's
+                "qwen3_moe": _DENSE[:4]}
+# routed experts are fused 3-D parameters (mlp.experts), not nn.Linear modules PEFT's LoRA layers wrap
+MOE_EXPERT_MODULES = ("experts", "gate_up_proj")
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters on the policy (PEFT, PyTorch backend): only they train and only they are published."""
+
+    rank: int = opt(0, "LoRA rank r of every adapted projection; 0 = off (full fine-tuning).", range=(0, 4096))
+    alpha: float = opt(16.0, "LoRA alpha: the adapter's update is scaled by alpha / rank.", range=(0.0, None))
+    dropout: float = opt(0.0, "Dropout on the adapter's input while training.", range=(0.0, 0.9))
+    target_modules: list[str] = opt([], "Projection names of the language decoder to adapt, e.g. [q_proj, v_proj]; "
+                                    "empty = all of the family's attention and MLP projections (docs/lora.md).")
+    init_checkpoint: str = opt("", "A Relax checkpoint folder of a LoRA run (any fsspec URL) whose adapter this run "
+                               "continues; empty = a fresh adapter (B = 0, so training starts at the base).")
 
 
 @dataclass
@@ -58,6 +78,7 @@ class ModelConfig:
         "", "A Relax checkpoint folder (any fsspec URL) the run's policy starts from: a format warm-start "
         "(relax.pipeline.warm_start) or another run's checkpoint, which then becomes the lineage parent. "
         "Empty = the seeded initial model (plus trainer.sft_steps of warm-start, if set).")
+    lora: LoraConfig = section(LoraConfig, "LoRA adapters (rank 0 = off).")
 
 
 @dataclass
@@ -125,3 +146,24 @@ def _loopback(url: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def lora_targets(m: Any) -> list[str]:
+    """The projection names ``model.lora`` adapts: its ``target_modules``, or the family's default."""
+    return list(m.lora.target_modules) or list(LORA_MODULES[m.family])
+
+
+def check_lora_targets(cfg: Any) -> None:
+    """Every ``model.lora.target_modules`` entry must be a projection the family has as nn.Linear."""
+    m = cfg.model
+    if m.lora.rank == 0:
+        return
+    allowed = LORA_MODULES[m.family]
+    for name in m.lora.target_modules:
+        if name in MOE_EXPERT_MODULES:
+            raise ConfigError(f"model.lora.target_modules names {name!r}: the routed experts of {m.family} are fused "
+                              f"3-D parameters (mlp.experts), which PEFT's LoRA layers do not wrap. Drop it; adapt "
+                              f"{list(allowed)} instead")
+        if name not in allowed:
+            raise ConfigError(f"model.lora.target_modules names {name!r}, which model.family={m.family} has no "
+                              f"projection of: choose from {list(allowed)} (or leave it empty for all of them)")

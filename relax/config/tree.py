@@ -75,7 +75,8 @@ CHECKS: tuple[Callable[[Any], None], ...] = (
     algorithm.check_kl_topk, cross.check_reward_role, cross.check_external_agents,
     rollout.check_agent_reward_range, rollout.check_gateway_port, rollout.check_engine_kind_options,
     cross.check_sglang_engine_gpus, rollout.check_engine_launcher, rollout.check_max_engine_processes,
-    model.check_builtin_family, data.check_data_format, cross.check_partial_rollout_abort, data.check_snapshot,
+    model.check_builtin_family, model.check_lora_targets, cross.check_lora, data.check_data_format,
+    cross.check_partial_rollout_abort, data.check_snapshot,
 )
 
 
