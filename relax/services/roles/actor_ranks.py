@@ -31,15 +31,17 @@ import torch
 import torch.distributed as dist
 
 from relax.config import RelaxConfig, config_from_dict, config_to_dict
+from relax.models import lora
 from relax.services.launchers.process import free_port, kill_on_parent_death
 from relax.services.launchers.role_process import describe_exit
-from relax.services.policy import build_model
+from relax.services.policy import build_actor_model
 from relax.services.run_context import RunContext
 from relax.trainers.checkpoint.files import CheckpointError
 from relax.trainers.checkpoint.trainer_state import load_checkpoint, save_sharded_checkpoint, trainer_state
 from relax.trainers.model_parallel import unwrap
 from relax.trainers.torch.actor import Actor
 from relax.trainers.torch.trainer import StepResult, wrap_ddp
+from relax.transfer.adapter_versions import split
 
 RANK_ENV, WORLD_ENV, PORT_ENV = "RELAX_ACTOR_RANK", "RELAX_ACTOR_WORLD", "RELAX_ACTOR_PORT"
 NO_TIMEOUT = datetime.timedelta(days=365)
@@ -117,16 +119,21 @@ class RankOps:
     """What each rank runs for a command; rank 0's results are the actor role's."""
 
     def __init__(self, ctx: RunContext, world: int):
-        model, self.processor = build_model(ctx)
+        model, self.processor = build_actor_model(ctx)
+        self.lora = ctx.cfg.model.lora.rank > 0
         self.actor = Actor(parallel_model(model, ctx.cfg, world), ctx.cfg, pad_id=ctx.tokenizer.pad_token_id or 0)
         self.ctx = ctx
 
     def train_step(self, batch: Any) -> StepResult:
         return self.actor.train_step(batch)
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The full weights in the Hugging Face layout (gathered over shards on every rank)."""
-        return unwrap(self.actor.model).state_dict()
+    def weights(self, with_base: bool = True) -> dict[str, torch.Tensor]:
+        """The full weights in the Hugging Face layout (gathered over shards on every rank); a LoRA
+        policy's adapter tensors instead, after its base's (``with_base``: a base version's)."""
+        model = unwrap(self.actor.model)
+        if self.lora:
+            return {**(lora.base_state(model) if with_base else {}), **lora.adapter_state(model)}
+        return model.state_dict()
 
     def load_weights(self, state: dict[str, torch.Tensor] | None = None, version: int | None = None) -> None:
         if state is None:  # each rank reads the version itself: a full state dict is not broadcast
@@ -135,10 +142,14 @@ class RankOps:
                 state, _ = store.load(version)
             finally:
                 store.close()
+        if self.lora:  # the base is the one built beside it (build_actor_model)
+            lora.load_adapter_state(unwrap(self.actor.model), split(state)[1], f"weight version {version}")
+            return
         unwrap(self.actor.model).load_state_dict(state)
 
     def load_init(self, url: str) -> None:
-        load_checkpoint(url, self.actor.model, restore_rng=False)
+        if not self.lora:  # a LoRA policy loaded it as its base when it was built
+            load_checkpoint(url, self.actor.model, restore_rng=False)
 
     def resume(self, url: str) -> dict[str, Any]:
         return self.actor.trainer.load(url)

@@ -6,7 +6,8 @@ and whatever the caller records (step, manifest versions consumed up to, weight 
 The files are read as ``relax.trainers.checkpoint.files`` says: sha256 first, then a
 weights-only unpickling, so nothing read back runs code. The RNG states are stored as
 tensors and ints for that reason. The optimizer's state is kept by parameter name
-(``relax.trainers.checkpoint.optim_state``).
+(``relax.trainers.checkpoint.optim_state``). A LoRA model's checkpoint holds its adapter alone
+(``relax.models.lora.checkpoint_tensors``): the frozen base is rebuilt from the config.
 
 A Megatron actor may write its checkpoint sharded instead (``trainer.checkpoint_format=sharded``,
 ``relax.trainers.checkpoint.sharded``): :func:`read_state` consolidates one into this same state, so
@@ -75,7 +76,9 @@ def trainer_head(optimizer: torch.optim.Optimizer | None = None, scheduler: Any 
 def trainer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                   scheduler: Any = None) -> dict[str, Any]:
     """What a checkpoint's ``trainer.pt`` holds (collective for a sharded model: every rank calls it)."""
-    return {**trainer_head(optimizer, scheduler), "model": unwrap(model).state_dict(),
+    from relax.models.lora import checkpoint_tensors  # relax.models loads transformers: only where a model is
+
+    return {**trainer_head(optimizer, scheduler), "model": checkpoint_tensors(unwrap(model)),
             "optimizer": optimizer_state(model, optimizer) if optimizer is not None else None}
 
 
@@ -132,9 +135,11 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     own = hook(model, "load_own_shard")  # the same parallel layout: read only this rank's
     if meta.get("format") == SHARDED and own is not None and own(url, meta, head, optimizer):
         return _restore_rest(head, meta, scheduler, restore_rng)
+    from relax.models.lora import checkpoint_tensors, load_checkpoint_tensors
+
     state = _whole(url, meta, head)
-    check_compatible(state["model"], unwrap(model).state_dict(), url)
-    unwrap(model).load_state_dict(state["model"])
+    check_compatible(state["model"], checkpoint_tensors(unwrap(model)), url)
+    load_checkpoint_tensors(unwrap(model), state["model"], url)
     if optimizer is not None and state["optimizer"] is not None:
         load_optimizer_state(model, optimizer, state["optimizer"])
     return _restore_rest(state, meta, scheduler, restore_rng)

@@ -23,6 +23,7 @@ from relax.algorithms import (
     topk_forward_kl,
 )
 from relax.config import AlgorithmConfig, RelaxConfig
+from relax.models.lora import adapter_disabled
 from relax.trainers.model_parallel import unwrap
 from relax.trainers.packing import MicroBatch
 from relax.trainers.torch.batch import TEACHER_TOPK_FIELDS, TOPK_FIELDS, RolloutBatch, data_parallel_share
@@ -292,3 +293,23 @@ class Reference:
             for s, (i, v), lp in zip(mb.spans, out.reads, out.logprobs, strict=True):
                 ids[s.index], lps[s.index], sampled[s.index] = i, v, lp
         return ReferenceTopK(ids, lps, sampled)  # type: ignore[arg-type]
+
+
+class AdapterOffReference(Reference):
+    """The KL reference of a LoRA policy: the same model with its adapters bypassed (the frozen base),
+    so no second copy of the model is held. Shares the actor's model, which it never freezes."""
+
+    def __init__(self, model: torch.nn.Module, micro_batch_tokens: int = 4096, temperature: float = 1.0,
+                 layout: str = "bucket"):
+        self.model = unwrap(model)  # past any DDP wrapper: a gradient-free forward on this rank alone
+        self.micro_batch_tokens = micro_batch_tokens
+        self.temperature = temperature
+        self.layout = layout if layout == "prefix" else "bucket"
+
+    def logprobs(self, batch: RolloutBatch) -> list[torch.Tensor]:
+        with adapter_disabled(self.model):
+            return super().logprobs(batch)
+
+    def topk(self, batch: RolloutBatch, k: int) -> ReferenceTopK:
+        with adapter_disabled(self.model):
+            return super().topk(batch, k)
