@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Any
 
+from relax.engines.adapter_load import load_into
 from relax.engines.native.scoring import PromptScores, score_prompt
 from relax.engines.streaming import stream_response
 from relax.engines.types import (
@@ -27,7 +28,7 @@ from relax.engines.types import (
     refuse_unless_neutral,
     routes_to_wire,
 )
-from relax.engines.weight_source import check_source, complete_tied, load_weights
+from relax.engines.weight_source import check_source, load_weights
 from relax.faults import fault_point
 
 
@@ -355,8 +356,7 @@ class Frontend:
             # the version the samples will carry is the store's, never a label the caller chose
             if label is not None and str(label) != version:
                 raise EngineError(f"weight_version {label!r} is not the version at {path!r} ({version})")
-            state = complete_tied(state, getattr(self.engine, "model", None))
-            await asyncio.to_thread(self.engine.update_weights, state, version)
+            await asyncio.to_thread(load_into, self.engine, state, version)  # an adapter merged onto its base
         except Exception as e:  # the engine keeps its old weights; the caller decides what to do
             return 400, {"success": False, "message": f"{type(e).__name__}: {e}", "num_paused_requests": 0}
         return 200, {"success": True, "message": f"loaded {path} as weight_version {version}",

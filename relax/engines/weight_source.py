@@ -49,15 +49,14 @@ def check_source(path: str, store_root: str | None, run_id: str | None, served: 
 def load_weights(path: str, store_root: str | None, run_id: str | None) -> tuple[dict[str, Any], str]:
     """``(state_dict, version)`` from a WeightStore version URL, a bare version number (with
     ``store_root``/``run_id`` configured) or a local folder of ``*.safetensors`` (an HF save)."""
+    from relax.transfer.adapter_versions import load_version
     from relax.transfer.weights import WeightStore
 
     m = _VERSION_URL.match(path.rstrip("/"))
-    if m:
-        state, _ = WeightStore(m["root"], m["run"]).load(int(m["version"]))
-        return state, str(int(m["version"]))
+    if m:  # an adapter version comes as an AdapterVersion (relax.engines.adapter_load merges it)
+        return load_version(WeightStore(m["root"], m["run"]), int(m["version"])), str(int(m["version"]))
     if path.isdigit() and store_root and run_id:
-        state, _ = WeightStore(store_root, run_id).load(int(path))
-        return state, path
+        return load_version(WeightStore(store_root, run_id), int(path)), path
     folder = Path(path.removeprefix("file://")).expanduser()
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     if not files:

@@ -18,9 +18,11 @@ from typing import Any, Protocol
 
 import torch
 
+from relax.engines.adapter_load import load_into
 from relax.engines.native.engine import NativeEngine
 from relax.engines.types import Completion, GenerateRequest, SamplingParams
 from relax.rollout.prompts import EncodedPrompt
+from relax.transfer.adapter_versions import load_version
 from relax.transfer.weights import WeightStore
 
 
@@ -65,8 +67,7 @@ class LocalEngines:
         return [f.result() for f in futures]
 
     def load_weights(self, store: WeightStore, version: int) -> None:
-        state, _ = store.load(version)
-        self.engine.update_weights(state, str(version))
+        load_into(self.engine, load_version(store, version), str(version))  # an adapter merged onto its base
         self.weight_version = version
 
     def close(self) -> None:

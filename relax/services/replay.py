@@ -124,7 +124,7 @@ class Retrain:
                 rec = self.recorded.get(m["step"], {})
                 yield StepComparison(m["step"], m["loss"], m["grad_norm"], rec.get("loss"), rec.get("grad_norm"),
                                      {k: m[k] for k in TERM_METRICS if k in m})
-            self.weights = compare_weights(self.store, role.version, role.ranks.call("weights"))
+            self.weights = compare_weights(self.store, role.version, role.ranks.call("weights", role.version == 0))
         finally:
             role.close()
 

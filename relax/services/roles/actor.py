@@ -29,7 +29,8 @@ from relax.services.supervision import read_restarts
 from relax.trainers.checkpoint.files import read_meta
 from relax.trainers.checkpoint.sharded import SHARDED
 from relax.trainers.checkpoint.trainer_state import load_newest_good, write_checkpoint
-from relax.trainers.torch.actor import Reference, kl_loss_term, reference_fields, teacher_fields
+from relax.trainers.torch.actor import AdapterOffReference, Reference, kl_loss_term, reference_fields, teacher_fields
+from relax.transfer.adapter_versions import publish_adapter, split
 from relax.transfer.consumer import ConsumerGroup, trained_policy_versions
 from relax.transfer.lineage import LineageRecord, ParentRef, code_version, record_url, write_record
 
@@ -95,7 +96,7 @@ def initial_reference(ctx: RunContext, wait_s: float | None = None) -> tuple[Ref
         state, _ = store.load(0)
     finally:
         store.close()
-    model.load_state_dict(state)
+    model.load_state_dict(split(state)[0])  # a LoRA run's version 0 also holds its starting adapter
     if megatron_beside_actor(ctx.cfg):  # the same weights in megatron-core's layers
         model = parallel_model(model, ctx.cfg, 1)
     return Reference(model, ctx.cfg.trainer.micro_batch_tokens, ctx.cfg.rollout.temperature,
@@ -129,13 +130,26 @@ class ActorRole:
             if cfg.model.init_checkpoint and self.resumed_from is None:
                 self.ranks.call("load_init", cfg.model.init_checkpoint)
                 meta["init_checkpoint"] = cfg.model.init_checkpoint
-            self.store.publish(0, self.ranks.call("weights"), meta)
+            self.publish(0, meta)
         elif self.resumed_from is None:  # version 0 published before a crash that preceded any checkpoint
             self.ranks.call("load_weights", None, 0)
         # with kl_in_reward the KL is in the advantages (the advantage role holds the reference);
         # with reference_role the rows bring ref_logprobs (relax.services.roles.reference)
-        use_ref = kl_loss_term(cfg.algorithm)
-        self.reference = initial_reference(ctx)[0] if use_ref and not cfg.algorithm.reference_role else None
+        use_ref = kl_loss_term(cfg.algorithm) and not cfg.algorithm.reference_role
+        self.reference = None if not use_ref else (
+            AdapterOffReference(self.actor.model, cfg.trainer.micro_batch_tokens, cfg.rollout.temperature,
+                                cfg.trainer.micro_batch_layout) if cfg.model.lora.rank else initial_reference(ctx)[0])
+
+    def publish(self, version: int, meta: dict[str, Any]) -> None:
+        """Publish the policy as ``version``: its whole weights, or with LoRA its adapter (version 0: its
+        base too) applying to base version 0 (relax.transfer.adapter_versions)."""
+        if not self.cfg.model.lora.rank:
+            self.store.publish(version, self.ranks.call("weights"), meta)
+            return
+        from relax.models.lora import adapter_info
+
+        publish_adapter(self.store, version, self.ranks.call("weights", version == 0), adapter_info(self.cfg.model),
+                        meta)
 
     @property
     def version(self) -> int:
@@ -169,7 +183,7 @@ class ActorRole:
         # a step's record is written before it trains, so only a replayed step can find its
         # version already published (by the incarnation that died): that one is kept
         if not (batch.replayed and self.version in self.store.versions()):
-            self.store.publish(self.version, self.ranks.call("weights"), {"step": s})
+            self.publish(self.version, {"step": s})
         if self.step_index % self.cfg.trainer.checkpoint_every == 0 or self.done:
             self.checkpoint(s)
         staleness = [self.version - 1 - v for v in batch.policy_versions]
