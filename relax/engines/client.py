@@ -213,6 +213,11 @@ class EngineClient:
             payload["weight_version"] = str(version)
         return await self._control("/update_weights_from_disk", payload)
 
+    async def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """SGLang's ``/load_lora_adapter`` (a server started with ``--enable-lora``): the PEFT folder at
+        ``path`` served as ``name`` (requests then pick it by ``lora_path``); ``{success, message}``."""
+        return await self._control("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
     async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
                                         world_size: int, group_name: str = "weight_update_group",
                                         backend: str = "nccl") -> dict[str, Any]:

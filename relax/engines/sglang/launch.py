@@ -19,6 +19,7 @@ from typing import Any
 
 from relax.config import RelaxConfig
 from relax.config.cross import sglang_tp_size
+from relax.config.model import lora_targets
 from relax.engines.client import EngineClient
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -55,6 +56,9 @@ def server_args(cfg: RelaxConfig, model_path: str, port: int, host: str = "127.0
         args.append("--trust-remote-code")
     if cfg.algorithm.routing_replay:  # the rollout asks each request for its experts (R3)
         args.append("--enable-return-routed-experts")
+    if cfg.model.lora.rank:  # adapters load at run time (/load_lora_adapter), so their rank and modules are fixed now
+        args += ["--enable-lora", "--max-lora-rank", str(cfg.model.lora.rank),
+                 "--lora-target-modules", *lora_targets(cfg.model)]
     return args + list(extra or [])
 
 

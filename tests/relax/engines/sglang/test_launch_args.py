@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from relax.config import RelaxConfig
+from relax.config.model import LORA_MODULES
 from relax.engines.sglang.launch import launch, server_args
 
 
@@ -56,6 +57,7 @@ def test_every_flag_is_accepted_by_sglangs_own_parser() -> None:
     cfg = RelaxConfig()
     cfg.model.dtype, cfg.model.max_seq_len = "bfloat16", 4096
     cfg.algorithm.routing_replay = True  # R3: SGLang records each token's experts
+    cfg.model.lora.rank, cfg.model.lora.target_modules = 16, ["q_proj", "v_proj"]  # adapters loaded at run time
     argv = server_args(cfg, "/models/qwen", 31000, host="0.0.0.0", gpu_ids=[0, 1], api_key="secret",
                        trust_remote_code=True, extra=["--disable-radix-cache"])
     out = subprocess.run([sys.executable, str(Path(__file__).with_name("sglang_parser.py")), *argv[3:]],
@@ -69,6 +71,8 @@ def test_every_flag_is_accepted_by_sglangs_own_parser() -> None:
     assert parsed["api_key"] == "secret" and parsed["trust_remote_code"] is True
     assert parsed["skip_server_warmup"] is True and parsed["disable_radix_cache"] is True
     assert parsed["enable_return_routed_experts"] is True
+    assert parsed["enable_lora"] is True and parsed["max_lora_rank"] == 16  # (its list-valued target modules
+    # are accepted by the parser but not printed by sglang_parser.py)
     # and the parser is real: a flag SGLang does not have is refused
     bad = subprocess.run([sys.executable, str(Path(__file__).with_name("sglang_parser.py")), "--model-path", "m",
                           "--no-such-flag"], env={**os.environ, "PYTHONPATH": str(PARSER_DIR)},
@@ -80,6 +84,11 @@ def test_remote_code_only_when_the_config_asks() -> None:
     assert "--trust-remote-code" not in server_args(RelaxConfig(), "m", 1)
     assert "--api-key" not in server_args(RelaxConfig(), "m", 1)
     assert "--enable-return-routed-experts" not in server_args(RelaxConfig(), "m", 1)  # only with routing_replay
+    assert "--enable-lora" not in server_args(RelaxConfig(), "m", 1)  # only with model.lora.rank > 0
+    cfg = RelaxConfig()
+    cfg.model.lora.rank = 8
+    argv = server_args(cfg, "m", 1)
+    assert argv[argv.index("--lora-target-modules") + 1:][:7] == list(LORA_MODULES["qwen2"])
 
 
 @pytest.mark.gpu
