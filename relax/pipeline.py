@@ -23,11 +23,11 @@ from relax.data.sources import snapshot_from_config
 from relax.models.builders import BUILTIN_MODELS, BUILTIN_VERSION
 from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
 from relax.services.driver import TrainSummary, train
-from relax.services.policy import build_model
+from relax.services.policy import build_model, checkpoint_policy
 from relax.services.report.accuracy import write_accuracy
 from relax.services.run_context import RunContext
 from relax.services.trainable import check_trainable
-from relax.trainers.checkpoint.trainer_state import load_checkpoint, save_checkpoint
+from relax.trainers.checkpoint.trainer_state import save_checkpoint
 from relax.trainers.torch.sft import FORMAT_RECIPE, format_warmup
 from relax.transfer.lineage import chain, chain_to_json, chain_to_text, list_records, list_runs
 from relax.transfer.lineage_render import render_svg
@@ -99,10 +99,8 @@ def evaluate(cfg: RelaxConfig, checkpoint: str = "", limit: int | None = None) -
     i.e. ``cfg.model.init_checkpoint`` when set) on the snapshot's eval split, ``limit`` per task."""
     ctx = RunContext(cfg)
     check_trainable(ctx, teacher=False)  # a text model on image/audio tasks fails here, naming the fix
-    model, processor = build_model(ctx)
     source = checkpoint or cfg.model.init_checkpoint
-    if source:
-        load_checkpoint(source, model, restore_rng=False)
+    model, processor = checkpoint_policy(ctx, source) if source else build_model(ctx)  # LoRA: merged on its base
     model.eval()
     r = cfg.rollout
     report = evaluate_policy(model, ctx.tokenizer, processor, per_task_limit(ctx.split("eval"), limit),

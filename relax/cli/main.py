@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from relax.cli import config_cmd, data_cmd, lineage_cmd, replay_cmd, run_cmd, scale_cmd, train_cmd
+from relax.cli import config_cmd, data_cmd, export_cmd, lineage_cmd, replay_cmd, run_cmd, scale_cmd, train_cmd
 from relax.cli.args import CommandError
 from relax.config import ConfigError
 from relax.data.errors import DataError
@@ -22,7 +22,7 @@ from relax.transfer.lineage import LineageError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous omni-modal RL post-training.")
     sub = parser.add_subparsers(
-        dest="area", required=True, metavar="{config,data,run,eval,train,role,status,scale,lineage,replay}"
+        dest="area", required=True, metavar="{config,data,run,eval,train,role,status,scale,lineage,replay,export}"
     )
     config_cmd.register(sub)
     data_cmd.register(sub)
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     lineage_cmd.register(sub)
     replay_cmd.register(sub)
     scale_cmd.register(sub)
+    export_cmd.register(sub)
     return parser
 
 

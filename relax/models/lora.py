@@ -47,8 +47,12 @@ def apply_lora(model: torch.nn.Module, model_cfg: Any) -> torch.nn.Module:
     if not names:
         raise ValueError(f"model.lora.target_modules {lora_targets(model_cfg)} match no nn.Linear of the "
                          f"{type(model).__name__} decoder: name projections it has (docs/lora.md)")
-    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=names,
-                             bias="none")
+    short = sorted({n.rsplit(".", 1)[-1] for n in names})
+    # the short names where they pick the same modules: what SGLang's --lora-target-modules and other tools read
+    every = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in short}
+    same = set(names) == every
+    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                             target_modules=short if same else names, bias="none")
     return peft.get_peft_model(model, config)
 
 

@@ -352,6 +352,10 @@ def chain_to_text(records: list[LineageRecord]) -> str:
              f"{_plural(len(datasets), 'dataset snapshot')} (newest first)"]
     for i, (record, row) in enumerate(zip(records, rows, strict=True)):
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        lora = record.extra.get("lora") if isinstance(record.extra, dict) else None
+        if isinstance(lora, dict):  # an adapter checkpoint: what it applies to is not in it
+            lines.append(f"  LoRA adapter r={lora.get('rank')} on base model {lora.get('base_model')}, base checkpoint "
+                         f"{lora.get('base_checkpoint') or '(none: the seeded model)'}")
         if record.parent is None:
             lines.append("  (first checkpoint: no parent)")
         elif i + 1 < len(records):

@@ -151,6 +151,15 @@ class ActorRole:
         publish_adapter(self.store, version, self.ranks.call("weights", version == 0), adapter_info(self.cfg.model),
                         meta)
 
+    def lora_record(self) -> dict[str, Any]:
+        """A LoRA checkpoint's record of its adapter and the base it applies to (its meta.json and lineage
+        record): the base model and base checkpoint, which the checkpoint itself does not hold."""
+        if not self.cfg.model.lora.rank:
+            return {}
+        from relax.models.lora import adapter_info
+
+        return {"lora": {k: v for k, v in adapter_info(self.cfg.model).items() if k != "base_version"}}
+
     @property
     def version(self) -> int:
         return self.step_index
@@ -198,7 +207,7 @@ class ActorRole:
         cfg = self.cfg
         manifest = self.queue.compact(writer_id="actor-compactor")
         meta = {"steps_done": self.actor.trainer.steps_done, "step": step, "version": self.version,
-                "manifest_version": manifest}
+                "manifest_version": manifest, **self.lora_record()}
         url = objstore.absolute_url(self.checkpoint_url(step))
         if cfg.trainer.checkpoint_format == SHARDED:  # each rank writes its part, rank 0 the rest
             self.ranks.call("save_sharded", url, meta)
@@ -214,7 +223,8 @@ class ActorRole:
             {"weight_version": self.version, "checkpoint_url": url,
              "restarts": read_restarts(self.ctx.run_url),  # roles healed so far (relax.services.supervision)
              **({"init_checkpoint": cfg.model.init_checkpoint} if cfg.model.init_checkpoint else {}),
-             **({"teacher": teacher_identity(cfg)} if cfg.algorithm.distill_coef > 0 else {})}), redo=True)
+             **({"teacher": teacher_identity(cfg)} if cfg.algorithm.distill_coef > 0 else {}),
+             **self.lora_record()}), redo=True)
         self.parent_step = step
         kept = list_checkpoints(self.ctx)[-cfg.queue.keep_checkpoints:]
         # the rollout may still need version (actor's - max_staleness) for its next batch (queue.exact_staleness)
