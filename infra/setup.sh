@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-dev}
+EXTRAS=${EXTRAS:-dev,trackers}  # trackers: MLflow and W&B, which the tracker tests run for real
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "creating $VENV with $($PYTHON --version)"

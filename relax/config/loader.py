@@ -83,8 +83,10 @@ def config_to_yaml(cfg: RelaxConfig) -> str:
 
 
 def config_hash(cfg: RelaxConfig) -> str:
-    """Stable content hash of a config (lineage records name it)."""
-    blob = json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":")).encode()
+    """Stable content hash of a config (lineage records name it). The report section is left out:
+    where metrics go changes nothing a run computes, and a rerun may change it."""
+    computed = {k: v for k, v in config_to_dict(cfg).items() if k != "report"}
+    blob = json.dumps(computed, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

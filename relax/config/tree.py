@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relax.config import algorithm, cross, data, model, rollout, runtime, trainer
+from relax.config import algorithm, cross, data, model, report, rollout, runtime, trainer
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.data import DataConfig
 from relax.config.fields import ConfigError, build, check_fields, opt, section
 from relax.config.model import ModelConfig, TeacherConfig
+from relax.config.report import ReportConfig
 from relax.config.rollout import RolloutConfig
 from relax.config.runtime import QueueConfig, ResourcesConfig, SupervisorConfig
 from relax.config.trainer import TrainerConfig
@@ -43,6 +44,7 @@ class RelaxConfig:
     queue: QueueConfig = section(QueueConfig, "TransferQueue.")
     resources: ResourcesConfig = section(ResourcesConfig, "Cluster resources.")
     supervisor: SupervisorConfig = section(SupervisorConfig, "Role restarts and role logs.")
+    report: ReportConfig = section(ReportConfig, "Experiment trackers (MLflow, W&B, TensorBoard).")
 
     @classmethod
     def from_json(cls, text: str) -> RelaxConfig:
@@ -53,10 +55,13 @@ class RelaxConfig:
         return cfg
 
 
+WARM_START_RUN = "warm-start"  # the run id lineage gives format warm-starts (relax.transfer.lineage)
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what becomes a path segment (as lineage names)
 
 
 def check_run_id(cfg: Any) -> None:
+    if cfg.run_id == WARM_START_RUN:
+        raise ConfigError(f"run_id = {cfg.run_id!r} is where lineage names format warm-starts; choose another run_id")
     if not SAFE_NAME.fullmatch(cfg.run_id):
         raise ConfigError(f"run_id = {cfg.run_id!r} becomes a folder under <root>/runs/: use a name without '/' of "
                           f"letters, digits, '.', '_' or '-', starting with a letter or digit")
@@ -76,7 +81,7 @@ CHECKS: tuple[Callable[[Any], None], ...] = (
     rollout.check_agent_reward_range, rollout.check_gateway_port, rollout.check_engine_kind_options,
     cross.check_sglang_engine_gpus, rollout.check_engine_launcher, rollout.check_max_engine_processes,
     model.check_builtin_family, model.check_lora_targets, cross.check_lora, data.check_data_format,
-    cross.check_partial_rollout_abort, data.check_snapshot,
+    cross.check_partial_rollout_abort, data.check_snapshot, report.check_trackers,
 )
 
 

@@ -26,6 +26,7 @@ from relax.services.run_record import ensure_run
 from relax.services.topologies.asynchronous import run_async
 from relax.services.topologies.colocated import run_colocated
 from relax.services.topologies.disaggregated import run_disaggregated
+from relax.services.trackers.feed import LiveFeed, start_feed, sync_run
 from relax.services.trainable import check_trainable
 
 
@@ -71,13 +72,18 @@ def train(cfg: RelaxConfig, *, fork: bool = False, progress: bool = True, engine
           max_steps: int | None = None) -> TrainSummary:
     """Run (or resume) ``cfg``'s run to ``trainer.total_steps``; ``max_steps`` stops early (tests)."""
     ctx = prepare_run(cfg, fork=fork, engine_urls=engine_urls)
-    if cfg.topology == "colocated":
-        run_colocated(ctx, progress, engine_urls, max_steps)
-    elif cfg.topology == "disaggregated":
-        run_disaggregated(ctx, progress)
-    else:
-        run_async(ctx, progress, engine_urls)
-    return summarize(ctx)
+    live = start_feed(ctx)  # MLflow / W&B follow the metrics while the roles train
+    try:
+        if cfg.topology == "colocated":
+            run_colocated(ctx, progress, engine_urls, max_steps)
+        elif cfg.topology == "disaggregated":
+            run_disaggregated(ctx, progress)
+        else:
+            run_async(ctx, progress, engine_urls)
+    finally:
+        if live is not None:
+            live.stop()
+    return summarize(ctx, live)
 
 
 def run_finished(ctx: RunContext) -> bool:
@@ -86,10 +92,12 @@ def run_finished(ctx: RunContext) -> bool:
     return bool(done) and done[-1] + 1 >= ctx.cfg.trainer.total_steps
 
 
-def summarize(ctx: RunContext) -> TrainSummary:
-    """The summary of the run in ``ctx`` as its roles left it; writes its report (JSONL, TensorBoard, PNG)."""
+def summarize(ctx: RunContext, live: LiveFeed | None = None) -> TrainSummary:
+    """The summary of the run in ``ctx`` as its roles left it; writes its report (JSONL, TensorBoard, PNG)
+    and sends the trackers what they have not got yet (a tracker that fails only warns)."""
     metrics = read_all_metrics(ctx.run_url)
-    export_report(ctx.run_url, metrics)
+    export_report(ctx.run_url, metrics, tensorboard="tensorboard" in ctx.cfg.report.trackers)
+    sync_run(ctx, live)
     steps = max((m["step"] for m in metrics["actor"]), default=-1) + 1
     done = list_checkpoints(ctx)
     rewards = [m["reward"] for m in metrics["rollout"]]

@@ -14,12 +14,14 @@ from typing import Any
 
 from relax import objstore
 from relax.config import RelaxConfig, SupervisorConfig, config_to_dict, saved_config
+from relax.config.report import ReportConfig
 from relax.services.run_context import RunContext
 from relax.transfer.lineage import code_version
 
 # how a run is operated, not what it computes: a rerun may change them
 RESUMABLE_FIELDS = {"trainer.total_steps", "rollout.api_port", "rollout.api_host", "rollout.max_engine_processes",
                     *(f"supervisor.{f.name}" for f in fields(SupervisorConfig)),
+                    *(f"report.{f.name}" for f in fields(ReportConfig)),  # where metrics go, not what they are
                     # a checkpoint, gathered or sharded, loads by Hugging Face name at any layout
                     "trainer.data_parallel", "trainer.tensor_parallel", "trainer.pipeline_parallel",
                     "trainer.context_parallel", "trainer.checkpoint_format"}

@@ -75,13 +75,17 @@ def read_all_metrics(run_url: str) -> dict[str, list[dict[str, Any]]]:
     """Every role's records. With the reward role (data.reward_role) each rollout batch gets the
     reward figures the reward role measured for it (its step s is rollout batch s), so reports
     and curves read rewards in one place whoever scored them."""
-    out = {role: read_metrics(run_url, role) for role in ROLES}
-    scored = {m["step"]: m for m in out["reward"]}
-    for m in out["rollout"]:
+    return merge_reward_role({role: read_metrics(run_url, role) for role in ROLES})
+
+
+def merge_reward_role(by_role: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Give each rollout batch of ``by_role`` the reward figures the reward role measured for it (in place)."""
+    scored = {m["step"]: m for m in by_role.get("reward", [])}
+    for m in by_role.get("rollout", []):
         r = scored.get(m["batch"])
         if r is not None and "reward" not in m:
             m.update({k: v for k, v in r.items() if k == "reward_errors" or k.startswith("reward")})
-    return out
+    return by_role
 
 
 # -- TensorBoard event file -------------------------------------------------------------------
@@ -143,9 +147,9 @@ def scalar_rows(records: list[dict[str, Any]], step_key: str, prefix: str) -> li
     return rows
 
 
-def export_report(run_url: str, by_role: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
-    """Write ``by_role`` (:func:`read_all_metrics`) as JSONL, a TensorBoard event file and PNG
-    curves under ``<run>/report/``; returns their URLs."""
+def export_report(run_url: str, by_role: dict[str, list[dict[str, Any]]], tensorboard: bool = True) -> dict[str, str]:
+    """Write ``by_role`` (:func:`read_all_metrics`) as JSONL, a TensorBoard event file (unless
+    ``tensorboard`` is off: report.trackers) and PNG curves under ``<run>/report/``; returns their URLs."""
     report = objstore.join(run_url, "report")
     lines = sorted((r for rs in by_role.values() for r in rs), key=lambda r: r["time"])
     urls = {
@@ -154,8 +158,11 @@ def export_report(run_url: str, by_role: dict[str, list[dict[str, Any]]]) -> dic
         "png": objstore.join(report, "curves.png"),
     }
     objstore.write_bytes(urls["jsonl"], "".join(json.dumps(r, sort_keys=True) + "\n" for r in lines).encode())
-    rows = (scalar_rows(by_role["actor"], "step", "actor") + scalar_rows(by_role["rollout"], "batch", "rollout")
-            + scalar_rows(by_role.get("critic", []), "step", "critic"))
-    objstore.write_bytes(urls["tfevents"], tfevents_bytes(sorted(rows, key=lambda r: r[0])))
+    if tensorboard:
+        rows = (scalar_rows(by_role["actor"], "step", "actor") + scalar_rows(by_role["rollout"], "batch", "rollout")
+                + scalar_rows(by_role.get("critic", []), "step", "critic"))
+        objstore.write_bytes(urls["tfevents"], tfevents_bytes(sorted(rows, key=lambda r: r[0])))
+    else:
+        del urls["tfevents"]
     objstore.write_bytes(urls["png"], render_curves(by_role))
     return urls
