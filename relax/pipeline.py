@@ -14,10 +14,12 @@ import dataclasses
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 from relax import objstore
 from relax.config import RelaxConfig, TrainerConfig, config_to_dict
+from relax.config.tree import WARM_START_RUN
 from relax.data.snapshot import SnapshotInfo
 from relax.data.sources import snapshot_from_config
 from relax.models.builders import BUILTIN_MODELS, BUILTIN_VERSION
@@ -27,9 +29,20 @@ from relax.services.policy import build_model, checkpoint_policy
 from relax.services.report.accuracy import write_accuracy
 from relax.services.run_context import RunContext
 from relax.services.trainable import check_trainable
+from relax.trainers.checkpoint.files import read_meta
 from relax.trainers.checkpoint.trainer_state import save_checkpoint
 from relax.trainers.torch.sft import FORMAT_RECIPE, format_warmup
-from relax.transfer.lineage import chain, chain_to_json, chain_to_text, list_records, list_runs
+from relax.transfer.lineage import (
+    LineageRecord,
+    chain,
+    chain_to_json,
+    chain_to_text,
+    code_version,
+    list_records,
+    list_runs,
+    record_url,
+    write_record,
+)
 from relax.transfer.lineage_render import render_svg
 
 log = logging.getLogger(__name__)
@@ -65,16 +78,27 @@ def warm_start(cfg: RelaxConfig, snapshot_id: str) -> str:
     if ctx.snapshot_info.id != snapshot_id:
         raise ValueError(f"the config's dataset is snapshot {ctx.snapshot_info.id}, not {snapshot_id}: "
                          f"snapshot it first (the workflow's snapshot step)")
-    url = objstore.join(ctx.root, "warm_start", warm_start_key(cfg, snapshot_id))
+    key = warm_start_key(cfg, snapshot_id)
+    url = objstore.join(ctx.root, "warm_start", key)
     if objstore.exists(objstore.join(url, "meta.json")):
         log.info("format warm-start %s exists; reusing it", url)
-        return url
-    model, processor = build_model(ctx)
-    results = format_warmup(model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps, lr=cfg.trainer.sft_lr,
-                            seed=cfg.seed, difficulty=cfg.data.difficulty, processor=processor,
-                            media_loader=ctx.snapshot.load_media, batch_size=cfg.trainer.sft_batch_size)
-    return save_checkpoint(url, model, meta={"kind": "format_warm_start", "snapshot": snapshot_id,
-                                             "steps": len(results), "final_loss": results[-1].loss})
+    else:
+        model, processor = build_model(ctx)
+        results = format_warmup(model, ctx.tokenizer, ctx.split("train"), cfg.trainer.sft_steps,
+                                lr=cfg.trainer.sft_lr, seed=cfg.seed, difficulty=cfg.data.difficulty,
+                                processor=processor, media_loader=ctx.snapshot.load_media,
+                                batch_size=cfg.trainer.sft_batch_size)
+        url = save_checkpoint(url, model, meta={"kind": "format_warm_start", "snapshot": snapshot_id,
+                                                "steps": len(results), "final_loss": results[-1].loss})
+    # one written before warm starts had records gets its record now, so every run from it has its parent
+    if not objstore.exists(record_url(ctx.root, WARM_START_RUN, key)):
+        meta = read_meta(url)
+        write_record(ctx.root, LineageRecord(
+            WARM_START_RUN, key, int(meta.get("steps", cfg.trainer.sft_steps)), None, snapshot_id, key,
+            code_version(), created_at=time.time(),
+            extra={"kind": "format_warm_start", "checkpoint_url": url, "sft_steps": meta.get("steps"),
+                   "final_loss": meta.get("final_loss"), "model": cfg.model.name_or_path}))
+    return url
 
 
 def train_run(cfg: RelaxConfig, init_checkpoint: str = "", fork: bool = False, progress: bool = True,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from relax import objstore
+from relax.config.tree import WARM_START_RUN
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -228,9 +229,13 @@ def _git(cwd: Path, *args: str) -> str | None:
 
 
 def record_url(root: str, run_id: str, checkpoint: str) -> str:
-    """Where the record of ``run_id/checkpoint`` lives (it may not exist)."""
+    """Where the record of ``run_id/checkpoint`` lives (it may not exist). A format warm-start is
+    shared by every run that starts from it, so its record sits beside it, not under a run:
+    ``<root>/warm_start/<key>/lineage.json``, named ``warm-start/<key>``."""
     _check_name("run_id", run_id)
     _check_name("checkpoint", checkpoint)
+    if run_id == WARM_START_RUN:
+        return objstore.join(objstore.absolute_url(root), "warm_start", checkpoint, "lineage.json")
     return objstore.join(objstore.absolute_url(root), "runs", run_id, "lineage", f"{checkpoint}.json")
 
 
@@ -357,9 +362,11 @@ def chain_to_text(records: list[LineageRecord]) -> str:
             lines.append(f"  LoRA adapter r={lora.get('rank')} on base model {lora.get('base_model')}, base checkpoint "
                          f"{lora.get('base_checkpoint') or '(none: the seeded model)'}")
         if record.parent is None:
-            lines.append("  (first checkpoint: no parent)")
+            lines.append("  (format warm start of the base model)" if record.run_id == WARM_START_RUN
+                         else "  (first checkpoint: no parent)")
         elif i + 1 < len(records):
-            across = "" if record.parent.run_id == record.run_id else f" (from earlier run {record.parent.run_id})"
+            across = ("" if record.parent.run_id == record.run_id else " (from the format warm start)"
+                      if record.parent.run_id == WARM_START_RUN else f" (from earlier run {record.parent.run_id})")
             lines.append(f"  v parent{across}")
     return "\n".join(lines) + "\n"
 

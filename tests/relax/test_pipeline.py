@@ -83,9 +83,13 @@ def test_train_from_warm_start_then_continue_in_a_second_run(cfg):
     assert graph["head"] == "p2/step-000001"
     # one chain: p2's steps, then p1's, each checkpoint pointing at its parent; both trained on the snapshot
     parents = {e["from"]: e["to"] for e in graph["edges"] if e["kind"] == "parent"}
+    warm = f"checkpoint:warm-start/{init.rstrip('/').split('/')[-1]}"  # p1 began from the format warm start
     assert parents == {"checkpoint:p2/step-000001": "checkpoint:p2/step-000000",
                        "checkpoint:p2/step-000000": "checkpoint:p1/step-000001",
-                       "checkpoint:p1/step-000001": "checkpoint:p1/step-000000"}
+                       "checkpoint:p1/step-000001": "checkpoint:p1/step-000000",
+                       "checkpoint:p1/step-000000": warm}
+    warm_node = next(n for n in graph["nodes"] if n["id"] == warm)
+    assert warm_node["step"] == cfg.trainer.sft_steps and warm_node["extra"]["checkpoint_url"] == init
     assert {e["to"] for e in graph["edges"] if e["kind"] == "trained_on"} == {f"dataset:{sid}"}
     first_record = next(n for n in graph["nodes"] if n["id"] == "checkpoint:p1/step-000000")
     assert first_record["extra"]["init_checkpoint"] == init  # the warm start it began from

@@ -68,7 +68,9 @@ def test_python_api_trains_evaluates_registers_and_reuses(tmp_path, ray_session)
     head = result.lineage.steps[0]
     assert result.lineage.head == f"{cfg.run_id}/{ckpt.name}" == f"{head.run_id}/{head.checkpoint}"
     assert head.dataset_snapshot == result.snapshot.id and head.samples == 8  # 2 steps x 2 prompts x 2
-    assert result.lineage.steps[-1].parent == ""  # the chain ends at the run's first checkpoint
+    # the chain ends at the format warm start the run's first checkpoint descends from
+    assert result.lineage.steps[-1].parent == "" and result.lineage.steps[-1].run_id == "warm-start"
+    assert result.lineage.steps[-2].parent == f"warm-start/{result.lineage.steps[-1].checkpoint}"
     assert result.snapshot.id in result.lineage.chain_text
 
     before = run_state(result.train.run_url)

@@ -18,6 +18,7 @@ from typing import Any
 
 from relax import objstore
 from relax.config import config_hash
+from relax.config.tree import WARM_START_RUN
 from relax.faults import fault_point
 from relax.services.policy import build_model
 from relax.services.queue_contract import ACTOR_GROUP
@@ -56,11 +57,14 @@ def behaviour_is_proximal(cfg: Any, policy_versions: list[int], version: int) ->
 
 
 def run_checkpoint_ref(url: str) -> ParentRef | None:
-    """``.../runs/<run>/checkpoints/<name>`` -> that checkpoint as a lineage parent; None for
-    anything else (a warm-start folder is recorded in the record's ``extra`` instead)."""
+    """``.../runs/<run>/checkpoints/<name>`` -> that checkpoint as a lineage parent, and
+    ``.../warm_start/<key>`` with its lineage record -> that format warm-start; None for anything
+    else (a checkpoint from outside Relax's lineage is recorded in the record's ``extra`` only)."""
     parts = url.rstrip("/").split("/")
     if len(parts) >= 4 and parts[-2] == "checkpoints" and parts[-4] == "runs":
         return ParentRef(parts[-3], parts[-1])
+    if len(parts) >= 2 and parts[-2] == "warm_start" and objstore.exists(objstore.join(url, "lineage.json")):
+        return ParentRef(WARM_START_RUN, parts[-1])
     return None
 
 

@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from relax import objstore
+from relax.pipeline import latest_checkpoint, train_run
 from relax.services.driver import train
 from relax.services.run_context import RunContext
 from relax.services.trackers.feed import sync_run
@@ -96,6 +97,32 @@ def test_an_unreachable_tracker_warns_and_the_run_stays_green_then_sync_reconcil
     assert _steps(client, run.info.run_id, "actor/loss") == [0, 1, 2]
     assert [v.tags["relax_checkpoint"] for v in client.search_model_versions(f"name = '{MODEL}'")] == [
         "down/step-000002"]
+
+
+def test_chained_runs_show_snapshot_warm_start_run_checkpoint_in_the_registry(tmp_path):
+    # the nightly continuation: run b starts from run a's final checkpoint; run a from the format warm start
+    cfg = _cfg(tmp_path, "a", "trainer.sft_steps=2")
+    first = train_run(cfg, progress=False)
+    second = dataclasses.replace(_cfg(tmp_path, "b"), trainer=dataclasses.replace(cfg.trainer, sft_steps=0))
+    start = latest_checkpoint(cfg.root, exclude_run="b")
+    assert start == first.checkpoint
+    last = train_run(second, init_checkpoint=start, progress=False)
+    client = _client(tmp_path)
+    snapshot = RunContext(cfg).snapshot_info.id
+    versions = {v.tags["relax_checkpoint"]: v for v in client.search_model_versions(f"name = '{MODEL}'")}
+    warm = next(k for k in versions if k.startswith("warm-start/"))
+    assert set(versions) == {warm, "a/step-000002", "b/step-000002"}
+    assert {v.tags["relax_snapshot_id"] for v in versions.values()} == {snapshot}
+    assert versions["b/step-000002"].tags["relax_started_from"] == "a/step-000002"
+    assert versions["a/step-000002"].tags["relax_started_from"] == warm
+    assert versions[warm].tags["relax_parent_checkpoint"] == "" and versions[warm].tags["relax_step"] == "2"
+    runs = {r.data.tags["relax_run_id"]: r for r in _runs(client)}
+    assert versions["b/step-000002"].run_id == runs["b"].info.run_id and last.checkpoint == versions[
+        "b/step-000002"].source
+    assert [d.dataset.digest for d in runs["b"].inputs.dataset_inputs] == [snapshot]
+    # relax lineage follows the same chain down to the warm start
+    assert [r.key for r in chain(cfg.root, "b")] == ["b/step-000002", "b/step-000001", "a/step-000002",
+                                                      "a/step-000001", warm]
 
 
 def test_wandb_offline_files_hold_the_metrics_and_the_checkpoint_artifact(tmp_path):
