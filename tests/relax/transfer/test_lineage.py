@@ -204,6 +204,26 @@ def test_chain_to_text(tmp_path):
     assert sum(line.startswith("run-") for line in lines) == 4
 
 
+def test_a_chain_ends_at_the_format_warm_start_it_began_from(tmp_path):
+    root = f"file://{tmp_path}"
+    warm = LineageRecord(run_id="warm-start", checkpoint="0123abcd", step=3, parent=None, dataset_snapshot=DS_A,
+                         config_hash="0123abcd", code_version="0.1.0", created_at=1714560000.0,
+                         extra={"kind": "format_warm_start"})
+    write_record(root, warm)
+    # shared by every run that starts from it, so it lives beside the warm start, not under runs/
+    assert record_url(root, "warm-start", "0123abcd") == f"{root}/warm_start/0123abcd/lineage.json"
+    first = rec("run-a", 0)
+    write_record(root, LineageRecord(**{**first.__dict__, "parent": ParentRef("warm-start", "0123abcd")}))
+    write_record(root, rec("run-a", 1, parent=("run-a", 0)))
+    records = chain(root, "run-a")
+    assert [r.key for r in records] == ["run-a/step-000001", "run-a/step-000000", "warm-start/0123abcd"]
+    lines = chain_to_text(records).splitlines()
+    assert lines[-3] == "  v parent (from the format warm start)"
+    assert lines[-2].startswith("warm-start/0123abcd  step 3 ")
+    assert lines[-1] == "  (format warm start of the base model)"
+    assert list_runs(root) == ["run-a"]  # a warm start is no run: latest_checkpoint never picks it
+
+
 def test_code_version_format():
     version = code_version()
     assert re.fullmatch(r"\d+\.\d+\.\d+(\+g[0-9a-f]{12}(-dirty)?)?", version), version
