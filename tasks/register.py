@@ -10,6 +10,8 @@ truth,
   and the result carries the chain.
 * The Deck shows the reward curves, the lineage graph and the before/after accuracy table; the
   same table is printed, so ``make run`` shows it on the terminal.
+* The lineage also goes to the configured trackers (``report.trackers``: the checkpoint as an MLflow
+  model version, a W&B artifact), where it can be queried without Flyte's artifact service.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from relax.config import RelaxConfig
 from relax.data.snapshot import SnapshotInfo
 from relax.pipeline import EvalReport, TrainSummary
 from relax.services.report.accuracy import write_accuracy
+from relax.services.run_context import RunContext
+from relax.services.trackers.feed import sync_run
 from tasks.image import task_image
 
 RelaxCheckpoint = Artifact(name="relax_checkpoint", partition_keys=["model", "dataset", "run"])
@@ -139,6 +143,9 @@ def register(cfg: RelaxConfig, snapshot: SnapshotInfo, before: EvalReport, after
         write_accuracy(summary.report_dir, before, after)
     curves = _read_optional(objstore.join(summary.report_dir, "curves.png")) if summary.report_dir else None
     Deck("Relax run", deck_html(before, after, curves, raw.get("svg", ""), summary))
+    # the lineage where users query it (MLflow's registry, W&B artifacts), which open-source Flyte's
+    # backend cannot: the train task sent it already unless that tracker was down then; never fails the task
+    sync_run(RunContext(cfg))
     ckpt = RelaxCheckpoint.create_from(checkpoint_dir(summary.checkpoint), model=cfg.model.name_or_path,
                                        dataset=snapshot.id, run=summary.run_id)
     result = OmniRLResult(snapshot=snapshot, eval_before=before, eval_after=after, train=summary,
