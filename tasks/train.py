@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import replace
 from datetime import timedelta
 
@@ -144,7 +143,8 @@ CLUSTER = cluster_resources()
 def train_step(cfg: RelaxConfig, init_checkpoint: str) -> TrainSummary:
     """Run (or resume) ``cfg``'s run to ``trainer.total_steps`` on one Ray cluster, starting from
     ``init_checkpoint`` ("" = the model of ``cfg.model``); returns the run's summary."""
-    return train_run(cfg, init_checkpoint=init_checkpoint, progress=sys.stderr.isatty())
+    # a bar on a terminal, progress lines in a log (make run's, a cluster's)
+    return train_run(cfg, init_checkpoint=init_checkpoint, progress=True)
 
 
 def run_role_group(group: str, cfg: RelaxConfig) -> dict[str, int]:

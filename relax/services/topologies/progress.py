@@ -1,20 +1,42 @@
-"""The progress bar a topology shows while a run trains."""
+"""The progress a topology shows while a run trains: a tqdm bar on a terminal, lines in a log.
+
+When stderr is not a terminal (a log file, CI, a Flyte task) a bar's carriage returns make one
+unreadable line, so the run prints a compact line instead (``step k/N  reward r  samples/s x  ETA t``)
+each time it passes another tenth of its steps, and at its last step.
+"""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
 
-class Progress:
-    """A tqdm bar over actor steps: reward, staleness, samples/s."""
+def eta_text(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``: the time left, to the unit that matters."""
+    if not math.isfinite(seconds):
+        return "?"
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
-    def __init__(self, total: int, start: int, enabled: bool):
-        self.bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=not enabled,
-                        dynamic_ncols=True)
+
+class Progress:
+    """Actor steps with reward, staleness and samples/s: a bar on a terminal, else a line per tenth."""
+
+    def __init__(self, total: int, start: int, enabled: bool, stream: TextIO | None = None):
+        self.stream = sys.stderr if stream is None else stream
+        self.lines = enabled and not self.stream.isatty()
+        self.bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=not enabled or self.lines,
+                        dynamic_ncols=True, file=self.stream)
+        self.total, self.start, self.done = total, start, start
+        self.every = max(1, math.ceil(total / 10))  # a line at least every 10% of the run
         self.reward = float("nan")
         self.t0, self.samples = time.perf_counter(), 0
 
@@ -23,10 +45,22 @@ class Progress:
 
     def actor(self, m: dict[str, Any]) -> None:
         self.samples += m.get("samples", 0)
-        self.bar.set_postfix(reward=f"{self.reward:.3f}", stale=m.get("staleness_max", 0),
-                             sps=f"{self.samples / max(time.perf_counter() - self.t0, 1e-9):.0f}", refresh=False)
+        sps = self.samples / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix(reward=f"{self.reward:.3f}", stale=m.get("staleness_max", 0), sps=f"{sps:.0f}",
+                             refresh=False)
         step = m.get("step")  # a restarted actor reports its redone step again: count steps, not records
-        self.bar.update(1 if step is None else max(0, int(step) + 1 - self.bar.n))
+        before = self.done
+        self.done = self.done + 1 if step is None else max(self.done, int(step) + 1)
+        self.bar.update(self.done - before)
+        if self.lines and self.done > before and (self.done // self.every > before // self.every
+                                                  or self.done >= self.total):
+            self._line(sps)
+
+    def _line(self, sps: float) -> None:
+        elapsed = time.perf_counter() - self.t0
+        per_step = elapsed / max(self.done - self.start, 1)
+        print(f"step {self.done}/{self.total}  reward {self.reward:.3f}  samples/s {sps:.1f}  "
+              f"ETA {eta_text(per_step * (self.total - self.done))}", file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
         """A line for the user above the bar (on stderr even when the bar is off: a restart is news)."""
