@@ -27,6 +27,7 @@ from relax.rollout.evaluation import EvalReport, evaluate_policy, per_task_limit
 from relax.services.driver import TrainSummary, train
 from relax.services.policy import build_model, checkpoint_policy
 from relax.services.report.accuracy import write_accuracy
+from relax.services.report.metrics import write_report
 from relax.services.run_context import RunContext
 from relax.services.trainable import check_trainable
 from relax.trainers.checkpoint.files import read_meta
@@ -176,4 +177,5 @@ def run(cfg: RelaxConfig, progress: bool = True, eval_limit: int | None = None) 
     summary = train_run(cfg, init_checkpoint=start, progress=progress)
     after = evaluate(cfg, summary.checkpoint, limit=eval_limit)
     write_accuracy(summary.report_dir, before, after)
+    write_report(summary.run_url, tensorboard="tensorboard" in cfg.report.trackers)  # now with held-out accuracy
     return PipelineResult(info, before, after, summary, chain_to_text(chain(cfg.root, cfg.run_id)), start)

@@ -30,6 +30,7 @@ from relax.config import RelaxConfig
 from relax.data.snapshot import SnapshotInfo
 from relax.pipeline import EvalReport, TrainSummary
 from relax.services.report.accuracy import write_accuracy
+from relax.services.report.metrics import write_report
 from relax.services.run_context import RunContext
 from relax.services.trackers.feed import sync_run
 from tasks.image import task_image
@@ -141,8 +142,13 @@ def register(cfg: RelaxConfig, snapshot: SnapshotInfo, before: EvalReport, after
     print(f"run {summary.run_id}: {summary.steps} steps, checkpoint {summary.checkpoint}\n{table}", flush=True)
     if summary.report_dir:  # what `make check-readme` compares with the README's table
         write_accuracy(summary.report_dir, before, after)
+        # the curves again, now with the held-out accuracy panel: the Deck shows what `relax report` writes
+        write_report(summary.run_url, tensorboard="tensorboard" in cfg.report.trackers)
     curves = _read_optional(objstore.join(summary.report_dir, "curves.png")) if summary.report_dir else None
     Deck("Relax run", deck_html(before, after, curves, raw.get("svg", ""), summary))
+    page = _read_optional(objstore.join(summary.report_dir, "report.html")) if summary.report_dir else None
+    if page:
+        Deck("Report", page.decode())
     # the lineage where users query it (MLflow's registry, W&B artifacts), which open-source Flyte's
     # backend cannot: the train task sent it already unless that tracker was down then; never fails the task
     sync_run(RunContext(cfg))

@@ -10,7 +10,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from relax.cli import config_cmd, data_cmd, export_cmd, lineage_cmd, replay_cmd, run_cmd, scale_cmd, train_cmd
+from relax.cli import (
+    config_cmd,
+    data_cmd,
+    export_cmd,
+    lineage_cmd,
+    replay_cmd,
+    report_cmd,
+    run_cmd,
+    scale_cmd,
+    train_cmd,
+)
 from relax.cli.args import CommandError
 from relax.config import ConfigError
 from relax.data.errors import DataError
@@ -29,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.register(sub)
     train_cmd.register(sub)
     lineage_cmd.register(sub)
+    report_cmd.register(sub)
     replay_cmd.register(sub)
     scale_cmd.register(sub)
     export_cmd.register(sub)

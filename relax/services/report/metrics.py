@@ -1,9 +1,9 @@
-"""What a user sees of a run: per-role metric records, JSONL, TensorBoard events, PNG curves.
+"""What a user sees of a run: per-role metric records, JSONL, TensorBoard events, PNG curves, an HTML page.
 
 Each role appends its step metrics as records of its own log under
 ``<run>/metrics/<role>/<incarnation>/`` (one writer each, like every log in Relax, so it
 works on S3 and across processes). :func:`read_metrics` folds them; :func:`export_report`
-writes ``<run>/report/{metrics.jsonl, events.out.tfevents.relax, curves.png}``.
+writes ``<run>/report/{metrics.jsonl, events.out.tfevents.relax, curves.png, report.html}``.
 
 The TensorBoard file is written by hand (TFRecord framing + the two protobuf messages it
 needs: Event and Summary.Value) so the CPU install stays free of tensorflow/tensorboard.
@@ -20,7 +20,9 @@ from typing import Any
 import google_crc32c
 
 from relax import objstore
+from relax.services.report.accuracy import ACCURACY_FILE
 from relax.services.report.curves import render_curves
+from relax.services.report.page import report_html
 from relax.transfer.writers import RecordLog, new_incarnation, read_records
 
 # critic: only when algorithm.advantage=gae; reference: only with algorithm.reference_role; teacher: only
@@ -149,13 +151,17 @@ def scalar_rows(records: list[dict[str, Any]], step_key: str, prefix: str) -> li
 
 def export_report(run_url: str, by_role: dict[str, list[dict[str, Any]]], tensorboard: bool = True) -> dict[str, str]:
     """Write ``by_role`` (:func:`read_all_metrics`) as JSONL, a TensorBoard event file (unless
-    ``tensorboard`` is off: report.trackers) and PNG curves under ``<run>/report/``; returns their URLs."""
+    ``tensorboard`` is off: report.trackers), PNG curves and an HTML page under ``<run>/report/``,
+    with the held-out accuracy once the run has been evaluated (``accuracy.json``); returns their URLs."""
     report = objstore.join(run_url, "report")
+    accuracy_url = objstore.join(report, ACCURACY_FILE)
+    accuracy = json.loads(objstore.read_bytes(accuracy_url)) if objstore.exists(accuracy_url) else None
     lines = sorted((r for rs in by_role.values() for r in rs), key=lambda r: r["time"])
     urls = {
         "jsonl": objstore.join(report, "metrics.jsonl"),
         "tfevents": objstore.join(report, "events.out.tfevents.relax"),
         "png": objstore.join(report, "curves.png"),
+        "html": objstore.join(report, "report.html"),
     }
     objstore.write_bytes(urls["jsonl"], "".join(json.dumps(r, sort_keys=True) + "\n" for r in lines).encode())
     if tensorboard:
@@ -164,5 +170,13 @@ def export_report(run_url: str, by_role: dict[str, list[dict[str, Any]]], tensor
         objstore.write_bytes(urls["tfevents"], tfevents_bytes(sorted(rows, key=lambda r: r[0])))
     else:
         del urls["tfevents"]
-    objstore.write_bytes(urls["png"], render_curves(by_role))
+    png = render_curves(by_role, accuracy)
+    objstore.write_bytes(urls["png"], png)
+    run_id = run_url.rstrip("/").split("/")[-1]
+    objstore.write_bytes(urls["html"], report_html(run_id, png, by_role, accuracy).encode())
     return urls
+
+
+def write_report(run_url: str, tensorboard: bool = True) -> dict[str, str]:
+    """Read every role's records and (re)write the report from them: what ``relax report`` does."""
+    return export_report(run_url, read_all_metrics(run_url), tensorboard)

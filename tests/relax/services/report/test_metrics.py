@@ -38,9 +38,9 @@ def test_masked_crc_matches_the_tfrecord_definition():
     assert _masked_crc(b"") == 0xA282EAD8
 
 
-def test_curves_png_has_four_panels():
+def test_curves_png_has_eight_panels():
     rollout = [{"batch": i, "reward": i / 10, "reward/arithmetic": i / 10} for i in range(5)]
     actor = [{"step": i, "loss": 1 - i / 10, "staleness_max": 1, "staleness_mean": 0.5} for i in range(5)]
     img = Image.open(io.BytesIO(render_curves({"rollout": rollout, "actor": actor})))
-    assert img.format == "PNG" and img.size == (850, 530)
+    assert img.format == "PNG" and img.size == (2 * 560 + 10, 4 * 300 + 3 * 10)  # 2 columns x 4 rows
     assert len(img.convert("RGB").getcolors(maxcolors=1 << 20)) > 3  # lines were drawn, not a blank canvas
