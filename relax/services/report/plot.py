@@ -74,7 +74,7 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 def fmt(v: float) -> str:
     if abs(v) >= 1e6:
         return f"{v / 1e6:.3g}M"
-    if abs(v) >= 1e4:
+    if abs(v) >= 1e3:
         return f"{v / 1e3:.3g}k"
     if v != 0 and abs(v) < 1e-2:
         return f"{v:.0e}"
@@ -110,8 +110,8 @@ def draw_panel(draw: Any, ox: int, oy: int, panel: Panel) -> None:
         xlo, xhi = xlo - 0.5, xhi + 0.5
     if yhi - ylo < 1e-12:
         ylo, yhi = ylo - 0.5, yhi + 0.5
-    pad = (yhi - ylo) * 0.05
-    ylo, yhi = ylo - pad, yhi + pad
+    span = yhi - ylo  # room above the data for the legend
+    ylo, yhi = ylo - span * 0.05, yhi + span * (0.08 + 0.07 * ((len(series) - 1) // 3 + 1))
 
     def at(x: float, t: float) -> tuple[float, float]:
         return x0p + (x - xlo) / (xhi - xlo) * (x1p - x0p), y0p - (t - ylo) / (yhi - ylo) * (y0p - y1p)
@@ -132,11 +132,13 @@ def draw_panel(draw: Any, ox: int, oy: int, panel: Panel) -> None:
     draw.text((x1p - 8 * len(panel.x_label) - 4, y0p + 20), panel.x_label, fill=TEXT)
     draw.text((ox + 4, y1p - 16), panel.y_label + (" (symlog)" if panel.symlog else ""), fill=TEXT)
     _wall_axis(draw, panel, at, xlo, xhi, ylo, y1p)
+    for i, s in enumerate(series):  # every raw line first, so no faint line crosses a bold one
+        if s.smooth and len(s.points) > 2:
+            draw.line([at(x, ty(y)) for x, y in s.points], fill=_faint(PALETTE[i % len(PALETTE)]), width=1)
     for i, s in enumerate(series):
         colour = PALETTE[i % len(PALETTE)]
         pts = [at(x, ty(y)) for x, y in s.points]
         if s.smooth and len(pts) > 2:
-            draw.line(pts, fill=_faint(colour), width=1)
             smooth = ema([y for _, y in s.points])
             draw.line([at(x, ty(y)) for (x, _), y in zip(s.points, smooth, strict=True)], fill=colour, width=3)
         elif len(pts) > 1:
