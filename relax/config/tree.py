@@ -23,6 +23,7 @@ from relax.config.report import ReportConfig
 from relax.config.rollout import RolloutConfig
 from relax.config.runtime import QueueConfig, ResourcesConfig, SupervisorConfig
 from relax.config.trainer import TrainerConfig
+from relax.config.weights import WeightsConfig
 
 
 @dataclass
@@ -42,6 +43,7 @@ class RelaxConfig:
     teacher: TeacherConfig = section(TeacherConfig, "On-policy distillation's teacher.")
     trainer: TrainerConfig = section(TrainerConfig, "Optimisation and checkpoints.")
     queue: QueueConfig = section(QueueConfig, "TransferQueue.")
+    weights: WeightsConfig = section(WeightsConfig, "Policy versions in the WeightStore: deltas and transfer.")
     resources: ResourcesConfig = section(ResourcesConfig, "Cluster resources.")
     supervisor: SupervisorConfig = section(SupervisorConfig, "Role restarts and role logs.")
     report: ReportConfig = section(ReportConfig, "Experiment trackers (MLflow, W&B, TensorBoard).")

@@ -28,8 +28,10 @@ from relax.engines.types import (
     refuse_unless_neutral,
     routes_to_wire,
 )
-from relax.engines.weight_source import check_source, load_weights
+from relax.engines.weight_source import check_source, load_weights, store_version
 from relax.faults import fault_point
+from relax.transfer.adapter_versions import is_adapter_version
+from relax.transfer.weight_updates import WeightFollower
 
 
 def decode_media(item: Any, kind: str, index: int) -> bytes:
@@ -86,6 +88,7 @@ class Frontend:
         self.model_path = model_path
         self.processor = processor  # relax.models.processors.MediaProcessor or None (text-only)
         self.inflight: set[str] = set()
+        self.follower = WeightFollower()  # what the engine's weights are, for deltas (weight_updates)
 
     @property
     def tokenizer(self) -> Any:
@@ -350,6 +353,12 @@ class Frontend:
         except PermissionError as e:
             return 403, {"success": False, "message": str(e), "num_paused_requests": 0}
         try:
+            found = store_version(path, store_root, run_id)
+            # deltas where they are fewer bytes; an adapter version goes below, merged onto its base
+            if found is not None and hasattr(self.engine, "model") and not is_adapter_version(*found):
+                await self._follow(found[0], found[1], body.get("weight_version"), path)
+                return 200, {"success": True, "message": f"loaded {path} as weight_version {found[1]} "
+                                                         f"({self.follower.last_path})", "num_paused_requests": 0}
             state, version = await asyncio.to_thread(load_weights, path, store_root, run_id)
             fault_point("engine", "load", int(version) if version.isdigit() else None)
             label = body.get("weight_version")
@@ -357,7 +366,19 @@ class Frontend:
             if label is not None and str(label) != version:
                 raise EngineError(f"weight_version {label!r} is not the version at {path!r} ({version})")
             await asyncio.to_thread(load_into, self.engine, state, version)  # an adapter merged onto its base
+            self.follower.forget()
         except Exception as e:  # the engine keeps its old weights; the caller decides what to do
             return 400, {"success": False, "message": f"{type(e).__name__}: {e}", "num_paused_requests": 0}
         return 200, {"success": True, "message": f"loaded {path} as weight_version {version}",
                      "num_paused_requests": 0}
+
+    async def _follow(self, store: Any, version: int, label: Any, path: str) -> None:
+        """A WeightStore version through the engine's :class:`WeightFollower`."""
+        fault_point("engine", "load", version)
+        if label is not None and str(label) != str(version):  # samples carry the store's version, not a label
+            raise EngineError(f"weight_version {label!r} is not the version at {path!r} ({version})")
+        if str(self.engine.weight_version) != str(self.follower.version):  # changed another way (a broadcast)
+            self.follower.forget()
+        model = self.engine.model
+        await asyncio.to_thread(self.follower.update, store, version, model.state_dict, self.engine.update_weights,
+                                lambda s: self.engine.update_weights(complete_tied(s, model), str(version)))

@@ -46,17 +46,27 @@ def check_source(path: str, store_root: str | None, run_id: str | None, served: 
                           f"start it with --weight-store-root <root> --run-id <run> of the run that updates it")
 
 
+def store_version(path: str, store_root: str | None, run_id: str | None) -> tuple[Any, int] | None:
+    """``(WeightStore, version)`` that ``path`` names (a version URL, or a bare number with
+    ``store_root``/``run_id`` configured); None for a folder."""
+    from relax.transfer.weights import WeightStore
+
+    m = _VERSION_URL.match(path.rstrip("/"))
+    if m:
+        return WeightStore(m["root"], m["run"]), int(m["version"])
+    if path.isdigit() and store_root and run_id:
+        return WeightStore(store_root, run_id), int(path)
+    return None
+
+
 def load_weights(path: str, store_root: str | None, run_id: str | None) -> tuple[dict[str, Any], str]:
     """``(state_dict, version)`` from a WeightStore version URL, a bare version number (with
     ``store_root``/``run_id`` configured) or a local folder of ``*.safetensors`` (an HF save)."""
     from relax.transfer.adapter_versions import load_version
-    from relax.transfer.weights import WeightStore
 
-    m = _VERSION_URL.match(path.rstrip("/"))
-    if m:  # an adapter version comes as an AdapterVersion (relax.engines.adapter_load merges it)
-        return load_version(WeightStore(m["root"], m["run"]), int(m["version"])), str(int(m["version"]))
-    if path.isdigit() and store_root and run_id:
-        return load_version(WeightStore(store_root, run_id), int(path)), path
+    found = store_version(path, store_root, run_id)
+    if found is not None:  # an adapter version comes as an AdapterVersion (relax.engines.adapter_load merges it)
+        return load_version(*found), str(found[1])
     folder = Path(path.removeprefix("file://")).expanduser()
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     if not files:

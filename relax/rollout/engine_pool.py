@@ -22,7 +22,8 @@ from relax.engines.adapter_load import load_into
 from relax.engines.native.engine import NativeEngine
 from relax.engines.types import Completion, GenerateRequest, SamplingParams
 from relax.rollout.prompts import EncodedPrompt
-from relax.transfer.adapter_versions import load_version
+from relax.transfer.adapter_versions import is_adapter_version, load_version
+from relax.transfer.weight_updates import WeightFollower
 from relax.transfer.weights import WeightStore
 
 
@@ -50,6 +51,7 @@ class LocalEngines:
         self.engine = NativeEngine(model, tokenizer, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                                    seed=seed, background=False, weight_version="-1", record_routes=record_routes)
         self.weight_version = -1
+        self.follower = WeightFollower()
 
     def generate(self, prompts: list[EncodedPrompt], params: list[SamplingParams], rids: list[str],
                  should_abort: Callable[[], bool] | None = None) -> list[list[Completion]]:
@@ -67,7 +69,14 @@ class LocalEngines:
         return [f.result() for f in futures]
 
     def load_weights(self, store: WeightStore, version: int) -> None:
-        load_into(self.engine, load_version(store, version), str(version))  # an adapter merged onto its base
+        """By the fewest bytes: the deltas from the version it holds, or the version whole (weight_updates);
+        an adapter version merged onto its base (relax.engines.adapter_load)."""
+        if is_adapter_version(store, version):
+            load_into(self.engine, load_version(store, version), str(version))
+            self.follower.forget()
+        else:
+            self.follower.update(store, version, self.engine.model.state_dict, self.engine.update_weights,
+                                 lambda state: self.engine.update_weights(state, str(version)))
         self.weight_version = version
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from relax import objstore
 from relax.config import RelaxConfig
+from relax.config.weights import effective_full_every
 from relax.data.snapshot import Snapshot
 from relax.data.sources import snapshot_from_config
 from relax.services.queue_contract import ROLLOUT_TOPIC
@@ -69,7 +70,9 @@ class RunContext:
         return TransferQueue.from_config(self.cfg, ROLLOUT_TOPIC, **kwargs)
 
     def weights(self) -> WeightStore:
-        return WeightStore(self.cfg.root, self.cfg.run_id, fsync=self.cfg.queue.fsync)
+        w = self.cfg.weights
+        return WeightStore(self.cfg.root, self.cfg.run_id, fsync=self.cfg.queue.fsync, max_shard_bytes=w.shard_mb << 20,
+                           full_every=effective_full_every(self.cfg), threads=w.transfer_threads)
 
     @property
     def batch_size(self) -> int:

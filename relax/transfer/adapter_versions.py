@@ -99,6 +99,11 @@ def adapter_record(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
+def is_adapter_version(store: WeightStore, version: int) -> bool:
+    """Whether version ``version`` is an adapter version (its manifest alone is read)."""
+    return adapter_record(store.manifest(version).get("meta", {})) is not None
+
+
 def load_version(store: WeightStore, version: int) -> dict[str, Any]:
     """Version ``version``'s tensors, verified; an :class:`AdapterVersion` for an adapter version, whose
     base version must be published (else a StoreError naming both)."""

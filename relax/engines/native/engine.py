@@ -14,7 +14,7 @@ import hashlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,8 +110,7 @@ class NativeEngine:
             self._thread = None
 
     def submit(self, req: GenerateRequest, listener: Any = None) -> concurrent.futures.Future:
-        """Queue a request; the future resolves to its ``n`` completions. ``listener(index, token,
-        logprob)``, if given, sees every token as it is sampled (on the engine thread: keep it cheap)."""
+        """Queue a request (future: its ``n`` completions); ``listener(index, token, logprob)`` sees each token."""
         return self._enqueue([self._pending(req, listener)])[0]
 
     def submit_many(self, reqs: list[GenerateRequest]) -> list[concurrent.futures.Future]:
@@ -188,17 +187,19 @@ class NativeEngine:
                     return True
         return False
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor], version: str) -> None:
+    def update_weights(self, state_dict: dict[str, torch.Tensor] | Callable[[], None], version: str) -> None:
         """Swap weights between steps: new requests wait, running ones finish on the old weights
-        (so every completion is from one version), then the new version serves."""
-        current = self.model.state_dict()
-        bad = [k for k, v in state_dict.items() if k not in current or tuple(v.shape) != tuple(current[k].shape)]
-        missing = sorted(set(current) - set(state_dict))
-        if bad or missing:
-            raise EngineError(f"weights of version {version} do not fit this model: mismatched {bad[:3]}, "
-                              f"missing {missing[:3]}; still serving version {self.weight_version}")
+        (so every completion is from one version), then the new version serves. ``state_dict`` may be
+        a function that writes the new weights in place (a delta, relax.transfer.weight_updates)."""
+        if not callable(state_dict):
+            current = self.model.state_dict()
+            bad = [k for k, v in state_dict.items() if k not in current or tuple(v.shape) != tuple(current[k].shape)]
+            missing = sorted(set(current) - set(state_dict))
+            if bad or missing:
+                raise EngineError(f"weights of version {version} do not fit this model: mismatched {bad[:3]}, "
+                                  f"missing {missing[:3]}; still serving version {self.weight_version}")
         with self.exclusive():
-            self.model.load_state_dict(state_dict)
+            state_dict() if callable(state_dict) else self.model.load_state_dict(state_dict)
             if self.fused is not None:
                 self.fused.refresh()  # the fused weights are copies (concatenations) of the old ones
             self.weight_version = str(version)
@@ -247,8 +248,7 @@ class NativeEngine:
             pass
 
     def _step(self, block: bool = False) -> bool:
-        """One scheduler iteration: admit, prefill, one decode step, retire. False when stopping
-        (or, non-blocking, when there is nothing to do)."""
+        """One scheduler pass: admit, prefill, one decode step, retire; False when stopping (or idle, non-blocking)."""
         with self._cond:
             while not self._stop and not self._running and not self._inflight \
                     and (not self._waiting or self._paused):
