@@ -180,17 +180,34 @@ def sync(store: WeightStore, engine: Engine, version: int, state: dict[str, torc
     return time.perf_counter() - t0
 
 
-def run_store(shape: dict, lr: float, steps: int, url: str) -> dict:
-    """``steps`` AdamW steps from the same start (same seed, same batches), each version synced through a
-    full store and a delta store at ``url``. One store at a time: the model, AdamW's moments, two engines
-    and the delta publisher's base all at 0.5B already take ~14 GB."""
+def train(shape: dict, lr: float, steps: int, folder: str) -> list[str]:
+    """``steps`` AdamW steps (fp32 weights, next-token loss on random tokens); the bf16 weights before
+    and after each, saved to ``folder``. Training first and syncing after keeps the model and AdamW's
+    moments (8 GB at 0.5B) out of memory while the syncs run."""
     model = build(shape)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=False)  # no fused temporaries
     g = torch.Generator().manual_seed(1)
+    paths = [f"{folder}/lr{lr:g}-v0.pt"]
+    torch.save(bf16(model), paths[0])
+    for v in range(1, steps + 1):
+        ids = torch.randint(0, shape["vocab_size"], (2, 32), generator=g)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        print(f"lr {lr:g} step {v}: loss {loss.item():.3f}", file=sys.stderr)
+        paths.append(f"{folder}/lr{lr:g}-v{v}.pt")
+        torch.save(bf16(model), paths[-1])
+    return paths
+
+
+def run_store(lr: float, paths: list[str], url: str) -> dict:
+    """Each saved version synced through a full store and a delta store at ``url``, side by side."""
     run = f"lr{lr:g}-{uuid.uuid4().hex[:6]}"
+    steps = len(paths) - 1
     full = WeightStore(url, f"{run}-full", max_shard_bytes=SHARD, fsync=False)
     delta = WeightStore(url, f"{run}-delta", max_shard_bytes=SHARD, fsync=False, full_every=steps + 2)
-    state = bf16(model)
+    state = torch.load(paths[0], mmap=True)
     e_full, e_delta = Engine(state), Engine(state)
     for store, engine in ((full, e_full), (delta, e_delta)):  # version 0, full in both
         store.publish(0, state)
@@ -198,14 +215,7 @@ def run_store(shape: dict, lr: float, steps: int, url: str) -> dict:
     times = {"full": 0.0, "delta": 0.0}
     changed, total, full_bytes, delta_bytes, enc = 0, 0, 0, 0, None
     for v in range(1, steps + 1):
-        ids = torch.randint(0, shape["vocab_size"], (2, 32), generator=g)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        print(f"lr {lr:g} step {v}: loss {float(loss):.3f}", file=sys.stderr)
-        del loss
-        state = bf16(model)
+        state = torch.load(paths[v], mmap=True)
         for k, t in state.items():  # against what the engines hold: the version before
             changed += int((t.view(torch.int16) != e_full.tensors[k].view(torch.int16)).sum())
             total += t.numel()
@@ -226,10 +236,11 @@ def run_store(shape: dict, lr: float, steps: int, url: str) -> dict:
             "seconds": times, "encodings": enc}
 
 
-def run_lr(shape: dict, lr: float, steps: int, stores: dict[str, str]) -> dict:
-    by_store = {name: run_store(shape, lr, steps, url) for name, url in stores.items()}
+def run_lr(shape: dict, lr: float, steps: int, stores: dict[str, str], folder: str) -> dict:
+    paths = train(shape, lr, steps, folder)
+    gc.collect()
+    by_store = {name: run_store(lr, paths, url) for name, url in stores.items()}
     first = next(iter(by_store.values()))
-    assert all(r["changed_fraction"] == first["changed_fraction"] for r in by_store.values()), "runs diverged"
     return {"lr": lr, "steps": steps, "changed_fraction": first["changed_fraction"],
             "delta_bytes_ratio": first["full_bytes"] / first["delta_bytes"],
             "full_mb_per_version": first["full_bytes"] / steps / 1e6,
@@ -273,7 +284,7 @@ def main() -> None:
         fsspec.filesystem("s3").mkdir(bucket)
         with tempfile.TemporaryDirectory() as tmp:
             stores = {"file": f"file://{tmp}/store", "s3": f"s3://{bucket}"}
-            lrs = [run_lr(shape, lr, steps, stores) for lr in LRS]
+            lrs = [run_lr(shape, lr, steps, stores, tmp) for lr in LRS]
             state = bf16(build(shape))
             gc.collect()
             wires = {name: wire(url, state) for name, url in stores.items()}
