@@ -28,7 +28,7 @@ from relax.engines.types import (
     refuse_unless_neutral,
     routes_to_wire,
 )
-from relax.engines.weight_source import check_source, load_weights, store_version
+from relax.engines.weight_source import check_source, complete_tied, load_weights, store_version
 from relax.faults import fault_point
 from relax.transfer.adapter_versions import is_adapter_version
 from relax.transfer.weight_updates import WeightFollower
