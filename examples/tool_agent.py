@@ -84,16 +84,39 @@ def episode(gateway: openai.OpenAI, token: str, session: dict[str, Any], max_tur
     print(f"session {sid} closed: reward {state.get('reward')}", flush=True)
 
 
-def gateway_url(args: argparse.Namespace) -> str:
+def gateway_url(args: argparse.Namespace, wait_s: float | None = None) -> str | None:
+    """The gateway's URL: ``--gateway``, or the run's gateway.json (waited for up to ``wait_s``, default
+    ``--wait-s``); None when it did not appear in time."""
     if args.gateway:
         return args.gateway
     path = Path(args.run_root) / "gateway.json"
-    deadline = time.monotonic() + args.wait_s
-    while not path.exists():  # the run writes it once its gateway listens
+    deadline = time.monotonic() + (args.wait_s if wait_s is None else wait_s)
+    while True:  # the run writes it once its gateway listens (again, after a rollout restart)
+        try:
+            return json.loads(path.read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+
+
+def reconnect(args: argparse.Namespace) -> openai.OpenAI | None:
+    """A client on the gateway once it answers again (a restarted rollout serves it anew, on the same port
+    unless that was taken: gateway.json is re-read), or None after ``--reconnect-s`` (the run ended)."""
+    deadline = time.monotonic() + args.reconnect_s
+    while True:
+        url = gateway_url(args, wait_s=max(0.0, deadline - time.monotonic()))
+        if url is not None:
+            client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key=args.token, max_retries=0)
+            try:
+                client.get("/sessions/-", cast_to=object)
+            except openai.APIStatusError:  # any answer (a 404 here) means the gateway is up
+                return client
+            except openai.APIConnectionError:
+                pass
         if time.monotonic() > deadline:
-            sys.exit(f"no {path} after {args.wait_s:g} s: is a run with rollout.agents=external running there?")
-        time.sleep(0.2)
-    return json.loads(path.read_text())["url"]
+            return None
+        time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,10 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=1, help="episodes played at once, each on its own thread "
                    "(--episodes counts per thread)")
     p.add_argument("--wait-s", type=float, default=120.0, help="how long to wait for gateway.json")
+    p.add_argument("--reconnect-s", type=float, default=60.0, help="how long to wait for a gateway that went "
+                   "away (a rollout restart) before deciding the run ended")
     args = p.parse_args(argv)
     if not args.token:
         sys.exit("no token: pass --token or set RELAX_AGENT_TOKEN to the run's agent token")
-    gateway = openai.OpenAI(base_url=gateway_url(args).rstrip("/") + "/v1", api_key=args.token, max_retries=0)
+    url = gateway_url(args)
+    if url is None:
+        sys.exit(f"no gateway.json in {args.run_root} after {args.wait_s:g} s: is a run with rollout.agents=external "
+                 f"running there?")
+    gateway = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key=args.token, max_retries=0)
     if args.parallel == 1:
         return play(gateway, args)
     # several episodes at once: the gateway batches their turns into one generation (the client is thread-safe)
@@ -123,27 +152,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def play(gateway: openai.OpenAI, args: argparse.Namespace) -> int:
-    """Open, play and close episodes one after another (``--episodes`` of them, or until the gateway goes)."""
+    """Open, play and close episodes one after another (``--episodes`` of them, or until the gateway goes
+    for good: one that comes back within ``--reconnect-s``, as a restarted rollout's does, is played on)."""
     played = 0
     while args.forever or played < args.episodes:
         try:
             session = gateway.post("/sessions", cast_to=object, body={"wait_s": 10})
+            try:
+                episode(gateway, args.token, session, args.max_turns, args.stream)
+            except openai.APIStatusError as e:  # the session was dropped or aborted by the run: play the next one
+                print(f"session {session['id']} ended by the gateway: {e.status_code} {e.message}", flush=True)
+            played += 1
         except openai.APIStatusError as e:
             if e.status_code != 503:
                 raise
             time.sleep(float(e.response.headers.get("retry-after", 1)))  # no episode open yet
-            continue
         except openai.APIConnectionError:
-            print("the gateway is gone; stopping", flush=True)
-            return 0
-        try:
-            episode(gateway, args.token, session, args.max_turns, args.stream)
-        except openai.APIConnectionError:
-            print("the gateway is gone; stopping", flush=True)
-            return 0
-        except openai.APIStatusError as e:  # the session was dropped or aborted by the run: play the next one
-            print(f"session {session['id']} ended by the gateway: {e.status_code} {e.message}", flush=True)
-        played += 1
+            print("the gateway went away; waiting for it to come back", flush=True)
+            gateway = reconnect(args)
+            if gateway is None:
+                print("the gateway is gone; stopping", flush=True)
+                return 0
     return 0
 
 

@@ -48,6 +48,27 @@ def new_messages_start(sid: str, recorded: list[tuple[str, str]], messages: list
     return start
 
 
+def check_media(messages: list[dict[str, Any]], start: int, processor: Any) -> None:
+    """Refuse, naming the part, an image or audio part the policy has no tower for: one agent's screenshot
+    on a text-only policy is that session's 400, not a failed batch."""
+    kinds = {"image_url": ("image_processor", "images"), "input_audio": ("feature_extractor", "audio")}
+    for i in range(start, len(messages)):
+        content = messages[i].get("content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            need = kinds.get(part.get("type")) if isinstance(part, dict) else None
+            if need and getattr(processor, need[0], None) is None:
+                raise SessionError(400, f"messages[{i}].content[{j}] is an {part['type']} part, but this run's policy "
+                                        f"takes no {need[1]}; send it as text (or train a model that takes "
+                                        f"{need[1]}); the session is unchanged")
+
+
+def unusable_request(e: Exception) -> SessionError:
+    """A request the hub could not turn into the policy's context (the chat template or a media decoder
+    refused it): that session's 400, naming the cause."""
+    return SessionError(400, f"this request cannot be turned into the policy's context "
+                             f"({type(e).__name__}: {e}); the session is unchanged: fix the messages and resend")
+
+
 def checked_rewards(body: dict[str, Any], reward_range: tuple[float, float]) -> tuple[float, list[float] | None]:
     """``(reward, turn_rewards)`` of a reward post, each inside ``reward_range`` (rollout.agent_reward_min/max):
     a value such as 1e39 is finite in Python but inf in the float32 reward column, and NaN in every

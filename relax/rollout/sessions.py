@@ -35,9 +35,17 @@ from relax.rollout.engine_pool import EnginePool
 from relax.rollout.episodes import Trajectory, observation_tokens, turn_seed
 from relax.rollout.prompts import EncodedPrompt, encode_prompt
 from relax.rollout.rewards import RewardDispatcher
-from relax.rollout.session_requests import SessionError, checked_rewards, comparable, new_messages_start
+from relax.rollout.session_requests import (
+    SessionError,
+    check_media,
+    checked_rewards,
+    comparable,
+    new_messages_start,
+    unusable_request,
+)
 
 _TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # read here; the engine routes' check refuses them
+_COUNTS = ("sessions_opened", "sessions_closed", "sessions_dropped", "sessions_released", "session_turns")
 _KEEP_ENDED = 4096  # ended sessions remembered (for 409s and GET) before the oldest are forgotten
 
 
@@ -144,16 +152,7 @@ class SessionHub:
 
     def take_counts(self) -> dict[str, int]:
         with self._cv:
-            out = {
-                k: self.counts[k]
-                for k in (
-                    "sessions_opened",
-                    "sessions_closed",
-                    "sessions_dropped",
-                    "sessions_released",
-                    "session_turns",
-                )
-            }
+            out = {k: self.counts[k] for k in _COUNTS}
             self.counts.clear()
             return out
 
@@ -285,6 +284,10 @@ class SessionHub:
                         ready.append((w, *self._prepare(w.session, w.body)))
                 except SessionError as e:
                     self._resolve(w, e)
+                except Exception as e:  # one session's request, never the batch: nothing was recorded yet
+                    if w.kind == "close":
+                        raise
+                    self._resolve(w, unusable_request(e))
             if not ready:
                 return
             prompts = [enc for _, enc, _, _, _ in ready]
@@ -311,6 +314,7 @@ class SessionHub:
                 raise SessionError(400, "n must be 1: a session is one episode")
             messages = body["messages"]
             start = self._check_history(s, messages)
+            check_media(messages, start, self.processor)
             msgs, images, audios = chat_prompt(messages[start:])
             # what the history check compares later, and the transcript text the verifier reads
             new = (

@@ -41,9 +41,10 @@ from relax.services.api.server import ServerThread
 
 log = logging.getLogger(__name__)
 _FINISH = {"stop": "stop", "length": "length"}
-_KIND = {400: "BadRequest", 404: "NotFound", 409: "Conflict", 503: "ServiceUnavailable"}
+_KIND = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict", 503: "ServiceUnavailable"}
 _MEDIA = re.compile(r"(<image>|<audio>)")
 RETRY_AFTER_S = 1
+PORT_FILE = "gateway_port.json"  # the port a run's gateway last had (port 0): a restarted rollout binds it again
 MAX_WAIT_S = 60.0
 
 
@@ -110,7 +111,9 @@ def stream_events(reply: dict[str, Any]) -> Iterator[bytes]:
 def create_gateway_app(hub: SessionHub, token: str, media: Callable[[Any], bytes] | None = None) -> Any:
     """The FastAPI app on ``hub``, behind the bearer-token guard."""
     from fastapi import Body, FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
 
     load = media or (lambda ref: ref.data)
     app = FastAPI(title="Relax session gateway", description="External agents' episodes (docs/agents.md).")
@@ -123,6 +126,16 @@ def create_gateway_app(hub: SessionHub, token: str, media: Callable[[Any], bytes
     @app.exception_handler(SessionError)
     async def _refused(_: Request, e: SessionError) -> JSONResponse:
         return error(e.status, e.message)
+
+    @app.exception_handler(HTTPException)
+    async def _no_route(request: Request, e: HTTPException) -> JSONResponse:  # the documented shape, not FastAPI's
+        why = {404: f"no route {request.url.path}: see docs/agents.md for the gateway's routes",
+               405: f"{request.url.path} does not take {request.method}: see docs/agents.md"}.get(e.status_code)
+        return error(e.status_code, why or str(e.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_body(_: Request, e: RequestValidationError) -> JSONResponse:
+        return error(400, f"the request body must be a JSON object ({e.errors()[0].get('msg', 'invalid')})")
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -168,6 +181,28 @@ def create_gateway_app(hub: SessionHub, token: str, media: Callable[[Any], bytes
     return Guard(app, token=token)
 
 
+def _bound(host: str, port: int) -> socket.socket | str:
+    """A socket bound to ``host:port`` (bound here, so a taken port is an error naming the setting, and
+    port 0 has its number at once), or why it cannot be bound."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        return str(e.strerror)
+    return sock
+
+
+def _remembered_port(run_url: str | None) -> int | None:
+    if run_url is None or not objstore.exists(objstore.join(run_url, PORT_FILE)):
+        return None
+    try:
+        return int(json.loads(objstore.read_bytes(objstore.join(run_url, PORT_FILE)))["port"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class Gateway:
     """The gateway app on ``host:port`` (0 = a free port) in a daemon thread; ``url`` once started.
     With ``run_url`` its URL (no token) is written to ``<run>/gateway.json`` for agents to find."""
@@ -182,14 +217,18 @@ class Gateway:
                 f"for your agents (not {TOKEN_ENV}, which controls the run's engines)"
             )
         self.hub, self.run_url = hub, run_url
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:  # bound here, so a taken port is an error naming the setting and port 0 gets its number at once
-            self._sock.bind((host, port))
-        except OSError as e:
-            self._sock.close()
-            raise GatewayStartError(f"rollout.gateway_port {port} on {host} cannot be bound ({e.strerror}); choose "
-                                    f"another rollout.gateway_port, or 0 for a free one") from None
+        # port 0: the port this run's gateway had before, so a restarted rollout keeps the agents' address
+        earlier = _remembered_port(run_url) if port == 0 else None
+        sock = _bound(host, earlier) if earlier else ""
+        if isinstance(sock, str):
+            if earlier:
+                log.warning("the session gateway's earlier port %d is taken (%s); agents must re-read gateway.json",
+                            earlier, sock)
+            sock = _bound(host, port)
+        if isinstance(sock, str):
+            raise GatewayStartError(f"rollout.gateway_port {port} on {host} cannot be bound ({sock}); choose "
+                                    f"another rollout.gateway_port, or 0 for a free one")
+        self._sock = sock
         self._sock.listen(128)
         shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
         self.url = f"http://{shown}:{self._sock.getsockname()[1]}"
@@ -204,6 +243,8 @@ class Gateway:
             raise GatewayStartError(f"the session gateway on {self.url} {problem}")
         if self.run_url is not None:
             objstore.write_bytes(objstore.join(self.run_url, "gateway.json"), json.dumps({"url": self.url}).encode())
+            port = self._sock.getsockname()[1]  # kept when the gateway stops: a restart binds it again
+            objstore.write_bytes(objstore.join(self.run_url, PORT_FILE), json.dumps({"port": port}).encode())
         log.info("session gateway for external agents on %s (docs/agents.md)", self.url)
         return self
 

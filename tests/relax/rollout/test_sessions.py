@@ -293,3 +293,41 @@ def test_a_reward_outside_the_configured_range_is_a_400_and_changes_nothing(setu
     assert [t.reward for t in trajs] == [-0.25]  # the refused posts left no trace
     assert all(status == 400 and "in [-1, 1] (rollout.agent_reward_min/max)" in msg for status, msg in refused)
     assert len(refused) == 4
+
+
+PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5E"
+       "rkJggg==")
+
+
+def test_content_the_policy_cannot_take_is_that_sessions_400_not_a_failed_batch(setup):
+    # a screenshot in a tool result on a text-only policy used to fail the batch (503 to every open session, a
+    # rollout restart); now it is a 400 for the session that sent it, which stays usable, and the batch finishes
+    _, _, samples = setup
+    hub, _ = _hub(setup)
+    seen: dict[str, Any] = {}
+    log: dict[str, Any] = {}
+
+    def screenshotter(stop: threading.Event) -> None:
+        sid, sample = _claim(hub, stop)
+        messages = _msgs(sample)
+        first = hub.chat(sid, {"messages": messages}).result(timeout=60)
+        messages.append({"role": "assistant", "content": first["text"]})
+        image = {"role": "tool", "content": [{"type": "text", "text": "the page:"},
+                                             {"type": "image_url", "image_url": {"url": PNG}}]}
+        placeholder = {"role": "tool", "content": "a literal <image> the template cannot match"}
+        for name, extra in (("image", image), ("placeholder", placeholder)):
+            with pytest.raises(SessionError) as e:
+                hub.chat(sid, {"messages": [*messages, extra]}).result(timeout=60)
+            seen[name] = e.value
+        hub.chat(sid, {"messages": [*messages, {"role": "tool", "content": "golden plum: 7"}]}).result(timeout=60)
+        seen["state"] = hub.describe(sid)
+        hub.close(sid).result(timeout=60)
+
+    trajs = _run(hub, [(0, samples[0]), (1, samples[1])], 1, [screenshotter, tool_agent(hub, log, turns=2)])
+    assert seen["image"].status == 400 and "messages[3].content[1] is an image_url part" in seen["image"].message
+    assert "takes no images" in seen["image"].message
+    assert seen["placeholder"].status == 400 and "cannot be turned into the policy's context" in \
+        seen["placeholder"].message
+    assert seen["state"]["turns"] == 2 and seen["state"]["state"] == "open"
+    assert len(trajs) == 2 and all(t.turns == 2 for t in trajs)
+    assert hub.take_counts()["sessions_dropped"] == 0

@@ -123,6 +123,13 @@ def test_the_session_api_answers_bad_requests_with_their_status(gateway):
         assert status == 404 and "nope" in body["error"]["message"], (path, body)
     status, _, body = _call(f"{gw.url}/v1/sessions/nope/reward", {"reward": 1.0})
     assert status == 409 and "session nope is unknown" in body["error"]["message"]
+    # unknown routes and methods, and bodies that are no JSON object, answer the documented shape too
+    for path, method, body in (("/v1/nothing/here", "POST", {}), ("/v1/sessions", "GET", None),
+                               ("/v1/sessions/nope/reward", "POST", [1, 2])):
+        status, _, answer = _call(gw.url + path, body, method=method)
+        assert status in (400, 404, 405) and set(answer) == {"error"}, (path, answer)
+        assert set(answer["error"]) == {"message", "type", "param", "code"} and answer["error"]["code"] == status
+    assert "no route /v1/nothing/here" in _call(f"{gw.url}/v1/nothing/here", {})[2]["error"]["message"]
 
 
 def test_an_agent_killed_mid_episode_leaves_no_sample(gateway):
@@ -143,7 +150,8 @@ def test_an_agent_killed_mid_episode_leaves_no_sample(gateway):
 
     watcher = threading.Thread(target=kill_after_first_turn, daemon=True)
     watcher.start()
-    rescuer = threading.Thread(target=lambda: (pool.gate.wait(60), killed.update(rescuer=_agent(run, "--forever"))))
+    rescuer = threading.Thread(target=lambda: (pool.gate.wait(60), killed.update(
+        rescuer=_agent(run, "--forever", "--reconnect-s", "1"))))
     rescuer.start()
     try:
         (traj,) = hub.run_batch([(0, samples[0])], 1)
@@ -172,3 +180,48 @@ def test_the_gateway_will_not_start_without_a_token_of_its_own(gateway, monkeypa
     monkeypatch.setenv(AGENT_TOKEN_ENV, os.environ["RELAX_ENGINE_TOKEN"])  # the engines' token reused
     with pytest.raises(GatewayStartError, match="not RELAX_ENGINE_TOKEN"):
         Gateway(hub, "127.0.0.1", 0)
+
+
+def test_a_restarted_gateway_keeps_its_address_and_its_agents(gateway, tmp_path):
+    # a rollout role that dies mid-batch takes its gateway with it; the restarted role's gateway binds the
+    # port the run's gateway had (rollout.gateway_port=0), and an agent attached to the first plays the
+    # restarted batch without being started again
+    _, _, pool, samples, _ = gateway
+    tok = build_tokenizer("bpe-tiny")
+    params = SamplingParams(max_new_tokens=32, stop=["</answer>"])
+
+    def hub() -> SessionHub:
+        return SessionHub(pool.pool, tok, None, RewardDispatcher(), params, max_seq_len=256, timeout_s=5.0)
+
+    first_hub = hub()
+    first = Gateway(first_hub, "127.0.0.1", 0, token=TOKEN, run_url=f"file://{tmp_path}").start()
+    agent = _agent(tmp_path, "--forever", "--reconnect-s", "5")
+    failed: list[BaseException] = []
+    batch = threading.Thread(target=lambda: _catch(failed, first_hub.run_batch, [(0, samples[0])], 2), daemon=True)
+    batch.start()
+    lines = []
+    for line in agent.stdout:  # the agent is mid-batch: one episode played, one more open
+        lines.append(line)
+        if "closed: reward" in line:
+            break
+    first.stop()  # the role dies: its batch fails, its sessions are aborted
+    batch.join(30)
+    assert failed and "gateway stopped" in str(failed[0])
+    second_hub = hub()
+    second = Gateway(second_hub, "127.0.0.1", 0, token=TOKEN, run_url=f"file://{tmp_path}").start()
+    try:
+        assert second.url == first.url  # the address agents hold is the same
+        trajs = second_hub.run_batch([(0, samples[0]), (1, samples[1])], 1)
+    finally:
+        second.stop()
+    out = "".join(lines) + agent.communicate(timeout=60)[0]
+    assert agent.returncode == 0 and "waiting for it to come back" in out and "the gateway is gone" in out, out
+    assert len(trajs) == 2 and all(t.turns >= 1 for t in trajs)
+    assert second_hub.take_counts()["sessions_closed"] == 2
+
+
+def _catch(into: list, fn, *args) -> None:
+    try:
+        fn(*args)
+    except BaseException as e:
+        into.append(e)
