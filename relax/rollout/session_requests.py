@@ -48,6 +48,32 @@ def new_messages_start(sid: str, recorded: list[tuple[str, str]], messages: list
     return start
 
 
+# the run's sampling is the policy's (the behaviour log-probs must be its own): these may only repeat it
+_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+_NEUTRAL_ZERO = ("presence_penalty", "frequency_penalty")
+
+
+def extra_stops(body: dict[str, Any], params: Any) -> list[str]:
+    """The request's ``stop`` strings (added to the run's: a stop truncates, it never changes a sampled
+    token's log-prob), after refusing sampling fields that would change the policy's distribution."""
+    for key, attr in _SAMPLING.items():
+        given = body.get(key)
+        if given is not None and given != getattr(params, attr):
+            raise SessionError(400, f"{key}={given!r} differs from the run's rollout.{attr}="
+                                    f"{getattr(params, attr)!r}: a session samples as the policy does (its "
+                                    f"log-probs train it); leave {key} out")
+    for key in _NEUTRAL_ZERO:
+        if body.get(key) not in (None, 0, 0.0):
+            raise SessionError(400, f"{key} must be 0 or absent: a session samples as the policy does")
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops) or len(stops) > 4:
+        raise SessionError(400, f"stop must be a non-empty string or a list of at most 4 of them, got {stop!r}")
+    return stops
+
+
 def check_media(messages: list[dict[str, Any]], start: int, processor: Any) -> None:
     """Refuse, naming the part, an image or audio part the policy has no tower for: one agent's screenshot
     on a text-only policy is that session's 400, not a failed batch."""

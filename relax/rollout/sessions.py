@@ -23,28 +23,18 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from relax import liveness
 from relax.data.samples import Sample
-from relax.engines.openai_routes import chat_prompt, check_chat_request
-from relax.engines.types import EngineError, SamplingParams
-from relax.models.processors import merge_media
+from relax.engines.types import SamplingParams
 from relax.rollout.engine_pool import EnginePool
-from relax.rollout.episodes import Trajectory, observation_tokens, turn_seed
-from relax.rollout.prompts import EncodedPrompt, encode_prompt
+from relax.rollout.episodes import Trajectory, turn_seed
 from relax.rollout.rewards import RewardDispatcher
-from relax.rollout.session_requests import (
-    SessionError,
-    check_media,
-    checked_rewards,
-    comparable,
-    new_messages_start,
-    unusable_request,
-)
+from relax.rollout.session_requests import SessionError, checked_rewards, unusable_request
+from relax.rollout.session_turns import Session, Slot, TurnMaker, TurnPlan
 
-_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # read here; the engine routes' check refuses them
 _COUNTS = ("sessions_opened", "sessions_closed", "sessions_dropped", "sessions_released", "session_turns")
 _KEEP_ENDED = 4096  # ended sessions remembered (for 409s and GET) before the oldest are forgotten
 
@@ -54,30 +44,6 @@ RELEASE_LIMIT = 1000  # empty sessions on one episode before the batch gives up 
 
 class BatchFailed(RuntimeError):
     """The batch cannot finish: a slot was dropped past ``max_retries``, or the gateway stopped."""
-
-
-@dataclass
-class _Slot:
-    position: int
-    sample: Sample
-    index: int
-    drops: int = 0
-    releases: int = 0  # sessions on it closed before any chat turn (not failures: see SessionHub._release)
-    done: Trajectory | None = None
-
-
-@dataclass
-class Session:
-    id: str
-    slot: _Slot
-    last_active: float
-    state: str = "open"  # open -> closed | dropped | aborted
-    traj: Trajectory | None = None  # from the first chat call
-    messages: list[tuple[str, str]] = field(default_factory=list)  # the recorded conversation, comparable
-    busy: bool = False  # a chat or close is queued or running
-    reward: float | None = None
-    turn_rewards: list[float] | None = None
-    why: str = ""  # why it was dropped or aborted
 
 
 @dataclass
@@ -100,10 +66,11 @@ class SessionHub:
         self.params, self.max_seq_len, self.max_turns = params, max_seq_len, max_turns
         self.timeout_s, self.max_retries, self.gather_s = timeout_s, max_retries, gather_s
         self.media = media or (lambda ref: ref.data)
+        self.turns = TurnMaker(tokenizer, processor, params, max_seq_len, max_turns)
         self.base_url = ""  # the gateway's URL, set by the gateway: a session's base_url lives under it
         self.counts: Counter[str] = Counter()  # sessions_opened/closed/dropped, session_turns since take_counts()
         self._cv = threading.Condition()
-        self._open: deque[_Slot] = deque()  # slots waiting for an agent
+        self._open: deque[Slot] = deque()  # slots waiting for an agent
         self._sessions: dict[str, Session] = {}
         self._work: list[_Work] = []
         self.stopped = False  # the gateway is stopping: no new sessions, no new batch
@@ -185,7 +152,7 @@ class SessionHub:
     def run_batch(self, prompts: list[tuple[int, Sample]], n: int) -> list[Trajectory]:
         """Offer ``n`` episodes of each prompt to agents; serve their turns until every episode is closed.
         Trajectories come back in (prompt, index) order, as the built-in runner returns them."""
-        slots = [_Slot(pos, sample, i) for pos, sample in prompts for i in range(n)]
+        slots = [Slot(pos, sample, i) for pos, sample in prompts for i in range(n)]
         with self._cv:
             if self.stopped:
                 raise BatchFailed("the session gateway is stopped; no agent can run this batch")
@@ -272,7 +239,7 @@ class SessionHub:
         """One round: closes are scored, chat turns prepared and generated together. On a failure (the
         engine, a slot past its retries) every request of the round is answered 503 before it propagates."""
         try:
-            ready = []
+            ready: list[tuple[_Work, TurnPlan]] = []
             for w in work:
                 try:
                     if w.kind == "close":
@@ -281,7 +248,7 @@ class SessionHub:
                             state = self._describe(w.session)
                         self._resolve(w, state)
                     else:
-                        ready.append((w, *self._prepare(w.session, w.body)))
+                        ready.append((w, self.turns.plan(w.session, w.body)))
                 except SessionError as e:
                     self._resolve(w, e)
                 except Exception as e:  # one session's request, never the batch: nothing was recorded yet
@@ -290,88 +257,21 @@ class SessionHub:
                     self._resolve(w, unusable_request(e))
             if not ready:
                 return
-            prompts = [enc for _, enc, _, _, _ in ready]
-            params = [dataclasses.replace(self.params, max_new_tokens=k, sampling_seed=turn_seed(t, len(e.input_ids)))
-                      for _, e, t, k, _ in ready]
-            rids = [
-                f"{t.sample.id}@{t.position}:{t.index}:{len(e.input_ids)}/{w.session.id}" for w, e, t, _, _ in ready
-            ]
+            prompts = [p.context for _, p in ready]
+            params = [dataclasses.replace(self.params, max_new_tokens=p.max_new, stop=[*self.params.stop, *p.stop],
+                                          sampling_seed=turn_seed(p.traj, len(p.context.input_ids)))
+                      for _, p in ready]
+            rids = [f"{p.traj.sample.id}@{p.traj.position}:{p.traj.index}:{len(p.context.input_ids)}/{w.session.id}"
+                    for w, p in ready]
             results = self.pool.generate(prompts, params, rids)
-            for (w, enc, traj, _, new), cs in zip(ready, results, strict=True):
-                self._resolve(w, self._commit(w.session, enc, traj, new, cs[0]))
+            for (w, plan), cs in zip(ready, results, strict=True):
+                self._resolve(w, self.turns.record(w.session, plan, cs[0]))
+                self.counts["session_turns"] += 1
         except Exception as e:
             for w in work:
                 if not w.future.done():
                     self._resolve(w, SessionError(503, f"the rollout failed this batch: {type(e).__name__}: {e}"))
             raise
-
-    def _prepare(self, s: Session, body: dict[str, Any]) -> tuple[EncodedPrompt, Trajectory, int, tuple]:
-        """(the whole context to generate from, the trajectory it extends, max new tokens, what to record);
-        a SessionError (400) leaves the session as it was."""
-        try:
-            check_chat_request({k: v for k, v in body.items() if k not in _TOOL_FIELDS})
-            if body.get("n", 1) != 1:
-                raise SessionError(400, "n must be 1: a session is one episode")
-            messages = body["messages"]
-            start = self._check_history(s, messages)
-            check_media(messages, start, self.processor)
-            msgs, images, audios = chat_prompt(messages[start:])
-            # what the history check compares later, and the transcript text the verifier reads
-            new = (
-                [comparable(m) for m in messages[start:]],
-                "".join(f"\n[{m['role']}] {m['content']}\n" for m in msgs),
-            )
-        except EngineError as e:
-            raise SessionError(400, str(e)) from None
-        if s.traj is not None and s.traj.turns >= self.max_turns:
-            raise SessionError(400, f"session {s.id} has taken rollout.max_turns={self.max_turns} policy turns; "
-                                    f"close it (POST /v1/sessions/{s.id}/close)")
-        if s.traj is None:
-            tools = body.get("tools") or None
-            text = self.tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
-            enc = encode_prompt(text, images, audios, self.tokenizer, self.processor)
-            slot, k = s.slot, len(enc.input_ids)
-            traj = Trajectory(slot.sample, slot.position, slot.index, list(enc.input_ids), [0] * k, [0.0] * k, k,
-                              enc.mm_inputs, images=list(enc.images), audios=list(enc.audios))
-            context = EncodedPrompt(traj.tokens, traj.mm_inputs, traj.images, traj.audios)
-        else:
-            traj = s.traj
-            enc = observation_tokens(traj.tokens, msgs, images, audios, self.tokenizer, self.processor)
-            context = EncodedPrompt(traj.tokens + enc.input_ids, merge_media(traj.mm_inputs, enc.mm_inputs),
-                                    traj.images + enc.images, traj.audios + enc.audios)
-        room = self.max_seq_len - len(context.input_ids)
-        asked = body.get("max_completion_tokens", body.get("max_tokens"))
-        if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
-            raise SessionError(400, f"max_tokens must be an integer >= 1, got {asked!r}")
-        if room <= 0 or (asked is not None and asked > room):
-            raise SessionError(400, f"this turn's context is {len(context.input_ids)} tokens and "
-                                    f"model.max_seq_len is {self.max_seq_len}, leaving {max(room, 0)} for the reply"
-                                    f"{f' (asked max_tokens={asked})' if asked is not None else ''}; the session is "
-                                    f"unchanged: send shorter messages, ask fewer tokens, or close it")
-        max_new = min(self.params.max_new_tokens, room, asked or room)
-        return context, traj, max_new, new
-
-    def _check_history(self, s: Session, messages: list[dict[str, Any]]) -> int:
-        """Where the new messages start: the request must repeat the recorded conversation exactly."""
-        return 0 if s.traj is None else new_messages_start(s.id, s.messages, messages)
-
-    def _commit(self, s: Session, context: EncodedPrompt, traj: Trajectory, new: tuple, c: Any) -> dict[str, Any]:
-        """Record the observation and the sampled turn; the turn's text, finish reason and token counts."""
-        if s.traj is None:
-            s.traj = traj
-        else:
-            traj.observe(context.input_ids[len(traj.tokens):])
-            traj.mm_inputs, traj.images, traj.audios = context.mm_inputs, context.images, context.audios
-            traj.response += new[1]
-        traj.extend(c)
-        text = self.tokenizer.decode(c.output_ids, skip_special_tokens=True)
-        traj.response += text
-        traj.turns += 1
-        traj.finish = str(c.finish_reason.get("type", ""))
-        s.messages += [*new[0], ("assistant", text)]
-        self.counts["session_turns"] += 1
-        return {"id": f"chatcmpl-{s.id}-{traj.turns}", "text": text, "finish": traj.finish,
-                "prompt_tokens": len(context.input_ids), "completion_tokens": len(c.output_ids)}
 
     def _finish(self, s: Session) -> None:
         """Close ``s``: its trajectory, scored by the posted reward or the verifier, fills the slot."""

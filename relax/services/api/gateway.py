@@ -74,12 +74,17 @@ def openai_messages(sample: Sample, load: Callable[[Any], bytes]) -> list[dict[s
     return out
 
 
+def turn_calls(turn: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool calls a hub turn returns to the agent: those parsed from its text, as its tool_choice allows."""
+    return turn["tool_choice"].calls(parse_tool_calls(turn["text"]))
+
+
 def chat_reply(turn: dict[str, Any], model: str) -> dict[str, Any]:
     """A hub turn as a ``chat.completion``: tool-call blocks parsed into OpenAI ``tool_calls``."""
     text = turn["text"]
     calls = [{"id": f"call_{turn['id'].removeprefix('chatcmpl-')}_{k}", "type": "function",
               "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
-             for k, c in enumerate(parse_tool_calls(text))]
+             for k, c in enumerate(turn_calls(turn))]
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = calls

@@ -331,3 +331,39 @@ def test_content_the_policy_cannot_take_is_that_sessions_400_not_a_failed_batch(
     assert seen["state"]["turns"] == 2 and seen["state"]["state"] == "open"
     assert len(trajs) == 2 and all(t.turns == 2 for t in trajs)
     assert hub.take_counts()["sessions_dropped"] == 0
+
+
+def test_tool_choice_is_honoured_by_a_masked_forced_prefix_and_refused_when_it_cannot_be(setup):
+    tok, _, samples = setup
+    hub, rec = _hub(setup)
+    seen: dict[str, Any] = {}
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+    def agent(stop: threading.Event) -> None:
+        sid, sample = _claim(hub, stop)
+        messages = _msgs(sample)
+        for name, bad in (("unknown", {"type": "function", "function": {"name": "fetch"}}), ("temp", None)):
+            body = {"messages": messages, "tools": tools, "tool_choice": bad} if bad else \
+                {"messages": messages, "temperature": 0.3}
+            with pytest.raises(SessionError) as e:
+                hub.chat(sid, body).result(timeout=60)
+            seen[name] = e.value
+        forced = {"type": "function", "function": {"name": "lookup"}}
+        seen["turn"] = hub.chat(sid, {"messages": messages, "tools": tools, "tool_choice": forced,
+                                      "parallel_tool_calls": False}).result(timeout=60)
+        seen["traj"] = hub._sessions[sid].traj
+        hub.close(sid).result(timeout=60)
+
+    _run(hub, [(0, samples[0])], 1, [agent])
+    assert seen["unknown"].status == 400 and "names function 'fetch'" in seen["unknown"].message
+    assert seen["temp"].status == 400 and "temperature=0.3 differs" in seen["temp"].message
+    turn, traj = seen["turn"], seen["traj"]
+    prefix = '<tool_call>{"name": "lookup", "arguments": '
+    assert turn["text"].startswith(prefix)
+    forced = tok(prefix, add_special_tokens=False)["input_ids"]
+    (fed, sampled), = rec.sampled.values()
+    # the engine was given the prompt and the forced prefix; the prefix is recorded as masked context, the
+    # sampled tokens and log-probs after it are the engine's
+    assert fed == traj.tokens[:len(fed)] and fed[traj.prompt_len:] == forced
+    assert traj.mask[traj.prompt_len:len(fed)] == [0] * len(forced)
+    assert traj.tokens[len(fed):] == sampled.output_ids and traj.mask[len(fed):] == [1] * len(sampled.output_ids)
