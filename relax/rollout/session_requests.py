@@ -69,8 +69,8 @@ def extra_stops(body: dict[str, Any], params: Any) -> list[str]:
     if stop is None:
         return []
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops) or len(stops) > 4:
-        raise SessionError(400, f"stop must be a non-empty string or a list of at most 4 of them, got {stop!r}")
+    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops) or len(stops) > 16:
+        raise SessionError(400, f"stop must be a non-empty string or a list of at most 16 of them, got {stop!r}")
     return stops
 
 

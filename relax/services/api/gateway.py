@@ -8,6 +8,9 @@ engines' ``RELAX_ENGINE_TOKEN``; :class:`~relax.engines.guards.Guard`) except ``
   for one first.
 * ``POST /v1/sessions/{id}/v1/chat/completions`` -- OpenAI chat (``stream`` and ``tools`` included;
   ``<tool_call>{json}</tool_call>`` blocks come back as ``tool_calls``).
+* ``POST /v1/sessions/{id}/v1/responses`` (OpenAI Responses, relax.services.api.responses_api) and
+  ``POST /v1/sessions/{id}/v1/messages`` (Anthropic Messages, relax.services.api.messages_api): the same
+  session turn in those APIs' shapes (``x-api-key`` is taken as the bearer token).
 * ``POST /v1/sessions/{id}/reward`` ``{"reward": r, "turn_rewards"?: [...]}``, ``POST .../close``,
   ``GET /v1/sessions/{id}``.
 
@@ -37,6 +40,8 @@ from relax.engines.guards import TOKEN_ENV, Guard
 from relax.engines.server import error_body
 from relax.rollout.session_requests import SessionError
 from relax.rollout.sessions import SessionHub
+from relax.services.api import messages_api, responses_api
+from relax.services.api.messages_api import AnthropicDialect
 from relax.services.api.server import ServerThread
 
 log = logging.getLogger(__name__)
@@ -121,6 +126,7 @@ def create_gateway_app(hub: SessionHub, token: str, media: Callable[[Any], bytes
     from starlette.exceptions import HTTPException
 
     load = media or (lambda ref: ref.data)
+    history = responses_api.ResponseHistory()  # previous_response_id -> the conversation it ended
     app = FastAPI(title="Relax session gateway", description="External agents' episodes (docs/agents.md).")
 
     def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -160,6 +166,7 @@ def create_gateway_app(hub: SessionHub, token: str, media: Callable[[Any], bytes
         sid, sample = claimed
         messages = await asyncio.to_thread(openai_messages, sample, load)
         return {"id": sid, "base_url": f"{hub.base_url}/v1/sessions/{sid}/v1",
+                "anthropic_base_url": f"{hub.base_url}/v1/sessions/{sid}",  # the anthropic client adds /v1
                 "sample": {"id": sample.id, "task": sample.task, "messages": messages,
                            "tools": list(sample.metadata.get("tools", [])), "metadata": dict(sample.metadata)}}
 
@@ -169,6 +176,25 @@ def create_gateway_app(hub: SessionHub, token: str, media: Callable[[Any], bytes
         reply = chat_reply(turn, str(body.get("model") or "relax-policy"))
         if body.get("stream"):
             return StreamingResponse(stream_events(reply), media_type="text/event-stream")
+        return reply
+
+    @app.post("/v1/sessions/{sid}/v1/responses")
+    async def responses(sid: str, body: dict[str, Any] = Body(...)) -> Any:
+        previous = body.get("previous_response_id")
+        request = responses_api.chat_request(body, history.get(sid, previous) if previous else None)
+        turn = await asyncio.wrap_future(hub.chat(sid, request))
+        reply = responses_api.response_object(turn, turn_calls(turn), body, str(body.get("model") or "relax-policy"))
+        history.put(sid, reply["id"], [*request["messages"], {"role": "assistant", "content": turn["text"]}])
+        if body.get("stream"):
+            return StreamingResponse(responses_api.response_events(reply), media_type="text/event-stream")
+        return reply
+
+    @app.post("/v1/sessions/{sid}/v1/messages")
+    async def messages(sid: str, body: dict[str, Any] = Body(...)) -> Any:
+        turn = await asyncio.wrap_future(hub.chat(sid, messages_api.chat_request(body)))
+        reply = messages_api.message_object(turn, turn_calls(turn), body, str(body.get("model") or "relax-policy"))
+        if body.get("stream"):
+            return StreamingResponse(messages_api.message_events(reply), media_type="text/event-stream")
         return reply
 
     @app.post("/v1/sessions/{sid}/reward")
@@ -183,7 +209,7 @@ def create_gateway_app(hub: SessionHub, token: str, media: Callable[[Any], bytes
     async def describe(sid: str) -> Any:
         return hub.describe(sid)
 
-    return Guard(app, token=token)
+    return AnthropicDialect(Guard(app, token=token))
 
 
 def _bound(host: str, port: int) -> socket.socket | str:

@@ -1,0 +1,210 @@
+"""The gateway's Responses and Messages APIs with the official ``openai`` (its Responses client) and
+``anthropic`` clients: full tool episodes, streamed or not, that become trainable trajectories, the
+tool-choice constraints, and errors in each API's own shape. The tiny policy is taught the task's
+tool-use transcript first (tests/relax/services/tool_episodes.py), so its replies call the tool."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from relax.config import load_config
+from relax.data.suite import generate_suite
+from relax.data.suite.tool_lookup import run_lookup
+from relax.engines.types import SamplingParams
+from relax.models import build_policy, build_tokenizer
+from relax.rollout.engine_pool import LocalEngines
+from relax.rollout.rewards import RewardDispatcher
+from relax.rollout.sessions import SessionHub
+from relax.services.api.gateway import Gateway
+from tests.relax.services.tool_episodes import teach_tool_use
+
+pytestmark = pytest.mark.slow
+TOKEN = "gateway-apis-token"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tok = build_tokenizer("bpe-tiny")
+    model, _ = build_policy(load_config("tiny-cpu", []).model, tok, seed=0)
+    samples = generate_suite(["tool_lookup"], seed=0, train_per_task=2, eval_per_task=2)["train"]
+    teach_tool_use(model, tok, samples)
+    pool = LocalEngines(model, tok, max_batch_size=8, max_seq_len=256, seed=0)
+    hub = SessionHub(pool, tok, None, RewardDispatcher(), SamplingParams(max_new_tokens=32, stop=["</answer>"]),
+                     max_seq_len=256, timeout_s=20.0)
+    gw = Gateway(hub, "127.0.0.1", 0, token=TOKEN).start()
+    yield gw, hub, samples
+    gw.stop()
+    pool.close()
+
+
+def _open(url: str) -> dict[str, Any]:
+    gateway = openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0)
+    return gateway.post("/sessions", cast_to=object, body={"wait_s": 30})
+
+
+def _close(url: str, sid: str) -> dict[str, Any]:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0).post(
+        f"/sessions/{sid}/close", cast_to=object, body={})
+
+
+def _tool(sample: dict[str, Any], name: str, arguments: dict[str, Any]) -> str:
+    return run_lookup({"name": name, "arguments": arguments}, sample["metadata"]["table"])[0]
+
+
+def responses_episode(url: str, stream: bool, chained: bool, log: list) -> None:
+    """Two turns through /v1/responses: the tool's output sent after previous_response_id, or with the
+    whole conversation (the first response's output items resent as input)."""
+    session = _open(url)
+    client = openai.OpenAI(base_url=session["base_url"], api_key=TOKEN, max_retries=0)
+    sample = session["sample"]
+    tools = [{"type": "function", **t["function"]} for t in sample["tools"]]
+    (system, user) = sample["messages"]
+
+    def create(**kw: Any) -> Any:
+        if not stream:
+            return client.responses.create(model="policy", tools=tools, **kw)
+        events = list(client.responses.create(model="policy", tools=tools, stream=True, **kw))
+        assert events[0].type == "response.created" and events[-1].type == "response.completed"
+        return events[-1].response
+
+    first = create(instructions=system["content"], input=user["content"])
+    calls = [o for o in first.output if o.type == "function_call"]
+    if calls:
+        outputs = [{"type": "function_call_output", "call_id": c.call_id,
+                    "output": _tool(sample, c.name, json.loads(c.arguments))} for c in calls]
+        if chained:
+            second = create(previous_response_id=first.id, input=outputs)
+        else:
+            items = [{"role": "user", "content": user["content"]},
+                     *[o.model_dump(exclude_none=True) for o in first.output], *outputs]
+            second = create(instructions=system["content"], input=items)
+        log.append(("responses", second.output_text))
+    log.append(("closed", _close(url, session["id"])))
+
+
+def messages_episode(url: str, stream: bool, log: list) -> None:
+    """Two turns through /v1/messages with the anthropic client: tool_use, then a tool_result."""
+    session = _open(url)
+    client = anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key=TOKEN, max_retries=0)
+    sample = session["sample"]
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in sample["tools"]]
+    (system, user) = sample["messages"]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": user["content"]}]
+
+    def create() -> Any:
+        kw = {"model": "policy", "max_tokens": 32, "system": system["content"], "messages": messages, "tools": tools}
+        if not stream:
+            return client.messages.create(**kw)
+        with client.messages.stream(**kw) as s:
+            return s.get_final_message()
+
+    first = create()
+    uses = [b for b in first.content if b.type == "tool_use"]
+    if uses:
+        assert first.stop_reason == "tool_use"
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]})
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": b.id,
+                                                      "content": _tool(sample, b.name, b.input)} for b in uses]})
+        second = create()
+        log.append(("messages", second.content[0].text if second.content else ""))
+    log.append(("closed", _close(url, session["id"])))
+
+
+def _play(hub: SessionHub, prompts: list, n: int, agents: list) -> list:
+    errors: list[BaseException] = []
+
+    def guarded(fn) -> None:
+        try:
+            fn()
+        except BaseException as e:
+            errors.append(e)
+            hub.shutdown()
+
+    threads = [threading.Thread(target=guarded, args=(a,), daemon=True) for a in agents]
+    for t in threads:
+        t.start()
+    try:
+        trajs = hub.run_batch(prompts, n)
+    finally:
+        for t in threads:
+            t.join(60)
+    if errors:
+        raise errors[0]
+    return trajs
+
+
+def test_the_openai_responses_client_plays_tool_episodes_that_train(served):
+    gw, hub, samples = served
+    log: list = []
+    agents = [lambda s=s, c=c: responses_episode(gw.url, s, c, log) for s in (False, True) for c in (False, True)]
+    trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, agents)
+    assert len(trajs) == 4 and len([x for x in log if x[0] == "closed"]) == 4
+    two = [t for t in trajs if t.turns == 2]
+    assert two, [t.response for t in trajs]  # previous_response_id and resent items both continued the session
+    for t in two:  # the tool output is in the context, masked out of the loss; the replies trained
+        assert "\n[tool] " in t.response and 0 in t.mask[t.prompt_len:] and sum(t.mask) > 0
+    assert max(t.reward for t in trajs) == 1.0
+
+
+def test_the_anthropic_client_plays_tool_episodes_that_train(served):
+    gw, hub, samples = served
+    log: list = []
+    agents = [lambda s=s: messages_episode(gw.url, s, log) for s in (False, True, False, True)]
+    trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, agents)
+    assert len(trajs) == 4
+    two = [t for t in trajs if t.turns == 2]
+    assert two, [t.response for t in trajs]
+    for t in two:
+        assert "\n[tool] " in t.response and 0 in t.mask[t.prompt_len:] and sum(t.mask) > 0
+    assert max(t.reward for t in trajs) == 1.0
+
+
+def test_tool_choice_through_each_api_and_errors_in_each_apis_shape(served):
+    gw, hub, samples = served
+    seen: dict[str, Any] = {}
+
+    def agent() -> None:
+        session = _open(gw.url)
+        sample, sid = session["sample"], session["id"]
+        (system, user) = sample["messages"]
+        oa = openai.OpenAI(base_url=session["base_url"], api_key=TOKEN, max_retries=0)
+        an = anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key=TOKEN, max_retries=0)
+        tools = [{"type": "function", **t["function"]} for t in sample["tools"]]
+        with pytest.raises(openai.BadRequestError) as e:  # a function it was not given
+            oa.responses.create(model="p", instructions=system["content"], input=user["content"], tools=tools,
+                                tool_choice={"type": "function", "name": "fetch"})
+        seen["responses 400"] = e.value.body
+        with pytest.raises(anthropic.BadRequestError) as e:
+            an.messages.create(model="p", max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+                               tool_choice={"type": "any"})
+        seen["messages 400"] = e.value.body
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key="wrong", max_retries=0).messages.create(
+                model="p", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        seen["messages 401"] = e.value.body
+        with pytest.raises(anthropic.NotFoundError) as e:
+            anthropic.Anthropic(base_url=f"{gw.url}/v1/sessions/nope", auth_token=TOKEN, max_retries=0).messages.create(
+                model="p", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        seen["messages 404"] = e.value.body
+        forced = oa.chat.completions.create(model="p", messages=sample["messages"], tools=sample["tools"],
+                                            tool_choice={"type": "function", "function": {"name": "lookup"}},
+                                            parallel_tool_calls=False)
+        seen["forced"] = forced.choices[0].message
+        _close(gw.url, sid)
+
+    _play(hub, [(0, samples[0])], 1, [agent])
+    assert "names function 'fetch'" in seen["responses 400"]["message"]
+    for key, kind in (("messages 400", "invalid_request_error"), ("messages 401", "authentication_error"),
+                      ("messages 404", "not_found_error")):
+        assert seen[key]["type"] == "error" and seen[key]["error"]["type"] == kind, seen[key]
+    assert "'required' needs tools" in seen["messages 400"]["error"]["message"]
+    forced = seen["forced"]
+    assert forced.content.startswith('<tool_call>{"name": "lookup", "arguments": ')
+    assert forced.tool_calls is None or [c.function.name for c in forced.tool_calls] == ["lookup"]
