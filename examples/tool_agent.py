@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,13 @@ def reconnect(args: argparse.Namespace) -> openai.OpenAI | None:
         time.sleep(0.5)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+Episode = Callable[[openai.OpenAI, str, dict[str, Any], int, bool], None]
+
+
+def main(argv: list[str] | None = None, play_episode: Episode | None = None, doc: str | None = None) -> int:
+    """Play episodes with ``play_episode`` (default: chat completions; examples/responses_agent.py and
+    examples/messages_agent.py pass their own)."""
+    p = argparse.ArgumentParser(description=(doc or __doc__).splitlines()[0])
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--gateway", help="the gateway's URL, e.g. http://127.0.0.1:8765")
     where.add_argument("--run-root", help="the run's folder (<root>/runs/<run_id>): its gateway.json names the URL")
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reconnect-s", type=float, default=60.0, help="how long to wait for a gateway that went "
                    "away (a rollout restart) before deciding the run ended")
     args = p.parse_args(argv)
+    args.play_episode = play_episode or episode
     if not args.token:
         sys.exit("no token: pass --token or set RELAX_AGENT_TOKEN to the run's agent token")
     url = gateway_url(args)
@@ -159,7 +166,7 @@ def play(gateway: openai.OpenAI, args: argparse.Namespace) -> int:
         try:
             session = gateway.post("/sessions", cast_to=object, body={"wait_s": 10})
             try:
-                episode(gateway, args.token, session, args.max_turns, args.stream)
+                args.play_episode(gateway, args.token, session, args.max_turns, args.stream)
             except openai.APIStatusError as e:  # the session was dropped or aborted by the run: play the next one
                 print(f"session {session['id']} ended by the gateway: {e.status_code} {e.message}", flush=True)
             played += 1

@@ -6,6 +6,9 @@ tool-use transcript first (tests/relax/services/tool_episodes.py), so its replie
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -14,6 +17,7 @@ import openai
 import pytest
 
 from relax.config import load_config
+from relax.config.preflight import AGENT_TOKEN_ENV
 from relax.data.suite import generate_suite
 from relax.data.suite.tool_lookup import run_lookup
 from relax.engines.types import SamplingParams
@@ -22,7 +26,7 @@ from relax.rollout.engine_pool import LocalEngines
 from relax.rollout.rewards import RewardDispatcher
 from relax.rollout.sessions import SessionHub
 from relax.services.api.gateway import Gateway
-from tests.relax.services.tool_episodes import teach_tool_use
+from tests.relax.services.tool_episodes import REPO, teach_tool_use
 
 pytestmark = pytest.mark.slow
 TOKEN = "gateway-apis-token"
@@ -208,3 +212,18 @@ def test_tool_choice_through_each_api_and_errors_in_each_apis_shape(served):
     forced = seen["forced"]
     assert forced.content.startswith('<tool_call>{"name": "lookup", "arguments": ')
     assert forced.tool_calls is None or [c.function.name for c in forced.tool_calls] == ["lookup"]
+
+
+def test_the_example_agents_of_both_apis_play_episodes(served):
+    gw, hub, samples = served
+    env = {**os.environ, AGENT_TOKEN_ENV: TOKEN, "PYTHONUNBUFFERED": "1"}
+    agents = [subprocess.Popen([sys.executable, str(REPO / "examples" / name), "--gateway", gw.url, "--episodes", "2",
+                                *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for name in ("responses_agent.py", "messages_agent.py") for extra in ((), ("--stream",))]
+    trajs = hub.run_batch([(0, samples[0]), (1, samples[1])], 4)
+    outs = [p.communicate(timeout=60)[0] for p in agents]
+    assert [p.returncode for p in agents] == [0, 0, 0, 0], outs
+    for out in outs:  # every example, streaming or not, answered a tool call
+        assert "turn 1" in out and "closed: reward" in out, out
+    assert len(trajs) == 8 and max(t.reward for t in trajs) == 1.0
+    assert sum(t.turns == 2 for t in trajs) >= 4
