@@ -85,8 +85,8 @@ class RolloutConfig:
     gateway_host: str = opt("127.0.0.1", "Address the session gateway binds (agents=external); 0.0.0.0 to reach it "
                             "from other hosts.")
     gateway_port: int = opt(
-        0, "Port of the session gateway (agents=external); 0 = a free port. Its URL is logged and written to "
-        "<run>/gateway.json.", range=(0, 65535))
+        0, "Port of the session gateway (agents=external); 0 = a free port, bound again by a restarted rollout. "
+        "Its URL is logged and written to <run>/gateway.json.", range=(0, 65535))
     session_timeout_s: float = opt(
         60.0, "Seconds an open gateway session may stay idle before it is dropped (no sample) and its episode "
         "offered to another agent.", range=(0.1, 86400.0))
