@@ -10,11 +10,14 @@ evaluation) every ``--every`` steps, and the seconds a step takes in each (the r
 gateway's cost on 2 cores: HTTP, chat templates and the agent's own work beside the trainer).
 
     python benchmarks/agents.py            # ~8 min on 2 cores
+    python benchmarks/agents.py --api chat,responses,messages   # one external run per API the gateway serves
+    python benchmarks/agents.py --quick --api responses,messages  # a smoke run of the code paths
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -28,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: t
 
 
 from relax.config import load_config  # noqa: E402
+from relax.config.preflight import AGENT_TOKEN_ENV  # noqa: E402
 from relax.engines.guards import TOKEN_ENV  # noqa: E402
 from relax.pipeline import evaluate, train_run  # noqa: E402
 from relax.services.policy import build_model
@@ -44,26 +48,18 @@ def config(root: str, run_id: str, agents: str, args: argparse.Namespace):
                                     f"trainer.checkpoint_every={args.every}", f"trainer.lr={args.lr}"])
 
 
-def rl_run(root: str, agents: str, start: str, args: argparse.Namespace) -> dict:
-    cfg = config(root, f"rl-{agents}", agents, args)
+SCRIPTS = {"chat": AGENT, "responses": AGENT.with_name("responses_agent.py"),
+           "messages": AGENT.with_name("messages_agent.py")}  # the example agent of each API the gateway serves
+
+
+def rl_run(root: str, agents: str, start: str, args: argparse.Namespace, api: str = "chat") -> dict:
+    cfg = config(root, f"rl-{agents}" + (f"-{api}" if agents == "external" else ""), agents, args)
     player = None
     if agents == "external":
         run_dir = RunContext(cfg).run_url.removeprefix("file://")
-        player = subprocess.Popen(
-            [
-                sys.executable,
-                str(AGENT),
-                "--run-root",
-                run_dir,
-                "--forever",
-                "--max-turns",
-                "3",
-                "--parallel",
-                str(args.parallel),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
+        player = subprocess.Popen([sys.executable, str(SCRIPTS[api]), "--run-root", run_dir, "--forever",
+                                   "--max-turns", "3", "--parallel", str(args.parallel), "--reconnect-s", "5"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     t0 = time.perf_counter()
     try:
         summary = train_run(cfg, init_checkpoint=start, progress=False)
@@ -76,7 +72,8 @@ def rl_run(root: str, agents: str, start: str, args: argparse.Namespace) -> dict
         for s in range(args.every, args.steps + 1, args.every)
     ]
     rewards = [m["reward"] for m in sorted(summary.metrics("rollout"), key=lambda m: m["batch"])]
-    return {"agents": agents, "train_s": train_s, "s_per_step": train_s / args.steps, "curve": curve,
+    name = agents if agents == "builtin" else f"external ({api})"
+    return {"agents": name, "train_s": train_s, "s_per_step": train_s / args.steps, "curve": curve,
             "reward_first10": sum(rewards[:10]) / 10, "reward_last10": sum(rewards[-10:]) / 10}
 
 
@@ -87,10 +84,19 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--parallel", type=int, default=32, help="episodes the external agent plays at once")
+    ap.add_argument("--api", default="chat", help="comma-separated APIs the external agent speaks, one run each: "
+                    "chat (examples/tool_agent.py), responses, messages")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 40 supervised and 4 RL steps (no docs)")
     add_arguments(ap)
     args = ap.parse_args()
+    apis = args.api.split(",")
+    if unknown := set(apis) - set(SCRIPTS):
+        ap.error(f"--api: unknown {sorted(unknown)}; choose from {sorted(SCRIPTS)}")
+    if args.quick:
+        args.sft_steps, args.steps, args.every, args.parallel = 40, 4, 2, 16
     output = Output.from_args(args)
-    os.environ.setdefault(TOKEN_ENV, "benchmark-agents-token")  # the gateway checks it, the agent sends it
+    os.environ.setdefault(TOKEN_ENV, "benchmark-engine-token")
+    os.environ.setdefault(AGENT_TOKEN_ENV, "benchmark-agents-token")  # the gateway checks it, the agent sends it
     with tempfile.TemporaryDirectory() as tmp:
         root = f"file://{tmp}"
         ctx = RunContext(config(root, "sft", "builtin", args))
@@ -98,14 +104,15 @@ def main() -> None:
         teach_tool_use(model, ctx.tokenizer, ctx.split("train"), steps=args.sft_steps, lr=3e-3, batch_size=32)
         start = save_checkpoint(f"{root}/part-taught", model, meta={"kind": "benchmark"})
         before = evaluate(ctx.cfg, start).accuracy["tool_lookup"]
-        runs = [rl_run(root, agents, start, args) for agents in ("builtin", "external")]
-    builtin, external = runs
+        runs = [rl_run(root, "builtin", start, args)] + [rl_run(root, "external", start, args, api) for api in apis]
+    builtin, external = runs[0], runs[1]
     result = {"setup": f"2-core CPU; tiny-cpu model, tool_lookup (256 train / 64 held-out prompts); {args.sft_steps} "
                        f"supervised steps, then {args.steps} RL steps of 16 prompts x 8 episodes at lr {args.lr:g}; "
-                       f"external: examples/tool_agent.py --parallel {args.parallel}",
+                       f"external: the example agent of each API ({', '.join(apis)}) --parallel {args.parallel}",
               "heldout_before": before, "runs": runs,
               "step_time_ratio_external_to_builtin": external["s_per_step"] / builtin["s_per_step"]}
-    output.write_json("agents", result)
+    result["step_time_ratios_to_builtin"] = {r["agents"]: r["s_per_step"] / builtin["s_per_step"] for r in runs[1:]}
+    output.write_json("agents_quick" if args.quick else "agents", result)
     steps = [c["step"] for c in builtin["curve"]]
     rows = [f"Setup: {result['setup']}", "",
             "| agents | held-out before | " + " | ".join(f"step {s}" for s in steps) + " | s / step |",
@@ -114,11 +121,13 @@ def main() -> None:
         rows.append(f"| {r['agents']} | {before:.3f} | " + " | ".join(f"{c['heldout']:.3f}" for c in r["curve"])
                     + f" | {r['s_per_step']:.2f} |")
     rows.append("")
-    rows.append(
-        f"A step through the gateway takes {result['step_time_ratio_external_to_builtin']:.2f}x the built-in one."
-    )
-    output.table("agents", rows, "## Learning through the session gateway (`benchmarks/agents.py`)")
+    ratios = ", ".join(f"{x:.2f}x ({name})" for name, x in result["step_time_ratios_to_builtin"].items())
+    rows.append(f"A step through the gateway takes {ratios} the built-in one.")
+    if not args.quick:
+        output.table("agents", rows, "## Learning through the session gateway (`benchmarks/agents.py`)")
     print("\n".join(rows))
+    print(json.dumps({"heldout_before": before, **{r["agents"]: r["curve"][-1]["heldout"] for r in runs},
+                      "step_time_ratios_to_builtin": result["step_time_ratios_to_builtin"]}))
 
 
 if __name__ == "__main__":
