@@ -59,8 +59,8 @@ def test_a_run_played_by_external_agents_trains_on_their_sessions_and_learns(tmp
     # (their logs go to files: a pipe nobody reads while the run trains fills up and stalls them)
     logs = [tmp_path / f"agent-{i}.log" for i in range(2)]
     agents = [subprocess.Popen([sys.executable, str(AGENT), "--run-root", run_dir, "--forever", "--max-turns", "3",
-                                *extra], env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log.open("w"),
-                               stderr=subprocess.STDOUT)
+                                "--reconnect-s", "5", *extra], env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               stdout=log.open("w"), stderr=subprocess.STDOUT)
               for log, extra in zip(logs, (["--parallel", "24"], ["--stream", "--parallel", "8"]), strict=True)]
     try:
         result = train_run(cfg, init_checkpoint=start, progress=False)
