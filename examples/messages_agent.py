@@ -19,10 +19,14 @@ import anthropic
 import openai
 from tool_agent import lookup, main
 
+_shared: dict[str, anthropic.Anthropic] = {}  # one HTTP client for every session, as tool_agent.py shares its own
+
 
 def episode(gateway: openai.OpenAI, token: str, session: dict[str, Any], max_turns: int, stream: bool) -> None:
     sid, sample = session["id"], session["sample"]
-    client = anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key=token, max_retries=0)
+    if token not in _shared:  # a fresh client per episode cost more than the episode itself on 2 cores
+        _shared[token] = anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key=token, max_retries=0)
+    client = _shared[token].with_options(base_url=session["anthropic_base_url"])
     tools = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
               "input_schema": t["function"]["parameters"]} for t in sample.get("tools") or []]
     system = "".join(m["content"] for m in sample["messages"] if m["role"] == "system")
