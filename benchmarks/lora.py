@@ -62,14 +62,19 @@ def adamw_bytes_of(params: list[torch.nn.Parameter]) -> int:
     return sum(2 * p.numel() * p.element_size() + 4 for p in params)
 
 
-def forward_s(model: torch.nn.Module, ids: torch.Tensor, repeats: int) -> float:
-    times = []
+def forward_s(models: list[torch.nn.Module], ids: torch.Tensor, repeats: int) -> list[float]:
+    """Median forward seconds of each model, timed in turn within each repeat (a one-time warm-up
+    each first), so that a shared CPU's load falls on all of them alike."""
+    times: list[list[float]] = [[] for _ in models]
     with torch.no_grad():
-        for _ in range(repeats):
-            t0 = time.perf_counter()
+        for model in models:
             model(input_ids=ids, use_cache=False)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for _ in range(repeats):
+            for model, t in zip(models, times, strict=True):
+                t0 = time.perf_counter()
+                model(input_ids=ids, use_cache=False)
+                t.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def main() -> dict:
@@ -135,8 +140,7 @@ def main() -> dict:
 
     ids = torch.randint(0, 1000, (8, 32))
     merged = copy.deepcopy(policy).merge_and_unload().eval()
-    unmerged = forward_s(policy.eval(), ids, repeats)
-    merged_s = forward_s(merged, ids, repeats)
+    unmerged, merged_s = forward_s([policy.eval(), merged], ids, repeats)
     result = {
         "model": f"Qwen2.5-0.5B shape (random), {layers} layers", "lora_rank": 16, "repeats": repeats,
         "full_sync_s": statistics.median(full_s), "adapter_sync_s": statistics.median(adapter_s),

@@ -10,7 +10,10 @@ that copy: unmerging by subtraction would leave rounding residue that grows with
 The first adapter version an engine sees (or one on another base version) goes the full way: its base
 is read (version 0 holds it), merged and loaded through ``engine.update_weights``. After that a reload
 reads only the adapter's bytes and rewrites only the adapted weights, in place, between scheduler steps
-(``engine.exclusive``), exactly as ``update_weights`` swaps a whole version.
+(``engine.exclusive``), exactly as ``update_weights`` swaps a whole version: each merge is written
+straight into the engine's parameter, and the fused decoder's concatenated copies are rewritten only in
+the adapted rows (``FusedDecoder.rewrite``), so a reload costs the adapter's products and one pass over
+the adapted weights, not a copy of the model.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 
 from relax.engines.types import EngineError
 from relax.engines.weight_source import complete_tied
-from relax.transfer.adapter_versions import AdapterVersion, merge, split
+from relax.transfer.adapter_versions import LORA_A, LORA_B, AdapterVersion, adapted_weight, merge, merge_into, split
 
 
 @dataclass
@@ -47,16 +50,20 @@ def load_into(engine: Any, state: dict[str, Any], version: str) -> None:
         engine.update_weights(complete_tied({**base, **merged}, getattr(engine, "model", None)), version)
         engine.lora_base = KeptBase(state.base_version, {k: base[k].clone() for k in merged})
         return
-    merged = merge(kept.weights, adapter, state.scaling)
     params = dict(engine.model.named_parameters())
-    odd = [k for k, v in merged.items() if k not in params or params[k].shape != v.shape]
-    if odd or set(merged) != set(kept.weights):
-        differ = sorted(set(merged) ^ set(kept.weights))[:3] or odd[:3]
+    # every check before the first write: a refused reload leaves the version served before intact
+    pairs = {adapted_weight(k): (adapter[k.removesuffix(LORA_A) + LORA_B], v)
+             for k, v in adapter.items() if k.endswith(LORA_A)}
+    odd = [k for k, (b, a) in pairs.items()
+           if k not in params or tuple(params[k].shape) != (b.shape[0], a.shape[-1]) or b.shape[-1] != a.shape[0]]
+    if odd or set(pairs) != set(kept.weights):
+        differ = sorted(set(pairs) ^ set(kept.weights))[:3] or odd[:3]
         raise EngineError(f"adapter version {version} adapts {differ}, unlike the adapter loaded before on base "
                           f"{kept.version}; still serving version {engine.weight_version}")
     with torch.no_grad(), engine.exclusive():
-        for k, v in merged.items():
-            params[k].copy_(v)
+        # written in place, only the adapted weights: a reload allocates nothing the size of a weight
+        for k, (b, a) in pairs.items():
+            merge_into(params[k], kept.weights[k], b, a, state.scaling)
         if engine.fused is not None:
-            engine.fused.refresh()  # the fused weights are copies (concatenations) of the old ones
+            engine.fused.rewrite(set(pairs))  # its QKV and gate/up are concatenated copies
         engine.weight_version = str(version)

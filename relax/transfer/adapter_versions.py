@@ -20,10 +20,13 @@ adapter onto that copy, so a version applied after another is exact (``relax.eng
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax.transfer.errors import StoreError
 from relax.transfer.weights import WeightStore
+
+if TYPE_CHECKING:
+    import torch
 
 PEFT_PREFIX = "base_model.model."
 LORA_A, LORA_B = ".lora_A.weight", ".lora_B.weight"
@@ -58,9 +61,19 @@ def merge(base: Mapping[str, Any], adapter: Mapping[str, Any], scaling: float) -
             raise StoreError(f"adapter tensor {name} adapts {weight}, which the base does not hold: the adapter "
                              f"was trained on another model")
         w = base[weight]
-        b = adapter[name.removesuffix(LORA_A) + LORA_B]
-        out[weight] = w + scaling * (b.to(w.dtype) @ adapter[name].to(w.dtype))
+        out[weight] = merge_into(w.new_empty(w.shape), w, adapter[name.removesuffix(LORA_A) + LORA_B], adapter[name],
+                                 scaling)
     return out
+
+
+def merge_into(out: torch.Tensor, w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``out = w + scaling * (b @ a)`` written into ``out`` ((out, in), W's dtype), bit-equal to the
+    out-of-place expression: the same matmul, scale and add, without the two temporaries that a
+    reload would otherwise allocate (and page-fault in) per adapted module."""
+    import torch  # transfer/ reads tensors through safetensors and imports torch only where it computes
+
+    torch.matmul(b.to(w.dtype), a.to(w.dtype), out=out)
+    return out.mul_(scaling).add_(w)
 
 
 class AdapterVersion(dict):
