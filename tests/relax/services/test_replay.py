@@ -79,3 +79,20 @@ def test_cli_exit_code_tells_a_reproduced_run_from_a_diverged_one(finished_run, 
     out = subprocess.run([RELAX, "replay", str(bad), "r", "--retrain", "3"], capture_output=True, text=True)
     assert out.returncode == 1, out.stderr
     assert "NO" in out.stdout and "2 of 2 steps diverged; weights after the last step DIFFER" in out.stdout
+
+
+def test_a_lora_runs_retrained_steps_and_adapter_equal_the_runs(tmp_path):
+    """With model.lora the published versions hold the adapter alone: the retrain rebuilds the base
+    beside the checkpoint's adapter and must reproduce every step and the adapter bit for bit."""
+    root = tmp_path / "root"
+    cfg = tiny_config(f"file://{root}", "l", "model.lora.rank=4", "model.lora.alpha=8", "queue.max_staleness=1",
+                      "algorithm.entropy_coef=0.01", "algorithm.kl_coef=0.01")  # the adapter-off reference too
+    train(cfg, progress=False)
+    job = Retrain(str(root), "l", 1, str(tmp_path / "copy"))
+    steps = list(job.steps())
+    assert [c.step for c in steps] == [2, 3]
+    assert all(c.same for c in steps), [(c.loss, c.recorded_loss) for c in steps]
+    assert all(c.grad_norm > 0 for c in steps)  # the retrained steps moved the adapter
+    assert job.weights is not None and job.weights.identical and job.weights.version == 4
+    tensors = [t for f in job.store.manifest(4)["files"] for t in f["tensors"]]
+    assert tensors and all(".lora_A." in t or ".lora_B." in t for t in tensors)  # what was compared: the adapter
