@@ -37,9 +37,10 @@ def target_module_names(model: torch.nn.Module, targets: list[str]) -> list[str]
     return names
 
 
-def apply_lora(model: torch.nn.Module, model_cfg: Any) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, model_cfg: Any, seed: int | None = None) -> torch.nn.Module:
     """``model`` wrapped in PEFT LoRA as ``model_cfg.lora`` says: base frozen, adapters trainable (B = 0,
-    so the wrapped model computes exactly what the base does until the first update)."""
+    so the wrapped model computes exactly what the base does until the first update). ``seed`` draws
+    the A matrices from a generator of their own (None: from torch's global one, as PEFT does)."""
     import peft
 
     lora = model_cfg.lora
@@ -53,7 +54,13 @@ def apply_lora(model: torch.nn.Module, model_cfg: Any) -> torch.nn.Module:
     same = set(names) == every
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                              target_modules=short if same else names, bias="none")
-    return peft.get_peft_model(model, config)
+    if seed is None:
+        return peft.get_peft_model(model, config)
+    # PEFT draws A from the global RNG, whose state depends on what the process did before (a
+    # data-parallel rank 0 differs from a one-process actor): seeded, every incarnation starts alike
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return peft.get_peft_model(model, config)
 
 
 def scaling(model_cfg: Any) -> float:

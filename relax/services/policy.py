@@ -33,7 +33,7 @@ def build_actor_model(ctx: RunContext) -> tuple[Any, Any]:
 
     if m.init_checkpoint:
         load_checkpoint(m.init_checkpoint, model, restore_rng=False)
-    model = apply_lora(model, m)
+    model = apply_lora(model, m, seed=ctx.cfg.seed)
     if m.lora.init_checkpoint:
         load_adapter_state(model, read_state(m.lora.init_checkpoint)[1]["model"], m.lora.init_checkpoint)
     return model, processor

@@ -210,3 +210,24 @@ def test_rank_0s_own_error_is_raised_as_itself_not_as_the_death_of_the_ranks_it_
     assert "MISREPORTED" not in out, out
     assert "RAISED RuntimeError Error(s) in loading state_dict" in out, out  # the load that failed, as it failed
     assert "DEAD [(1, 'signal 9 (SIGKILL)')]" in out  # rank 0 stopped the other rank, which could not finish
+
+
+def test_a_lora_actor_on_two_ranks_takes_the_one_process_steps(tmp_path: Path) -> None:
+    """LoRA under DDP: both runs start from the same adapter (seeded, whatever a rank did before), and
+    the second step's KL against the adapter-off reference, which rank 0 computes for the whole batch
+    and every rank trains with, makes the same loss as on one process."""
+    lora = ("trainer.total_steps=2", "model.lora.rank=4", "model.lora.alpha=8", "trainer.lr=0.05",
+            "trainer.warmup_steps=0", "algorithm.kl_coef=0.5", "algorithm.kl_estimator=k3")
+    one, two = tmp_path / "one", tmp_path / "two"
+    _train(one, *lora)
+    _train(two, *lora, "trainer.data_parallel=2")
+    a, b = _actor(one), _actor(two)
+    assert [m["ranks"] for m in a + b] == [1, 1, 2, 2]
+    assert a[0]["grad_norm"] > 0.01 and b[0]["grad_norm"] == pytest.approx(a[0]["grad_norm"], rel=1e-5)
+    assert a[1]["kl_sampled_token_max"] > 1e-3  # the policy moved away from its adapter-off reference
+    assert b[1]["loss"] == pytest.approx(a[1]["loss"], rel=1e-3)
+    assert b[1]["grad_norm"] == pytest.approx(a[1]["grad_norm"], rel=1e-4)
+    v0, v2 = _version(one, 0), _version(one, 2)
+    assert set(v2) == {k for k in v0 if ".lora_" in k}  # adapter-only versions
+    moved = _max_diff(v2, {k: v0[k] for k in v2})
+    assert moved > 1e-2 and _max_diff(_version(two, 2), v2) < 1e-2 * moved

@@ -80,3 +80,14 @@ def test_resume_from_an_adapter_checkpoint_is_bit_exact(tmp_path):
                                                   strict=True))
     _, saved = read_state(url)
     assert set(saved["model"]) == set(want)  # adapter tensors only: the base is rebuilt from the config
+
+
+def test_a_seeded_adapter_starts_alike_whatever_the_global_rng_did():
+    cfg = load_config(None, LORA)
+    torch.manual_seed(5)
+    first = adapter_state(apply_lora(tiny_qwen2(), cfg.model, seed=7))
+    torch.rand(100)  # what another process (a data-parallel rank 0) may have drawn before
+    second = adapter_state(apply_lora(tiny_qwen2(), cfg.model, seed=7))
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    other = adapter_state(apply_lora(tiny_qwen2(), cfg.model, seed=8))
+    assert any(not torch.equal(first[k], other[k]) for k in first if "lora_A" in k)
