@@ -196,6 +196,12 @@ def check_lora(cfg: Any) -> None:
         raise ConfigError("model.lora trains PEFT adapters on the PyTorch backend only (megatron-bridge's PEFT "
                           "needs transformer-engine on CUDA and transformers<5): set trainer.backend=torch or "
                           "model.lora.rank=0")
+    t = cfg.trainer
+    if t.freeze_encoders and 0 < t.thaw_encoders_at < t.total_steps:
+        raise ConfigError(f"model.lora trains and publishes the adapter alone, so trainer.thaw_encoders_at="
+                          f"{t.thaw_encoders_at} would train encoder weights that no weight version or checkpoint "
+                          f"carries: set trainer.thaw_encoders_at=0 (under LoRA the encoders stay frozen) or "
+                          f"model.lora.rank=0")
     if cfg.rollout.weight_sync == "broadcast":
         raise ConfigError("model.lora publishes adapter-only versions that engines merge onto their base; "
                           "rollout.weight_sync=broadcast sends whole models: set rollout.weight_sync=disk")

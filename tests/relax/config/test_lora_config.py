@@ -38,3 +38,18 @@ def test_settings_that_would_ignore_the_adapter_are_refused():
         load_config(None, ["model.lora.rank=8", "rollout.weight_sync=broadcast"])
     with pytest.raises(ConfigError, match="set model.lora.rank"):
         load_config(None, ["model.lora.init_checkpoint=/tmp/x"])
+
+
+def test_thawing_encoders_is_refused_since_no_version_would_carry_them():
+    with pytest.raises(ConfigError, match=r"trainer.thaw_encoders_at=500 would train encoder weights that no weight "
+                                          r"version or checkpoint carries: set trainer.thaw_encoders_at=0"):
+        load_config("omni-cpu", ["model.lora.rank=8"])  # the preset thaws its vision tower at step 500
+    # frozen for the whole run (no thaw, or one at or past total_steps): the encoders stay as the base has them
+    assert load_config("omni-cpu", ["model.lora.rank=8", "trainer.thaw_encoders_at=0"]).model.lora.rank == 8
+    assert load_config("omni-cpu", ["model.lora.rank=8", "trainer.thaw_encoders_at=1200"]).model.lora.rank == 8
+
+
+def test_data_parallel_and_the_prefix_layout_are_accepted():
+    cfg = load_config(None, ["model.lora.rank=8", "trainer.data_parallel=2", "trainer.micro_batch_layout=prefix",
+                             "algorithm.kl_coef=0.1"])
+    assert (cfg.trainer.data_parallel, cfg.trainer.micro_batch_layout) == (2, "prefix")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
-from tiny import actor, on_policy, tiny_batch, tiny_qwen2
+from tiny import VOCAB, actor, on_policy, tiny_batch, tiny_qwen2
 
 from relax.config import load_config
 from relax.models.lora import adapter_state, apply_lora, base_state
 from relax.trainers.checkpoint.trainer_state import read_state, trainer_state
 from relax.trainers.torch.actor import Actor, AdapterOffReference, Reference
+from relax.trainers.torch.batch import RolloutBatch
 
 LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
 
@@ -80,6 +82,48 @@ def test_resume_from_an_adapter_checkpoint_is_bit_exact(tmp_path):
                                                   strict=True))
     _, saved = read_state(url)
     assert set(saved["model"]) == set(want)  # adapter tensors only: the base is rebuilt from the config
+
+
+def grouped_batch(seed: int = 1) -> RolloutBatch:
+    """3 prompt groups of 3 samples each: a shared 5-token prompt, responses of 2..6 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    ids, masks, old, adv = [], [], [], []
+    for p in range(3):
+        prompt = torch.randint(0, VOCAB, (5,), generator=g)
+        for k in range(3):
+            r = 2 + k + p
+            ids.append(torch.cat([prompt, torch.randint(0, VOCAB, (r,), generator=g)]))
+            masks.append(torch.cat([torch.zeros(5), torch.ones(r)]))
+            old.append(-torch.rand(5 + r, generator=g) * masks[-1])
+            adv.append(masks[-1] * (1.0 if k % 2 else -1.0))
+    n = len(ids)
+    return RolloutBatch(ids=[f"s{i}" for i in range(n)], input_ids=ids, loss_mask=masks, old_logprobs=old,
+                        advantages=adv, rewards=torch.zeros(n), policy_versions=[0] * n)
+
+
+def test_the_prefix_layout_trains_and_references_a_lora_policy_as_packing_does():
+    got = {}
+    for layout in ("pack", "prefix"):
+        a = lora_actor(0, f"trainer.micro_batch_layout={layout}")
+        with torch.no_grad():  # an adapter that changes the policy, so the reference differs from it
+            for name, p in a.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.5)
+        batch = grouped_batch()
+        ref = AdapterOffReference(a.model, temperature=1.0, layout=layout).logprobs(batch)
+        policy = a.logprobs(batch)
+        result = a.train_step(batch)
+        got[layout] = (ref, policy, result, adapter_state(a.model))
+    masks = grouped_batch().loss_mask
+    for i in (0, 1):  # the adapter-off reference, then the policy: equal over the trained tokens
+        diff = max(float(((x - y) * m).abs().max()) for x, y, m in zip(got["pack"][i], got["prefix"][i], masks,
+                                                                       strict=True))
+        assert diff < 1e-5, diff
+    assert any(float(((r - p) * m).abs().max()) > 1e-2 for r, p, m in zip(*got["prefix"][:2], masks, strict=True))
+    (_, _, pack, after), (_, _, prefix, prefix_after) = got["pack"], got["prefix"]
+    assert prefix.loss == pytest.approx(pack.loss, abs=1e-6) and prefix.grad_norm == pytest.approx(pack.grad_norm,
+                                                                                                     rel=1e-4)
+    assert max(float((after[k] - prefix_after[k]).abs().max()) for k in after) < 1e-5
 
 
 def test_a_seeded_adapter_starts_alike_whatever_the_global_rng_did():
