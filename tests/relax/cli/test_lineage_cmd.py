@@ -9,6 +9,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from relax.transfer.lineage import LineageRecord, ParentRef, write_record
@@ -106,3 +107,27 @@ def test_run_listing_as_json_and_top_level_help(tmp_path):
     assert runs["run-a"]["parent"] is None and runs["run-b"]["parent"] == "run-a/step-000020"
     assert runs["run-b"]["checkpoints"] == 2 and runs["run-b"]["latest"] == "step-000010"
     assert "lineage" in relax("--help", cwd=tmp_path).stdout
+
+
+@pytest.mark.slow
+def test_a_lora_runs_lineage_names_its_base_model_and_base_checkpoint(tmp_path):
+    """A LoRA checkpoint holds its adapter alone: `relax lineage` must say what it applies to."""
+    from relax.models import build_policy, build_tokenizer
+    from relax.services.driver import train
+    from relax.trainers.checkpoint.trainer_state import save_checkpoint
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    cfg = tiny_config(f"file://{tmp_path}/store", "lo", "model.lora.rank=4", "trainer.total_steps=2")
+    base, _ = build_policy(cfg.model, build_tokenizer(cfg.model.tokenizer), seed=cfg.seed)
+    warm = save_checkpoint(f"file://{tmp_path}/warm", base)  # a full checkpoint, as a format warm start writes
+    cfg = tiny_config(f"file://{tmp_path}/store", "lo", "model.lora.rank=4", "trainer.total_steps=2",
+                      f"model.init_checkpoint={warm}")
+    train(cfg, progress=False)
+    out = relax("lineage", "store", "lo", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("lineage of lo/step-000001: 1 checkpoint")
+    assert f"  LoRA adapter r=4 on base model tiny-qwen2, base checkpoint {warm}" in lines
+    graph = json.loads(relax("lineage", "store", "lo", "--json", cwd=tmp_path).stdout)
+    [node] = [n for n in graph["nodes"] if n["kind"] == "checkpoint"]
+    assert node["extra"]["lora"]["base_model"] == "tiny-qwen2" and node["extra"]["lora"]["base_checkpoint"] == warm
