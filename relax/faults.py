@@ -34,6 +34,7 @@ POINTS = {
     "start": "the role is built and about to take its first step",
     "recorded": "a consumer recorded step STEP's samples but has not committed (or trained on) them yet",
     "step": "step STEP is done and reported",
+    "midway": "half of rollout batch STEP's episodes are closed, the rest still open (external agents only)",
     "publish": "the actor wrote weight version STEP's files but not its manifest",
     "load": "an engine server is loading weight version STEP",
 }

@@ -149,9 +149,11 @@ class SessionHub:
                 "turn_rewards": s.turn_rewards, "messages": len(s.messages)}
 
     # -- the rollout side (the rollout's thread) -------------------------------------------------------
-    def run_batch(self, prompts: list[tuple[int, Sample]], n: int) -> list[Trajectory]:
+    def run_batch(self, prompts: list[tuple[int, Sample]], n: int,
+                  midway: Callable[[], None] | None = None) -> list[Trajectory]:
         """Offer ``n`` episodes of each prompt to agents; serve their turns until every episode is closed.
-        Trajectories come back in (prompt, index) order, as the built-in runner returns them."""
+        Trajectories come back in (prompt, index) order, as the built-in runner returns them. ``midway``
+        runs once when half the episodes are closed (the rollout's fault point, docs/runtime.md)."""
         slots = [Slot(pos, sample, i) for pos, sample in prompts for i in range(n)]
         with self._cv:
             if self.stopped:
@@ -163,8 +165,13 @@ class SessionHub:
                     if self.stopped:
                         raise BatchFailed("the session gateway stopped while this batch was running")
                     self._expire(time.monotonic())
-                    if all(s.done is not None for s in slots):
+                    closed = sum(s.done is not None for s in slots)
+                    if closed == len(slots):
                         break
+                if midway is not None and 2 * closed >= len(slots):
+                    midway, call = None, midway
+                    call()  # outside the lock: it may raise (an injected fault), which aborts the batch
+                with self._cv:
                     if not self._work:
                         liveness.mark(liveness.WAITING)  # agents think at their own pace (session_timeout_s)
                         self._cv.wait(timeout=0.05)

@@ -24,6 +24,7 @@ import numpy as np
 from relax.config import ConfigError
 from relax.data.suite import load_env_fn
 from relax.engines.types import SamplingParams
+from relax.faults import fault_point
 from relax.models.builders import policy_config
 from relax.models.moe_routing import config_route_shape
 from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factory, needs_env
@@ -213,7 +214,8 @@ class RolloutRole:
     def _run(self, prompts: list) -> list[list[Trajectory]]:
         n = self.cfg.rollout.n_samples_per_prompt
         if self.hub is not None:  # sessions are opened only here, so weights never change under one
-            return _groups(self.hub.run_batch(prompts, n), prompts)
+            midway = lambda: fault_point("rollout", "midway", self.batch)  # noqa: E731
+            return _groups(self.hub.run_batch(prompts, n, midway), prompts)
         single = [p for p in prompts if not self.needs_env(p[1])]
         multi = [p for p in prompts if self.needs_env(p[1])]
         trajs = self.runner.single_turn(single, n) if single else []

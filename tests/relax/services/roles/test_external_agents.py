@@ -6,7 +6,11 @@ the tool results masked out, the verifier's reward lands, and the policy learns.
 The policy starts part-taught: supervised steps on the ideal episodes (lookup, result, answer) of the
 256 training prompts, stopped where it looks the right item up but copies the code from the tool's
 answer only some of the time (held-out >= 0.12: 0.156 at 330 steps on one machine). RL through the gateway
-then has to finish teaching the copy (docs/agents.md, ``benchmarks/agents.py``; the bounds below)."""
+then has to finish teaching the copy (docs/agents.md, ``benchmarks/agents.py``; the bounds below).
+
+The rollout role is killed once mid-batch (RELAX_FAULT ``rollout:midway``: half the batch's sessions
+closed, the rest open with agents attached): the run heals, its gateway comes back on the same address
+and the agents, which outlive it, play the rest of the run."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import sys
 
 import pytest
 
+from relax.cli.train_cmd import run_status
 from relax.config.preflight import AGENT_TOKEN_ENV
 from relax.pipeline import evaluate, train_run
 from relax.services.policy import build_model
@@ -32,6 +37,7 @@ TOKEN = "external-agents-test-token"
 # on another), so a fixed step count can hand RL a policy it cannot lift within RL_STEPS
 MIN_SFT, MAX_SFT, START = 320, 480, 0.12
 RL_STEPS = 24
+FAULT_BATCH = 3  # the rollout dies with half of this batch played
 
 
 def test_a_run_played_by_external_agents_trains_on_their_sessions_and_learns(tmp_path, monkeypatch):
@@ -59,9 +65,10 @@ def test_a_run_played_by_external_agents_trains_on_their_sessions_and_learns(tmp
     # (their logs go to files: a pipe nobody reads while the run trains fills up and stalls them)
     logs = [tmp_path / f"agent-{i}.log" for i in range(2)]
     agents = [subprocess.Popen([sys.executable, str(AGENT), "--run-root", run_dir, "--forever", "--max-turns", "3",
-                                "--reconnect-s", "5", *extra], env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                "--reconnect-s", "15", *extra], env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                stdout=log.open("w"), stderr=subprocess.STDOUT)
               for log, extra in zip(logs, (["--parallel", "24"], ["--stream", "--parallel", "8"]), strict=True)]
+    monkeypatch.setenv("RELAX_FAULT", f"rollout:midway:{FAULT_BATCH}:1")  # after the part-taught start: once
     try:
         result = train_run(cfg, init_checkpoint=start, progress=False)
     finally:
@@ -76,6 +83,10 @@ def test_a_run_played_by_external_agents_trains_on_their_sessions_and_learns(tmp
     assert all(p.returncode == 0 and "the gateway is gone" in out[-2000:] for p, out in zip(agents, outs, strict=True))
     rollout = sorted(result.metrics("rollout"), key=lambda m: m["batch"])
     assert all(m["sessions_closed"] == m["samples"] == 128 for m in rollout)
+    # the rollout died once mid-batch and its restart played that batch again with the same agents
+    assert [m["batch"] for m in rollout] == list(range(len(rollout))) and len(rollout) >= RL_STEPS
+    assert run_status(cfg.root, "agents")["restarts"] == {"rollout": 1}
+    assert any("ended by the gateway: 503" in out or "the gateway went away" in out for out in outs), outs
     rewards = [m["reward"] for m in rollout]
     after = evaluate(cfg, f"{ctx.run_url}/checkpoints/step-{RL_STEPS - 1:06d}").accuracy["tool_lookup"]
     print(f"rewards per batch: {[round(r, 2) for r in rewards]}; held-out {before:.3f} -> {after:.3f}")
