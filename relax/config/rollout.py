@@ -68,6 +68,10 @@ class RolloutConfig:
     top_k: int = opt(-1, "Top-k sampling; -1 disables.", range=(-1, 1_000_000))
     max_new_tokens: int = opt(16, "Longest response in tokens.", range=(1, 1_048_576))
     max_turns: int = opt(4, "Most assistant turns in a multi-turn (agent) episode.", range=(1, 1000))
+    max_episode_tokens: int = opt(
+        0, "Most policy tokens over all turns of one episode (built-in loop and gateway sessions); the turn that "
+        "reaches it is cut there and the episode ends. 0 = no limit beyond max_turns * max_new_tokens.",
+        range=(0, 1 << 30))
     env_fn: str = opt(
         "", "Dotted path 'package.module:function' of a custom env factory make_env(sample) -> Env "
         "(relax.data.suite.Env, docs/tasks.md) that runs every sample through the agent loop with a fresh env. "
@@ -107,6 +111,15 @@ def check_agent_reward_range(cfg: Any) -> None:
     if ro.agents == "external" and ro.agent_reward_min >= ro.agent_reward_max:
         raise ConfigError(f"rollout.agent_reward_min={ro.agent_reward_min:g} must be below rollout.agent_reward_max="
                           f"{ro.agent_reward_max:g}: they bound the rewards agents may post")
+
+
+def check_max_episode_tokens(cfg: Any) -> None:
+    """A budget every episode stays under anyway is a setting that does nothing: say so."""
+    r = cfg.rollout
+    if r.max_episode_tokens and r.max_episode_tokens >= r.max_turns * r.max_new_tokens:
+        raise ConfigError(f"rollout.max_episode_tokens={r.max_episode_tokens} is never reached: an episode has at "
+                          f"most rollout.max_turns * rollout.max_new_tokens = {r.max_turns * r.max_new_tokens} "
+                          f"policy tokens; set it below that, or 0 for no limit")
 
 
 def check_gateway_port(cfg: Any) -> None:

@@ -28,6 +28,16 @@ from relax.rollout.prompts import EncodedPrompt, EncodedPromptCache, encode_prom
 from relax.rollout.rewards import RewardDispatcher
 
 IM_END = "<|im_end|>"
+# why an episode ended (Trajectory.ended, the queue's ``ended`` column; docs/agents.md)
+ENDINGS = {
+    "one_turn": "a single-turn task: one response",
+    "env_done": "the task's environment said done",
+    "agent_closed": "the external agent closed its session",
+    "max_turns": "rollout.max_turns policy turns were taken",
+    "max_episode_tokens": "the policy generated rollout.max_episode_tokens tokens over the episode",
+    "max_seq_len": "the context reached model.max_seq_len",
+    "env_error": "the environment's step raised (the episode scores 0, the error recorded)",
+}
 
 
 @dataclass
@@ -46,6 +56,7 @@ class Trajectory:
     versions: list[int] = field(default_factory=list)
     turns: int = 0  # policy turns taken
     finish: str = ""
+    ended: str = ""  # why the episode ended: a key of ENDINGS
     # the media bytes behind mm_inputs, in order: an HTTP engine takes bytes, not tensors
     images: list[bytes] = field(default_factory=list)
     audios: list[bytes] = field(default_factory=list)
@@ -65,6 +76,11 @@ class Trajectory:
         if c.routed_experts is not None:
             self.routes = c.routed_experts
 
+    @property
+    def policy_tokens(self) -> int:
+        """Tokens the policy generated over every turn (what rollout.max_episode_tokens bounds)."""
+        return sum(self.mask)
+
     def observe(self, ids: list[int]) -> None:
         self.tokens += ids
         self.mask += [0] * len(ids)
@@ -79,12 +95,13 @@ class EpisodeRunner:
     """Runs a step's prompts to scored trajectories on an engine pool."""
 
     def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher | None,
-                 params: SamplingParams, *, max_turns: int = 4, max_seq_len: int = 256,
+                 params: SamplingParams, *, max_turns: int = 4, max_seq_len: int = 256, max_episode_tokens: int = 0,
                  partial_rollout: str = "wait", media: Callable[[Any], bytes] | None = None,
                  new_weights: Callable[[], bool] | None = None, reload: Reloader | None = None):
         self.pool, self.tokenizer, self.processor = pool, tokenizer, processor
         self.rewards, self.params = rewards, params
         self.max_turns, self.max_seq_len = max_turns, max_seq_len
+        self.max_episode_tokens = max_episode_tokens or 1 << 62  # 0: no limit
         self.partial_rollout = partial_rollout
         self.media = media
         self.new_weights = new_weights
@@ -137,9 +154,11 @@ class EpisodeRunner:
             enc = self.encode(sample)
             for i in range(n):
                 trajs.append(_start(sample, pos, i, enc))
-        budget = [min(self.params.max_new_tokens, self.max_seq_len - len(t.tokens)) for t in trajs]
+        budget = [min(self.params.max_new_tokens, self.max_seq_len - len(t.tokens), self.max_episode_tokens)
+                  for t in trajs]
         self._generate(trajs, budget)
         for t in trajs:
+            t.ended = "one_turn"
             t.response = self.tokenizer.decode(t.tokens[t.prompt_len:], skip_special_tokens=True)
         if self.rewards is None:  # data.reward_role: scored later, by the reward role
             for t in trajs:
@@ -153,7 +172,8 @@ class EpisodeRunner:
     def agent(self, prompts: list[tuple[int, Sample]], n: int, make_env: Callable[[Sample], Env]) -> list[Trajectory]:
         """Episodes through an Env: the policy's turns are trained, observations are masked out.
 
-        Ends on env done, ``max_turns`` policy turns, or the token budget (``max_seq_len``)."""
+        Ends on env done, ``max_turns`` policy turns, ``max_episode_tokens`` policy tokens, or the context
+        budget (``max_seq_len``); each trajectory's ``ended`` says which."""
         trajs, envs = [], []
         for pos, sample in prompts:
             enc = self.encode(sample)
@@ -166,7 +186,11 @@ class EpisodeRunner:
         for _turn in range(self.max_turns):
             if not live:
                 break
-            budget = {i: min(self.params.max_new_tokens, self.max_seq_len - len(trajs[i].tokens)) for i in live}
+            budget = {i: min(self.params.max_new_tokens, self.max_seq_len - len(trajs[i].tokens),
+                             self.max_episode_tokens - trajs[i].policy_tokens) for i in live}
+            for i in live:
+                if budget[i] <= 0:
+                    trajs[i].ended = "max_seq_len"
             live = [i for i in live if budget[i] > 0]
             start = {i: len(trajs[i].tokens) for i in live}
             self._generate([trajs[i] for i in live], [budget[i] for i in live])
@@ -180,13 +204,19 @@ class EpisodeRunner:
                     obs, reward, done, _info = envs[i].step(text)
                 except Exception as e:  # a faulty env scores this episode 0 with the error recorded
                     t.error = f"env step failed on sample {t.sample.id}: {type(e).__name__}: {e}"
+                    t.ended = "env_error"
                     continue
                 t.reward = float(reward)
                 if done:
+                    t.ended = "env_done"
                     continue
+                if t.policy_tokens >= self.max_episode_tokens:
+                    t.ended = "max_episode_tokens"
+                    continue
+                t.ended = "max_turns"  # unless a later turn ends it otherwise
                 ids, mm, images, audios = self.observation(t, obs)
                 if len(t.tokens) + len(ids) >= self.max_seq_len:
-                    t.finish = "token_budget"
+                    t.finish, t.ended = "token_budget", "max_seq_len"
                     continue
                 t.observe(ids)
                 t.response += f"\n[tool] {obs}\n"

@@ -72,9 +72,11 @@ class TurnPlan:
 class TurnMaker:
     """Plans and records turns for one hub (its tokenizer, processor and limits)."""
 
-    def __init__(self, tokenizer: Any, processor: Any, params: SamplingParams, max_seq_len: int, max_turns: int):
+    def __init__(self, tokenizer: Any, processor: Any, params: SamplingParams, max_seq_len: int, max_turns: int,
+                 max_episode_tokens: int = 0):
         self.tokenizer, self.processor, self.params = tokenizer, processor, params
         self.max_new_tokens, self.max_seq_len, self.max_turns = params.max_new_tokens, max_seq_len, max_turns
+        self.max_episode_tokens = max_episode_tokens  # 0: no limit
 
     def plan(self, s: Session, body: dict[str, Any]) -> TurnPlan:
         try:
@@ -93,6 +95,9 @@ class TurnMaker:
         if s.traj is not None and s.traj.turns >= self.max_turns:
             raise SessionError(400, f"session {s.id} has taken rollout.max_turns={self.max_turns} policy turns; "
                                     f"close it (POST /v1/sessions/{s.id}/close)")
+        if s.traj is not None and s.traj.ended == "max_episode_tokens":
+            raise SessionError(400, f"session {s.id} has generated rollout.max_episode_tokens={self.max_episode_tokens}"
+                                    f" policy tokens; close it (POST /v1/sessions/{s.id}/close)")
         prefill = self.tokenizer(choice.prefill(), add_special_tokens=False)["input_ids"] if choice.prefill() else []
         if s.traj is None:
             text = self.tokenizer.apply_chat_template(msgs, tools=body.get("tools") or None, tokenize=False,
@@ -117,6 +122,8 @@ class TurnMaker:
                                     f"{f' (asked max_tokens={asked})' if asked is not None else ''}; the session is "
                                     f"unchanged: send shorter messages, ask fewer tokens, or close it")
         max_new = min(self.max_new_tokens, room, asked or room)
+        if self.max_episode_tokens:  # the turn that reaches the episode's budget is cut there
+            max_new = min(max_new, self.max_episode_tokens - traj.policy_tokens)
         transcript = "".join(f"\n[{m['role']}] {m['content']}\n" for m in msgs) if s.traj is not None else ""
         return TurnPlan(context, traj, max_new, stop + choice.stop(), [comparable(m) for m in messages[start:]],
                         transcript, choice, tools)
@@ -134,7 +141,11 @@ class TurnMaker:
         traj.response += text
         traj.turns += 1
         traj.finish = str(c.finish_reason.get("type", ""))
+        if self.max_episode_tokens and traj.policy_tokens >= self.max_episode_tokens:
+            traj.ended = "max_episode_tokens"  # checked first: a cut turn says why it was cut
+        elif traj.turns >= self.max_turns:
+            traj.ended = "max_turns"
         s.messages += [*plan.new, ("assistant", text)]
-        return {"id": f"chatcmpl-{s.id}-{traj.turns}", "text": text, "finish": traj.finish,
+        return {"id": f"chatcmpl-{s.id}-{traj.turns}", "text": text, "finish": traj.finish, "ended": traj.ended,
                 "prompt_tokens": len(plan.context.input_ids), "completion_tokens": len(c.output_ids),
                 "tool_choice": plan.choice}

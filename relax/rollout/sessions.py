@@ -58,7 +58,8 @@ class SessionHub:
     """Episode slots for one batch at a time, and the sessions agents run them in (thread-safe)."""
 
     def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher | None,
-                 params: SamplingParams, *, max_seq_len: int, max_turns: int = 4, timeout_s: float = 60.0,
+                 params: SamplingParams, *, max_seq_len: int, max_turns: int = 4, max_episode_tokens: int = 0,
+                 timeout_s: float = 60.0,
                  max_retries: int = 3, media: Callable[[Any], bytes] | None = None, gather_s: float = 0.02,
                  reward_range: tuple[float, float] = (-1.0, 1.0)):
         self.pool, self.tokenizer, self.processor, self.rewards = pool, tokenizer, processor, rewards
@@ -66,7 +67,7 @@ class SessionHub:
         self.params, self.max_seq_len, self.max_turns = params, max_seq_len, max_turns
         self.timeout_s, self.max_retries, self.gather_s = timeout_s, max_retries, gather_s
         self.media = media or (lambda ref: ref.data)
-        self.turns = TurnMaker(tokenizer, processor, params, max_seq_len, max_turns)
+        self.turns = TurnMaker(tokenizer, processor, params, max_seq_len, max_turns, max_episode_tokens)
         self.base_url = ""  # the gateway's URL, set by the gateway: a session's base_url lives under it
         self.counts: Counter[str] = Counter()  # sessions_opened/closed/dropped, session_turns since take_counts()
         self._cv = threading.Condition()
@@ -145,6 +146,7 @@ class SessionHub:
     def _describe(self, s: Session) -> dict[str, Any]:
         return {"id": s.id, "state": s.state, "sample_id": s.slot.sample.id, "why": s.why,
                 "turns": s.traj.turns if s.traj else 0, "tokens": len(s.traj.tokens) if s.traj else 0,
+                "ended": s.traj.ended if s.traj else "",
                 "reward": s.traj.reward if s.state == "closed" and s.traj else s.reward,
                 "turn_rewards": s.turn_rewards, "messages": len(s.messages)}
 
@@ -289,6 +291,7 @@ class SessionHub:
             s.state = "closed"
             self.counts["sessions_closed"] += 1
         t = s.traj
+        t.ended = t.ended or "agent_closed"  # a limit that ended it first is kept
         if s.reward is not None:
             t.reward = s.reward
         elif self.rewards is not None:

@@ -40,6 +40,7 @@ ROLLOUT_FIELDS = (
     Field("task", kind="str"),
     Field("response", kind="str"),
     Field("error", kind="str"),
+    Field("ended", kind="str"),  # why the episode ended (relax.rollout.episodes.ENDINGS)
     # bytes of images/audio an environment returned in later agent turns
     # (relax.services.roles.media.pack_media)
     Field("turn_media", kind="bytes"),

@@ -97,7 +97,9 @@ def chat_reply(turn: dict[str, Any], model: str) -> dict[str, Any]:
     done, prompt = turn["completion_tokens"], turn["prompt_tokens"]
     return {"id": turn["id"], "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}}
+            "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done},
+            # why the episode ended with this turn (a limit: max_turns, max_episode_tokens), else null
+            "episode_ended": turn.get("ended") or None}
 
 
 def stream_events(reply: dict[str, Any]) -> Iterator[bytes]:
@@ -114,7 +116,8 @@ def stream_events(reply: dict[str, Any]) -> Iterator[bytes]:
     calls = choice["message"].get("tool_calls") or []
     if calls:
         yield event({"tool_calls": [{"index": i} | c for i, c in enumerate(calls)]}, None)
-    yield event({}, choice["finish_reason"])
+    last = event({}, choice["finish_reason"])  # the last chunk also says whether the episode ended
+    yield last[:-3] + b', "episode_ended": ' + json.dumps(reply.get("episode_ended")).encode() + b"}\n\n"
     yield b"data: [DONE]\n\n"
 
 

@@ -141,7 +141,8 @@ def message_object(turn: dict[str, Any], calls: list[dict[str, Any]], body: dict
         reason = "stop_sequence" if matched else "end_turn"
     return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": reason, "stop_sequence": matched if reason == "stop_sequence" else None,
-            "usage": {"input_tokens": turn["prompt_tokens"], "output_tokens": turn["completion_tokens"]}}
+            "usage": {"input_tokens": turn["prompt_tokens"], "output_tokens": turn["completion_tokens"]},
+            "episode_ended": turn.get("ended") or None}  # a limit ended the episode with this turn
 
 
 def message_events(msg: dict[str, Any]) -> Iterator[bytes]:
@@ -161,7 +162,7 @@ def message_events(msg: dict[str, Any]) -> Iterator[bytes]:
                         delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
         yield event("content_block_stop", index=i)
     yield event("message_delta", delta={"stop_reason": msg["stop_reason"], "stop_sequence": msg["stop_sequence"]},
-                usage={"output_tokens": msg["usage"]["output_tokens"]})
+                usage={"output_tokens": msg["usage"]["output_tokens"]}, episode_ended=msg["episode_ended"])
     yield event("message_stop")
 
 

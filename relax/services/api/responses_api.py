@@ -173,7 +173,8 @@ def response_object(turn: dict[str, Any], calls: list[dict[str, Any]], body: dic
             "tools": body.get("tools") or [], "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "text": {"format": {"type": "text"}}, "truncation": "disabled", "metadata": body.get("metadata") or {},
             "usage": {"input_tokens": prompt, "output_tokens": done, "total_tokens": prompt + done,
-                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
+            "episode_ended": turn.get("ended") or None}  # a limit ended the episode with this turn
 
 
 def response_events(resp: dict[str, Any]) -> Iterator[bytes]:

@@ -50,6 +50,7 @@ def trajectory_row(t: Trajectory, group_size: int, scored: bool = True) -> dict[
             "policy_version": t.policy_version, "tokens": np.asarray(t.tokens, dtype=np.int64), "loss_mask": mask,
             "logprobs": np.asarray(t.logprobs, dtype=np.float32), "reward": np.float32(t.reward),
             "prompt_len": np.int32(t.prompt_len), "task": t.sample.task, "response": t.response, "error": t.error,
+            "ended": t.ended,
             # the prompt's media come back from the snapshot; those of later turns only from here
             "turn_media": pack_media(t.images[len(t.sample.images):], t.audios[len(t.sample.audios):])}
     if not scored:
@@ -107,6 +108,7 @@ class RolloutRole:
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                 top_k=r.top_k, stop=list(r.stop))
         self.runner = EpisodeRunner(self.pool, tok, processor, self.rewards, params, max_turns=r.max_turns,
+                                    max_episode_tokens=r.max_episode_tokens,
                                     max_seq_len=cfg.model.max_seq_len, partial_rollout=r.partial_rollout,
                                     media=ctx.snapshot.load_media, new_weights=self._newer_weights,
                                     reload=self.sync_weights)
@@ -116,7 +118,8 @@ class RolloutRole:
         self.hub, self.gateway = None, None
         if r.agents == "external":  # outside programs run every episode through the gateway (docs/agents.md)
             self.hub = SessionHub(self.pool, tok, processor, self.rewards, params, max_seq_len=cfg.model.max_seq_len,
-                                  max_turns=r.max_turns, timeout_s=r.session_timeout_s,
+                                  max_turns=r.max_turns, max_episode_tokens=r.max_episode_tokens,
+                                  timeout_s=r.session_timeout_s,
                                   max_retries=r.session_max_retries, media=ctx.snapshot.load_media,
                                   reward_range=(r.agent_reward_min, r.agent_reward_max))
             try:
