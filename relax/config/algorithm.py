@@ -67,6 +67,9 @@ class AlgorithmConfig:
                             "the actor adds distill_coef * the forward KL[pi_teacher || pi_theta] exact over them "
                             "(docs/algorithms.md); 0 = the sampled-token advantage alone.", range=(0, 1_000_000))
     entropy_coef: float = opt(0.0, "Entropy bonus weight.", range=(0.0, 10.0))
+    turn_reward_coef: float = opt(
+        0.0, "Weight c of the turn rewards external agents post (docs/agents.md): each token of policy turn k gains "
+        "c * r_k in its advantage; 0 = turn rewards are recorded only.", range=(0.0, 100.0))
     near_miss_credit: float = opt(
         0.0, "Training reward for a count one away from the truth in the kinds of question a built-in task marks "
         "ordinal (docs/algorithms.md); 0 = exact match only. Held-out evaluation always scores exact match; not with "
@@ -98,6 +101,15 @@ class AlgorithmConfig:
     value_clip: float = opt(0.2, "PPO value clip eps of the critic's loss: a value moves at most this far from "
                             "the one GAE used before its squared error stops pulling; 0 = plain squared error. "
                             "Used with advantage=gae.", range=(0.0, 1000.0))
+
+
+def check_turn_rewards(cfg: Any) -> None:
+    """Only external agents post turn rewards; training on them elsewhere would silently do nothing."""
+    a = cfg.algorithm
+    if a.turn_reward_coef and (cfg.rollout.agents != "external" or a.mode != "rl"):
+        raise ConfigError(f"algorithm.turn_reward_coef={a.turn_reward_coef:g} trains on the turn rewards external "
+                          f"agents post: it needs rollout.agents=external and algorithm.mode=rl (set them, or "
+                          f"turn_reward_coef=0)")
 
 
 def check_reference_role(cfg: Any) -> None:

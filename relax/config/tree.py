@@ -75,7 +75,7 @@ CHECKS: tuple[Callable[[Any], None], ...] = (
     trainer.check_torch_backend_options, cross.check_megatron_family, trainer.check_megatron_parallel_options,
     trainer.check_freeze_needs_torch, trainer.check_thaw_single_rank, cross.check_colocated_actor_ranks,
     cross.check_ranks_have_samples, data.check_one_reward_source, cross.check_near_miss_credit,
-    data.check_judge_url, algorithm.check_reference_role, cross.check_exact_staleness,
+    data.check_judge_url, algorithm.check_reference_role, algorithm.check_turn_rewards, cross.check_exact_staleness,
     algorithm.check_conventions, cross.check_routing_replay,
     model.check_teacher_url, cross.check_remote_teacher_temperature, model.check_teacher_plain_http,
     cross.check_distillation, cross.check_overlong_buffer, algorithm.check_stuck_group_push,

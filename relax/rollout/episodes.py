@@ -57,6 +57,8 @@ class Trajectory:
     turns: int = 0  # policy turns taken
     finish: str = ""
     ended: str = ""  # why the episode ended: a key of ENDINGS
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)  # (start, end) of each policy turn's tokens
+    turn_rewards: list[float] | None = None  # one per policy turn, as an external agent posted them
     # the media bytes behind mm_inputs, in order: an HTTP engine takes bytes, not tensors
     images: list[bytes] = field(default_factory=list)
     audios: list[bytes] = field(default_factory=list)

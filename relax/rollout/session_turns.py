@@ -136,6 +136,7 @@ class TurnMaker:
         traj.observe(plan.context.input_ids[len(traj.tokens):])  # the agent's messages and any forced prefix
         traj.mm_inputs, traj.images, traj.audios = plan.context.mm_inputs, plan.context.images, plan.context.audios
         traj.response += plan.transcript
+        traj.turn_spans.append((len(traj.tokens), len(traj.tokens) + len(c.output_ids)))
         traj.extend(c)
         text = plan.choice.prefill() + self.tokenizer.decode(c.output_ids, skip_special_tokens=True)
         traj.response += text

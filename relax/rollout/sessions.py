@@ -292,6 +292,7 @@ class SessionHub:
             self.counts["sessions_closed"] += 1
         t = s.traj
         t.ended = t.ended or "agent_closed"  # a limit that ended it first is kept
+        t.turn_rewards = s.turn_rewards
         if s.reward is not None:
             t.reward = s.reward
         elif self.rewards is not None:

@@ -89,9 +89,14 @@ def pad_topk_rows(rows: np.ndarray, length: int) -> np.ndarray:
     return np.concatenate([np.zeros((length - rows.shape[0], *rows.shape[1:]), dtype=rows.dtype), rows])
 
 
-def rollout_fields(reward_role: bool) -> tuple[Field, ...]:
-    """What the rollout commits: without ``reward``/``error`` when the reward role scores."""
-    return tuple(f for f in ROLLOUT_FIELDS if not reward_role or f.name not in ("reward", "error"))
+def rollout_fields(reward_role: bool, turn_rewards: bool = False) -> tuple[Field, ...]:
+    """What the rollout commits: without ``reward``/``error`` when the reward role scores; with
+    ``turn_rewards`` (algorithm.turn_reward_coef) each token's turn reward (relax.algorithms.turn_rewards)."""
+    return (tuple(f for f in ROLLOUT_FIELDS if not reward_role or f.name not in ("reward", "error"))
+            + (TURN_REWARD_FIELDS if turn_rewards else ()))
+
+
+TURN_REWARD_FIELDS = (Field("turn_rewards", "float32", (None,)),)
 # with GAE the critic adds per-token values before the advantage role, which adds the returns
 VALUE_FIELDS = (Field("values", "float32", (None,)),)
 RETURN_FIELDS = (Field("returns", "float32", (None,)),)

@@ -42,6 +42,7 @@ import torch
 
 from relax.algorithms import compute_advantages, masked_whiten, overlong_penalty, stuck_groups, token_kl
 from relax.algorithms.distill import distill_advantages, reverse_kl_estimate
+from relax.algorithms.turn_rewards import turn_advantages
 from relax.services.queue_contract import ADVANTAGE_FIELDS, ADVANTAGE_GROUP, RETURN_FIELDS
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import MediaInputs, effective_masks, to_rollout_batch
@@ -158,6 +159,8 @@ class AdvantageRole:
         if ctx.cfg.data.reward_role:  # rows whose reward failed train with zero weight
             needs += ["error"]
         self.distill = alg.distill_coef > 0  # on-policy distillation: the teacher role's column joins
+        if alg.turn_reward_coef > 0:  # each policy turn's posted reward on its tokens
+            needs += ["turn_rewards"]
         if self.distill:
             needs += ["logprobs", "teacher_logprobs"]
         self.reference, self.media = None, None
@@ -212,6 +215,9 @@ class AdvantageRole:
                                   unbiased=unbiased)
         else:
             advs, extra["stuck_groups"] = self._per_group(batch, rewards, masks, kl, beta, unbiased)
+        if alg.turn_reward_coef > 0:
+            advs = [turn_advantages(a, r, m, alg.turn_reward_coef)
+                    for a, r, m in zip(advs, batch.fields["turn_rewards"], masks, strict=True)]
         if self.distill:
             advs, extra["distill_reverse_kl"] = self._with_distill(batch, advs, masks)
         values: dict[str, dict[str, Any]] = {sid: {"advantages": a} for sid, a in zip(batch.ids, advs, strict=True)}

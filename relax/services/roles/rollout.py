@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from relax.algorithms.turn_rewards import turn_reward_tokens
 from relax.config import ConfigError
 from relax.data.suite import load_env_fn
 from relax.engines.types import SamplingParams
@@ -80,7 +81,8 @@ class RolloutRole:
         check_api_port(cfg, engine_urls, check_port=api_mode == "thread")
         self.queue = ctx.queue()
         self.scores = not cfg.data.reward_role  # else the reward role does (relax.services.roles.reward)
-        fields = rollout_fields(not self.scores)
+        self.turn_rewards = cfg.algorithm.turn_reward_coef > 0
+        fields = rollout_fields(not self.scores, self.turn_rewards)
         self.route_shape = None  # algorithm.routing_replay: the engine's experts travel with each row (R3)
         if cfg.algorithm.routing_replay:
             self.route_shape = config_route_shape(policy_config(cfg.model, ctx.tokenizer))
@@ -188,6 +190,9 @@ class RolloutRole:
             if generated >= 8 * r.prompts_per_step and len(kept) < r.prompts_per_step:
                 break  # dynamic sampling found too few informative groups; ship what there is
         rows = [trajectory_row(t, r.n_samples_per_prompt, self.scores) for g in kept for t in g]
+        if self.turn_rewards:
+            for row, t in zip(rows, (t for g in kept for t in g), strict=True):
+                row["turn_rewards"] = turn_reward_tokens(len(t.tokens), t.turn_spans, t.turn_rewards or [])
         if cfg.algorithm.routing_replay:
             for row, t in zip(rows, (t for g in kept for t in g), strict=True):
                 row["routed_experts"] = routes_column(t.routes, len(t.tokens), row["id"], self.route_shape)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 
+from relax.algorithms.turn_rewards import turn_reward_tokens
 from relax.config import ConfigError, load_config
 from relax.engines.types import SamplingParams
 from relax.rollout.episodes import ENDINGS, EpisodeRunner
@@ -113,3 +115,34 @@ def test_a_max_episode_tokens_never_reached_is_a_config_error():
         load_config("tiny-cpu", ["rollout.max_turns=4", "rollout.max_new_tokens=16", "rollout.max_episode_tokens=64"])
     assert load_config("tiny-cpu", ["rollout.max_turns=4", "rollout.max_new_tokens=16",
                                     "rollout.max_episode_tokens=40"]).rollout.max_episode_tokens == 40
+
+
+def test_posted_turn_rewards_land_on_their_turns_tokens(setup):  # noqa: F811
+    _, _, samples = setup
+    hub, _ = _hub(setup, max_turns=2)
+
+    def agent(stop: threading.Event) -> None:
+        sid, sample = _claim(hub, stop)
+        messages = _msgs(sample)
+        for k in range(2):
+            if k:
+                messages.append({"role": "tool", "content": "golden plum: 7"})
+            messages.append({"role": "assistant", "content": hub.chat(sid, {"messages": messages}).result(60)["text"]})
+        hub.post_reward(sid, {"reward": 1.0, "turn_rewards": [0.25, 0.75]})
+        hub.close(sid).result(timeout=60)
+
+    (traj,) = _run(hub, [(0, samples[0])], 1, [agent])
+    assert traj.turn_rewards == [0.25, 0.75]
+    per_token = turn_reward_tokens(len(traj.tokens), traj.turn_spans, traj.turn_rewards)
+    mask = np.asarray(traj.mask)
+    runs = np.flatnonzero(np.diff(np.r_[0, mask, 0]))  # the policy turns: the runs of 1s in the mask
+    (s0, e0), (s1, e1) = runs.reshape(-1, 2)
+    assert (per_token[s0:e0] == 0.25).all() and (per_token[s1:e1] == 0.75).all()
+    assert (per_token[mask == 0] == 0).all()
+
+
+def test_turn_rewards_train_only_with_external_agents():
+    with pytest.raises(ConfigError, match=r"algorithm.turn_reward_coef=0.5 .* rollout.agents=external"):
+        load_config("tiny-cpu", ["algorithm.turn_reward_coef=0.5"])
+    cfg = load_config("tiny-cpu", ["algorithm.turn_reward_coef=0.5", "rollout.agents=external"])
+    assert cfg.algorithm.turn_reward_coef == 0.5
