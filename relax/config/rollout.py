@@ -83,6 +83,10 @@ class RolloutConfig:
     stop: list[str] = opt(
         ["</answer>"], "Stop strings: a response ends right after the first one it generates, which stays in the "
         "response (docs/tasks.md). [] generates to end-of-turn or max_new_tokens.")
+    tool_format: str = opt(
+        "auto", "How the policy writes tool calls, which the session gateway returns as tool calls: 'qwen' "
+        "(<tool_call> JSON blocks), 'llama3' (a bare JSON call); 'auto' = by model.family (docs/agents.md).",
+        choices=("auto", "qwen", "llama3"))
     agents: str = opt(
         "builtin", "Who runs the episodes: 'builtin' = the rollout's own loop (single-turn, or the task's env); "
         "'external' = outside programs through the session gateway (docs/agents.md).", choices=("builtin", "external"))

@@ -27,6 +27,7 @@ from relax.rollout.session_requests import (
     extra_stops,
     new_messages_start,
 )
+from relax.rollout.tool_calls import parse_tool_calls
 from relax.rollout.tool_choice import ToolChoice, ToolChoiceError, tool_choice_of, tool_names
 
 _TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # read here; the engine routes' check refuses them
@@ -73,10 +74,11 @@ class TurnMaker:
     """Plans and records turns for one hub (its tokenizer, processor and limits)."""
 
     def __init__(self, tokenizer: Any, processor: Any, params: SamplingParams, max_seq_len: int, max_turns: int,
-                 max_episode_tokens: int = 0):
+                 max_episode_tokens: int = 0, tool_format: str = "qwen"):
         self.tokenizer, self.processor, self.params = tokenizer, processor, params
         self.max_new_tokens, self.max_seq_len, self.max_turns = params.max_new_tokens, max_seq_len, max_turns
         self.max_episode_tokens = max_episode_tokens  # 0: no limit
+        self.tool_format = tool_format  # how the policy writes tool calls (relax.rollout.tool_calls)
 
     def plan(self, s: Session, body: dict[str, Any]) -> TurnPlan:
         try:
@@ -85,7 +87,7 @@ class TurnMaker:
                 raise SessionError(400, "n must be 1: a session is one episode")
             stop = extra_stops(body, self.params)
             tools = tool_names(body.get("tools")) if body.get("tools") else s.tools
-            choice = tool_choice_of(body, tools)
+            choice = tool_choice_of(body, tools, self.tool_format)
             messages = body["messages"]
             start = 0 if s.traj is None else new_messages_start(s.id, s.messages, messages)
             check_media(messages, start, self.processor)
@@ -149,4 +151,4 @@ class TurnMaker:
         s.messages += [*plan.new, ("assistant", text)]
         return {"id": f"chatcmpl-{s.id}-{traj.turns}", "text": text, "finish": traj.finish, "ended": traj.ended,
                 "prompt_tokens": len(plan.context.input_ids), "completion_tokens": len(c.output_ids),
-                "tool_choice": plan.choice}
+                "tool_choice": plan.choice, "calls": parse_tool_calls(text, self.tool_format)}

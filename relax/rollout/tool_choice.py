@@ -12,6 +12,11 @@ what the policy may emit, never by editing what it sampled:
 * ``parallel_tool_calls: false``: generation stops after the first ``</tool_call>`` (a stop string, which
   truncates but never changes a sampled token's log-prob).
 
+A Llama 3 policy (``rollout.tool_format``, relax.rollout.tool_calls) writes a call as the bare JSON
+``{"name": ..., "parameters": {...}}``: its forced prefixes are ``{"name": "`` and the name plus
+``"parameters": ``; JSON has no end marker to stop at, so ``parallel_tool_calls: false`` returns the
+first call only.
+
 A value the session cannot honour (a function it was not given, a shape of neither API) is a 400 naming it.
 """
 
@@ -34,18 +39,21 @@ class ToolChoice:
     mode: str = "auto"  # auto | none | required | function
     name: str | None = None  # the function forced (mode "function")
     parallel: bool = True
+    fmt: str = "qwen"  # the policy's tool-call format (relax.rollout.tool_calls.FORMATS)
 
     def prefill(self) -> str:
         """The text the reply is forced to start with ('' when the policy starts it freely)."""
+        open_call, args = ('{"name": ', '"parameters": ') if self.fmt == "llama3" else ('<tool_call>{"name": ',
+                                                                                        '"arguments": ')
         if self.mode == "required":
-            return '<tool_call>{"name": "'
+            return open_call + '"'
         if self.mode == "function":
-            return '<tool_call>{"name": ' + json.dumps(self.name) + ', "arguments": '
+            return open_call + json.dumps(self.name) + ", " + args
         return ""
 
     def stop(self) -> list[str]:
         """Stop strings the choice adds to the run's."""
-        return [CALL_END] if not self.parallel and self.mode != "none" else []
+        return [CALL_END] if not self.parallel and self.mode != "none" and self.fmt == "qwen" else []
 
     def calls(self, parsed: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The calls returned to the agent out of those parsed from the reply."""
@@ -71,9 +79,10 @@ def tool_names(tools: Any, field: str = "tools") -> list[str]:
     return names
 
 
-def tool_choice_of(body: dict[str, Any], names: list[str]) -> ToolChoice:
+def tool_choice_of(body: dict[str, Any], names: list[str], fmt: str = "qwen") -> ToolChoice:
     """The chat request's ``tool_choice`` and ``parallel_tool_calls`` against the tools the session has
-    (``names``); a ToolChoiceError names a value that cannot be honoured."""
+    (``names``), for a policy writing calls in format ``fmt``; a ToolChoiceError names a value that cannot
+    be honoured."""
     parallel = body.get("parallel_tool_calls", True)
     if parallel is None:
         parallel = True
@@ -81,14 +90,14 @@ def tool_choice_of(body: dict[str, Any], names: list[str]) -> ToolChoice:
         raise ToolChoiceError(f"parallel_tool_calls must be true or false, got {parallel!r}")
     choice = body.get("tool_choice")
     if choice is None:
-        return ToolChoice("auto", parallel=parallel)
+        return ToolChoice("auto", parallel=parallel, fmt=fmt)
     if isinstance(choice, str):
         if choice not in MODES:
             raise ToolChoiceError(f"tool_choice must be one of {MODES} or {{\"type\": \"function\", \"function\": "
                                   f"{{\"name\": ...}}}}, got {choice!r}")
         if choice == "required" and not names:
             raise ToolChoiceError("tool_choice 'required' needs tools: this session was given none")
-        return ToolChoice(choice, parallel=parallel)
+        return ToolChoice(choice, parallel=parallel, fmt=fmt)
     fn = choice.get("function") if isinstance(choice, dict) else None
     name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
@@ -97,4 +106,4 @@ def tool_choice_of(body: dict[str, Any], names: list[str]) -> ToolChoice:
     if name not in names:
         raise ToolChoiceError(f"tool_choice names function {name!r}, but this session's tools are {names}: "
                               f"name one of them")
-    return ToolChoice("function", name, parallel)
+    return ToolChoice("function", name, parallel, fmt)

@@ -7,7 +7,7 @@ engines' ``RELAX_ENGINE_TOKEN``; :class:`~relax.engines.guards.Guard`) except ``
   open (between batches, or every episode of the batch taken). ``{"wait_s": s}`` waits up to s seconds
   for one first.
 * ``POST /v1/sessions/{id}/v1/chat/completions`` -- OpenAI chat (``stream`` and ``tools`` included;
-  ``<tool_call>{json}</tool_call>`` blocks come back as ``tool_calls``).
+  the policy's calls, in its family's format (relax.rollout.tool_calls), come back as ``tool_calls``).
 * ``POST /v1/sessions/{id}/v1/responses`` (OpenAI Responses, relax.services.api.responses_api) and
   ``POST /v1/sessions/{id}/v1/messages`` (Anthropic Messages, relax.services.api.messages_api): the same
   session turn in those APIs' shapes (``x-api-key`` is taken as the bearer token).
@@ -35,7 +35,6 @@ from typing import Any
 from relax import objstore
 from relax.config.preflight import AGENT_TOKEN_ENV
 from relax.data.samples import Sample
-from relax.data.suite.tool_lookup import parse_tool_calls
 from relax.engines.guards import TOKEN_ENV, Guard
 from relax.engines.server import error_body
 from relax.rollout.session_requests import SessionError
@@ -80,8 +79,9 @@ def openai_messages(sample: Sample, load: Callable[[Any], bytes]) -> list[dict[s
 
 
 def turn_calls(turn: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tool calls a hub turn returns to the agent: those parsed from its text, as its tool_choice allows."""
-    return turn["tool_choice"].calls(parse_tool_calls(turn["text"]))
+    """The tool calls a hub turn returns to the agent: those parsed from its text (in the policy's format,
+    relax.rollout.tool_calls), as its tool_choice allows."""
+    return turn["tool_choice"].calls(turn["calls"])
 
 
 def chat_reply(turn: dict[str, Any], model: str) -> dict[str, Any]:

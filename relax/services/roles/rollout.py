@@ -32,6 +32,7 @@ from relax.rollout.episodes import EpisodeRunner, Trajectory, default_env_factor
 from relax.rollout.prompts import PromptStream
 from relax.rollout.rewards import RewardDispatcher, reward_metrics
 from relax.rollout.sessions import SessionHub
+from relax.rollout.tool_calls import tool_format
 from relax.services.api.elastic import ElasticRollout
 from relax.services.api.gateway import Gateway, GatewayStartError
 from relax.services.queue_contract import ACTOR_GROUP, rollout_fields, routes_column, routes_field
@@ -121,6 +122,7 @@ class RolloutRole:
         if r.agents == "external":  # outside programs run every episode through the gateway (docs/agents.md)
             self.hub = SessionHub(self.pool, tok, processor, self.rewards, params, max_seq_len=cfg.model.max_seq_len,
                                   max_turns=r.max_turns, max_episode_tokens=r.max_episode_tokens,
+                                  tool_format=tool_format(r.tool_format, cfg.model.family),
                                   timeout_s=r.session_timeout_s,
                                   max_retries=r.session_max_retries, media=ctx.snapshot.load_media,
                                   reward_range=(r.agent_reward_min, r.agent_reward_max))
