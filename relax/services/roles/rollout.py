@@ -42,9 +42,10 @@ from relax.services.run_context import RunContext
 from relax.transfer.consumer import GroupView, wait_for_capacity
 
 
-def trajectory_row(t: Trajectory, group_size: int, scored: bool = True) -> dict[str, Any]:
+def trajectory_row(t: Trajectory, group_size: int, scored: bool = True, turn_rewards: bool = False) -> dict[str, Any]:
     """A queue row; a sample whose reward failed keeps its tokens but trains with zero weight.
-    ``scored=False`` (data.reward_role): no reward or error yet, the reward role adds them."""
+    ``scored=False`` (data.reward_role): no reward or error yet, the reward role adds them.
+    ``turn_rewards`` (algorithm.turn_reward_coef): each token's posted turn reward too."""
     mask = np.asarray(t.mask, dtype=np.int8)
     if t.error:
         mask[:] = 0
@@ -55,6 +56,8 @@ def trajectory_row(t: Trajectory, group_size: int, scored: bool = True) -> dict[
             "ended": t.ended,
             # the prompt's media come back from the snapshot; those of later turns only from here
             "turn_media": pack_media(t.images[len(t.sample.images):], t.audios[len(t.sample.audios):])}
+    if turn_rewards:
+        row["turn_rewards"] = turn_reward_tokens(len(t.tokens), t.turn_spans, t.turn_rewards or [])
     if not scored:
         del row["reward"], row["error"]
     return row
@@ -191,10 +194,7 @@ class RolloutRole:
                 kept.append(group)
             if generated >= 8 * r.prompts_per_step and len(kept) < r.prompts_per_step:
                 break  # dynamic sampling found too few informative groups; ship what there is
-        rows = [trajectory_row(t, r.n_samples_per_prompt, self.scores) for g in kept for t in g]
-        if self.turn_rewards:
-            for row, t in zip(rows, (t for g in kept for t in g), strict=True):
-                row["turn_rewards"] = turn_reward_tokens(len(t.tokens), t.turn_spans, t.turn_rewards or [])
+        rows = [trajectory_row(t, r.n_samples_per_prompt, self.scores, self.turn_rewards) for g in kept for t in g]
         if cfg.algorithm.routing_replay:
             for row, t in zip(rows, (t for g in kept for t in g), strict=True):
                 row["routed_experts"] = routes_column(t.routes, len(t.tokens), row["id"], self.route_shape)

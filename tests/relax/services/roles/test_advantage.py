@@ -251,3 +251,47 @@ def one_advantage_step(tmp_path, run_id: str, *overrides: str):
         return metrics, check.take(0, current_version=0, timeout=30)
     finally:
         check.close()
+
+
+def test_turn_rewards_join_the_advantage_on_their_turns_tokens(tmp_path):
+    # three episodes of one prompt as the rollout commits them (trajectory_row), two posted turn rewards
+    # each; the role's advantage is GRPO's plus turn_reward_coef * r_k on the tokens of turn k
+    from relax.data.samples import Message, Sample
+    from relax.rollout.episodes import Trajectory
+    from relax.services.queue_contract import rollout_fields
+    from relax.services.roles.advantage import AdvantageRole
+    from relax.services.roles.rollout import trajectory_row
+    from relax.services.run_context import RunContext
+    from relax.transfer.consumer import ConsumerGroup
+    from tests.relax.services.runtime_helpers import tiny_config
+
+    ctx = RunContext(tiny_config(f"file://{tmp_path}", "turns", "rollout.agents=external", "rollout.prompts_per_step=1",
+                                 "rollout.n_samples_per_prompt=3", "algorithm.turn_reward_coef=0.5"))
+    ensure_run(ctx)
+    sample = Sample("s0", (Message("user", "q"),), "a", task="tool_lookup")
+    mask = [0, 0, 1, 1, 0, 1]  # prompt, turn 0 (tokens 2-3), a tool result, turn 1 (token 5)
+    rows = []
+    for i, (reward, turns) in enumerate([(1.0, [0.2, 1.0]), (0.0, [0.4, -1.0]), (0.0, [0.0, 0.0])]):
+        t = Trajectory(sample, 0, i, list(range(6)), list(mask), [-0.5] * 6, 2, reward=reward,
+                       turn_spans=[(2, 4), (5, 6)], turn_rewards=turns)
+        rows.append(trajectory_row(t, 3, turn_rewards=True))
+    producer = ctx.queue().producer("rollout", rollout_fields(False, True), tokens_field="tokens")
+    producer.put(rows, meta={"batch": 0, "next_prompt": 1})
+    producer.close()
+    role = AdvantageRole(ctx)
+    try:
+        role.step(timeout=60)
+    finally:
+        role.close()
+    check = ConsumerGroup(ctx.queue(), "check", ["advantages"], batch_groups=1, max_staleness=10)
+    try:
+        batch = check.take(0, current_version=0, timeout=30)
+    finally:
+        check.close()
+    # GRPO on (1, 0, 0): (sqrt 2, -1/sqrt 2, -1/sqrt 2) on the trained tokens (test_grpo_group_by_hand)
+    s = math.sqrt(2)
+    want = {"s0@0.0": [0, 0, s + 0.1, s + 0.1, 0, s + 0.5], "s0@0.1": [0, 0, -1 / s + 0.2, -1 / s + 0.2, 0,
+                                                                        -1 / s - 0.5],
+            "s0@0.2": [0, 0, -1 / s, -1 / s, 0, -1 / s]}
+    for sid, adv in zip(batch.ids, batch.fields["advantages"], strict=True):
+        np.testing.assert_allclose(adv, want[sid], atol=1e-5)
