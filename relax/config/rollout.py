@@ -83,6 +83,9 @@ class RolloutConfig:
     stop: list[str] = opt(
         ["</answer>"], "Stop strings: a response ends right after the first one it generates, which stays in the "
         "response (docs/tasks.md). [] generates to end-of-turn or max_new_tokens.")
+    session_done_fn: str = opt(
+        "", "Dotted path 'package.module:function' of done(sample, response) -> bool, asked after each gateway "
+        "session turn (agents=external) with the transcript so far; true ends the episode (docs/agents.md).")
     tool_format: str = opt(
         "auto", "How the policy writes tool calls, which the session gateway returns as tool calls: 'qwen' "
         "(<tool_call> JSON blocks), 'llama3' (a bare JSON call); 'auto' = by model.family (docs/agents.md).",
@@ -124,6 +127,14 @@ def check_max_episode_tokens(cfg: Any) -> None:
         raise ConfigError(f"rollout.max_episode_tokens={r.max_episode_tokens} is never reached: an episode has at "
                           f"most rollout.max_turns * rollout.max_new_tokens = {r.max_turns * r.max_new_tokens} "
                           f"policy tokens; set it below that, or 0 for no limit")
+
+
+def check_session_done_fn(cfg: Any) -> None:
+    ro = cfg.rollout
+    if ro.session_done_fn and ro.agents != "external":
+        raise ConfigError(f"rollout.session_done_fn={ro.session_done_fn!r} ends gateway sessions, and "
+                          f"rollout.agents=builtin opens none (its episodes end by Env.step's done): set "
+                          f"rollout.agents=external, or leave session_done_fn empty")
 
 
 def check_gateway_port(cfg: Any) -> None:

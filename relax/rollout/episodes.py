@@ -31,7 +31,7 @@ IM_END = "<|im_end|>"
 # why an episode ended (Trajectory.ended, the queue's ``ended`` column; docs/agents.md)
 ENDINGS = {
     "one_turn": "a single-turn task: one response",
-    "env_done": "the task's environment said done",
+    "env_done": "the task's environment said done (Env.step; in gateway sessions rollout.session_done_fn)",
     "agent_closed": "the external agent closed its session",
     "max_turns": "rollout.max_turns policy turns were taken",
     "max_episode_tokens": "the policy generated rollout.max_episode_tokens tokens over the episode",

@@ -11,6 +11,7 @@ the session as it was.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +75,13 @@ class TurnMaker:
     """Plans and records turns for one hub (its tokenizer, processor and limits)."""
 
     def __init__(self, tokenizer: Any, processor: Any, params: SamplingParams, max_seq_len: int, max_turns: int,
-                 max_episode_tokens: int = 0, tool_format: str = "qwen"):
+                 max_episode_tokens: int = 0, tool_format: str = "qwen",
+                 done_fn: Callable[[Sample, str], bool] | None = None):
         self.tokenizer, self.processor, self.params = tokenizer, processor, params
         self.max_new_tokens, self.max_seq_len, self.max_turns = params.max_new_tokens, max_seq_len, max_turns
         self.max_episode_tokens = max_episode_tokens  # 0: no limit
         self.tool_format = tool_format  # how the policy writes tool calls (relax.rollout.tool_calls)
+        self.done_fn = done_fn  # rollout.session_done_fn: the task's word that the episode is over
 
     def plan(self, s: Session, body: dict[str, Any]) -> TurnPlan:
         try:
@@ -100,6 +103,9 @@ class TurnMaker:
         if s.traj is not None and s.traj.ended == "max_episode_tokens":
             raise SessionError(400, f"session {s.id} has generated rollout.max_episode_tokens={self.max_episode_tokens}"
                                     f" policy tokens; close it (POST /v1/sessions/{s.id}/close)")
+        if s.traj is not None and s.traj.ended == "env_done":
+            raise SessionError(400, f"session {s.id}'s episode is done (rollout.session_done_fn said so); close it "
+                                    f"(POST /v1/sessions/{s.id}/close)")
         prefill = self.tokenizer(choice.prefill(), add_special_tokens=False)["input_ids"] if choice.prefill() else []
         if s.traj is None:
             text = self.tokenizer.apply_chat_template(msgs, tools=body.get("tools") or None, tokenize=False,
@@ -146,6 +152,8 @@ class TurnMaker:
         traj.finish = str(c.finish_reason.get("type", ""))
         if self.max_episode_tokens and traj.policy_tokens >= self.max_episode_tokens:
             traj.ended = "max_episode_tokens"  # checked first: a cut turn says why it was cut
+        elif self.done_fn is not None and self.done_fn(traj.sample, traj.response):
+            traj.ended = "env_done"
         elif traj.turns >= self.max_turns:
             traj.ended = "max_turns"
         s.messages += [*plan.new, ("assistant", text)]

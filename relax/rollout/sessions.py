@@ -59,7 +59,8 @@ class SessionHub:
 
     def __init__(self, pool: EnginePool, tokenizer: Any, processor: Any, rewards: RewardDispatcher | None,
                  params: SamplingParams, *, max_seq_len: int, max_turns: int = 4, max_episode_tokens: int = 0,
-                 tool_format: str = "qwen", timeout_s: float = 60.0,
+                 tool_format: str = "qwen", done_fn: Callable[[Sample, str], bool] | None = None,
+                 timeout_s: float = 60.0,
                  max_retries: int = 3, media: Callable[[Any], bytes] | None = None, gather_s: float = 0.02,
                  reward_range: tuple[float, float] = (-1.0, 1.0)):
         self.pool, self.tokenizer, self.processor, self.rewards = pool, tokenizer, processor, rewards
@@ -67,7 +68,8 @@ class SessionHub:
         self.params, self.max_seq_len, self.max_turns = params, max_seq_len, max_turns
         self.timeout_s, self.max_retries, self.gather_s = timeout_s, max_retries, gather_s
         self.media = media or (lambda ref: ref.data)
-        self.turns = TurnMaker(tokenizer, processor, params, max_seq_len, max_turns, max_episode_tokens, tool_format)
+        self.turns = TurnMaker(tokenizer, processor, params, max_seq_len, max_turns, max_episode_tokens, tool_format,
+                               done_fn)
         self.base_url = ""  # the gateway's URL, set by the gateway: a session's base_url lives under it
         self.counts: Counter[str] = Counter()  # sessions_opened/closed/dropped, session_turns since take_counts()
         self._cv = threading.Condition()

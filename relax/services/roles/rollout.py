@@ -24,6 +24,7 @@ import numpy as np
 from relax.algorithms.turn_rewards import turn_reward_tokens
 from relax.config import ConfigError
 from relax.data.suite import load_env_fn
+from relax.data.suite.base import load_function
 from relax.engines.types import SamplingParams
 from relax.faults import fault_point
 from relax.models.builders import policy_config
@@ -126,6 +127,9 @@ class RolloutRole:
             self.hub = SessionHub(self.pool, tok, processor, self.rewards, params, max_seq_len=cfg.model.max_seq_len,
                                   max_turns=r.max_turns, max_episode_tokens=r.max_episode_tokens,
                                   tool_format=tool_format(r.tool_format, cfg.model.family),
+                                  done_fn=load_function(r.session_done_fn, "session done hook", (None, ""),
+                                                        "fn(sample: Sample, response: str) -> bool")
+                                  if r.session_done_fn else None,
                                   timeout_s=r.session_timeout_s,
                                   max_retries=r.session_max_retries, media=ctx.snapshot.load_media,
                                   reward_range=(r.agent_reward_min, r.agent_reward_max))

@@ -146,3 +146,35 @@ def test_turn_rewards_train_only_with_external_agents():
         load_config("tiny-cpu", ["algorithm.turn_reward_coef=0.5"])
     cfg = load_config("tiny-cpu", ["algorithm.turn_reward_coef=0.5", "rollout.agents=external"])
     assert cfg.algorithm.turn_reward_coef == 0.5
+
+
+def tool_result_seen(sample, response: str) -> bool:
+    """A session done hook (rollout.session_done_fn): the episode is over once a tool result came back."""
+    return "\n[tool] " in response
+
+
+def test_the_session_done_hook_ends_the_episode_and_says_so(setup):  # noqa: F811
+    _, _, samples = setup
+    hub, _ = _hub(setup, max_turns=4, done_fn=tool_result_seen)
+    seen: dict[str, Any] = {}
+
+    def agent(stop: threading.Event) -> None:
+        sid, sample = _claim(hub, stop)
+        messages, ended = _msgs(sample), []
+        for k in range(2):
+            if k:
+                messages.append({"role": "tool", "content": "golden plum: 7"})
+            turn = hub.chat(sid, {"messages": messages}).result(timeout=60)
+            ended.append(turn["ended"])
+            messages.append({"role": "assistant", "content": turn["text"]})
+        messages.append({"role": "tool", "content": "again"})
+        with pytest.raises(SessionError) as e:
+            hub.chat(sid, {"messages": messages}).result(timeout=60)
+        seen["ended"], seen["refused"] = ended, e.value
+        hub.close(sid).result(timeout=60)
+
+    (traj,) = _run(hub, [(0, samples[0])], 1, [agent])
+    assert seen["ended"] == ["", "env_done"] and traj.ended == "env_done" and traj.turns == 2
+    assert seen["refused"].status == 400 and "rollout.session_done_fn" in seen["refused"].message
+    with pytest.raises(ConfigError, match="rollout.session_done_fn=.*rollout.agents=external"):
+        load_config("tiny-cpu", ["rollout.session_done_fn=tests.relax.rollout.test_episode_endings:tool_result_seen"])
