@@ -103,8 +103,9 @@ class TurnMaker:
         if s.traj is not None and s.traj.ended == "max_episode_tokens":
             raise SessionError(400, f"session {s.id} has generated rollout.max_episode_tokens={self.max_episode_tokens}"
                                     f" policy tokens; close it (POST /v1/sessions/{s.id}/close)")
-        if s.traj is not None and s.traj.ended == "env_done":
-            raise SessionError(400, f"session {s.id}'s episode is done (rollout.session_done_fn said so); close it "
+        if s.traj is not None and s.traj.ended in ("env_done", "env_error"):
+            said = "said so" if s.traj.ended == "env_done" else "raised: " + s.traj.error
+            raise SessionError(400, f"session {s.id}'s episode is done (rollout.session_done_fn {said}); close it "
                                     f"(POST /v1/sessions/{s.id}/close)")
         prefill = self.tokenizer(choice.prefill(), add_special_tokens=False)["input_ids"] if choice.prefill() else []
         if s.traj is None:
@@ -152,7 +153,7 @@ class TurnMaker:
         traj.finish = str(c.finish_reason.get("type", ""))
         if self.max_episode_tokens and traj.policy_tokens >= self.max_episode_tokens:
             traj.ended = "max_episode_tokens"  # checked first: a cut turn says why it was cut
-        elif self.done_fn is not None and self.done_fn(traj.sample, traj.response):
+        elif self.done_fn is not None and self._done(traj):
             traj.ended = "env_done"
         elif traj.turns >= self.max_turns:
             traj.ended = "max_turns"
@@ -160,3 +161,13 @@ class TurnMaker:
         return {"id": f"chatcmpl-{s.id}-{traj.turns}", "text": text, "finish": traj.finish, "ended": traj.ended,
                 "prompt_tokens": len(plan.context.input_ids), "completion_tokens": len(c.output_ids),
                 "tool_choice": plan.choice, "calls": parse_tool_calls(text, self.tool_format)}
+
+    def _done(self, traj: Trajectory) -> bool:
+        """The done hook's answer; one that raises ends this episode alone, scored 0 with the error kept
+        (as a faulty Env does in the built-in loop), never the batch."""
+        try:
+            return bool(self.done_fn(traj.sample, traj.response))
+        except Exception as e:
+            traj.error = f"rollout.session_done_fn failed on sample {traj.sample.id}: {type(e).__name__}: {e}"
+            traj.ended = "env_error"
+            return False

@@ -295,7 +295,9 @@ class SessionHub:
         t = s.traj
         t.ended = t.ended or "agent_closed"  # a limit that ended it first is kept
         t.turn_rewards = s.turn_rewards
-        if s.reward is not None:
+        if t.error:  # the done hook failed on it: it trains with zero weight (trajectory_row)
+            t.reward = 0.0
+        elif s.reward is not None:
             t.reward = s.reward
         elif self.rewards is not None:
             scored = self.rewards.score(t.response, t.sample)

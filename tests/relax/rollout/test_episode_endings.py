@@ -178,3 +178,29 @@ def test_the_session_done_hook_ends_the_episode_and_says_so(setup):  # noqa: F81
     assert seen["refused"].status == 400 and "rollout.session_done_fn" in seen["refused"].message
     with pytest.raises(ConfigError, match="rollout.session_done_fn=.*rollout.agents=external"):
         load_config("tiny-cpu", ["rollout.session_done_fn=tests.relax.rollout.test_episode_endings:tool_result_seen"])
+
+
+def broken_hook(sample, response: str) -> bool:
+    raise KeyError("no such task state")
+
+
+def test_a_done_hook_that_raises_ends_that_episode_alone_with_zero_reward(setup):  # noqa: F811
+    _, _, samples = setup
+    hub, _ = _hub(setup, max_turns=4, done_fn=broken_hook)
+    seen: dict[str, Any] = {}
+
+    def agent(stop: threading.Event) -> None:
+        sid, sample = _claim(hub, stop)
+        messages = _msgs(sample)
+        seen["turn"] = turn = hub.chat(sid, {"messages": messages}).result(timeout=60)
+        messages += [{"role": "assistant", "content": turn["text"]}, {"role": "tool", "content": "x"}]
+        with pytest.raises(SessionError) as e:
+            hub.chat(sid, {"messages": messages}).result(timeout=60)
+        seen["refused"] = e.value
+        hub.post_reward(sid, {"reward": 1.0})  # an agent's reward cannot rescue an episode the hook broke
+        hub.close(sid).result(timeout=60)
+
+    (traj,) = _run(hub, [(0, samples[0])], 1, [agent])
+    assert seen["turn"]["ended"] == traj.ended == "env_error" and traj.reward == 0.0
+    assert "rollout.session_done_fn failed" in traj.error and "KeyError" in traj.error
+    assert seen["refused"].status == 400 and "raised: rollout.session_done_fn failed" in seen["refused"].message
