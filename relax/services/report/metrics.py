@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import io
 import json
+import resource
 import struct
+import sys
 import time
 from typing import Any
 
@@ -30,12 +32,30 @@ from relax.transfer.writers import RecordLog, new_incarnation, read_records
 ROLES = ("rollout", "advantage", "actor", "critic", "reference", "reward", "teacher")
 
 
+class SystemGauge:
+    """The process's own system metrics, sent with every record (trackers get them as ``<role>/sys_*``
+    with no bookkeeping of their own): its peak resident memory and the CPU it used since the last
+    record, in cores (2.0 = two cores busy all along)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.monotonic(), time.process_time()
+
+    def read(self) -> dict[str, float]:
+        wall, cpu = time.monotonic(), time.process_time()
+        used = (cpu - self.cpu) / max(wall - self.wall, 1e-6)
+        self.wall, self.cpu = wall, cpu
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        peak_mb = peak / 2**20 if sys.platform == "darwin" else peak / 1024
+        return {"sys_cpu_cores": round(used, 3), "sys_peak_rss_mb": round(peak_mb, 1)}
+
+
 class MetricsLog:
     def __init__(self, run_url: str, role: str):
         self.log = RecordLog(objstore.join(run_url, "metrics", role, new_incarnation()))
+        self.gauge = SystemGauge()
 
     def append(self, metrics: dict[str, Any]) -> None:
-        self.log.append({"time": time.time(), **metrics})
+        self.log.append({"time": time.time(), **metrics, **self.gauge.read()})
 
 
 class RoleLogs:

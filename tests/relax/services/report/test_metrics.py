@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 
 from PIL import Image
 
 from relax.services.report.curves import render_curves
-from relax.services.report.metrics import _masked_crc, tfevents_bytes
+from relax.services.report.metrics import SystemGauge, _masked_crc, tfevents_bytes
 
 
 def _records(blob: bytes) -> list[bytes]:
@@ -44,3 +45,15 @@ def test_curves_png_has_eight_panels():
     img = Image.open(io.BytesIO(render_curves({"rollout": rollout, "actor": actor})))
     assert img.format == "PNG" and img.size == (2 * 560 + 10, 4 * 300 + 3 * 10)  # 2 columns x 4 rows
     assert len(img.convert("RGB").getcolors(maxcolors=1 << 20)) > 3  # lines were drawn, not a blank canvas
+
+
+def test_the_system_gauge_measures_cpu_used_since_its_last_reading():
+    gauge = SystemGauge()
+    time.sleep(0.2)
+    idle = gauge.read()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # 0.2 s of this process's own CPU
+        pass
+    busy = gauge.read()
+    assert 0 <= idle["sys_cpu_cores"] < busy["sys_cpu_cores"]
+    assert busy["sys_peak_rss_mb"] >= idle["sys_peak_rss_mb"] > 10

@@ -46,6 +46,9 @@ def test_a_run_logs_every_step_and_a_resume_continues_the_same_mlflow_run(tmp_pa
     (run,) = _runs(client)
     assert _steps(client, run.info.run_id, "actor/loss") == [0, 1, 2]
     assert _steps(client, run.info.run_id, "rollout/reward") == [0, 1, 2]
+    # system metrics ride on the same records: each role process's peak memory, every step
+    assert _steps(client, run.info.run_id, "actor/sys_peak_rss_mb") == [0, 1, 2]
+    assert run.data.metrics["actor/sys_peak_rss_mb"] > 50  # a process that imported torch
     assert run.data.params["trainer.total_steps"] == "3" and run.data.tags["relax_run_id"] == "a"
     snapshot = RunContext(cfg).snapshot_info
     (dataset,) = run.inputs.dataset_inputs
