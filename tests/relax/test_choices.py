@@ -89,6 +89,10 @@ COVERED_ELSEWHERE = {
     # episodes need agent processes beside the run
     ("rollout.agents", "external"): "tests/relax/services/roles/test_external_agents.py::"
                                     "test_a_run_played_by_external_agents_trains_on_their_sessions_and_learns",
+    # the format only the gateway's sessions read: the config picks the parser
+    **{("rollout.tool_format", v): "tests/relax/rollout/test_tool_calls.py::"
+                                   "test_each_configured_format_is_the_one_the_gateway_reads"
+       for v in ("auto", "qwen", "llama3")},
 }
 
 MEGATRON = importlib.util.find_spec("megatron") is not None
@@ -105,6 +109,9 @@ EXPECTED: dict[tuple[str, Any], str] = {
     ("rollout.weight_sync", "disk"): RUNS, ("rollout.weight_sync", "broadcast"): ELSEWHERE,
     ("rollout.partial_rollout", "wait"): RUNS,
     ("rollout.agents", "builtin"): RUNS, ("rollout.agents", "external"): ELSEWHERE,
+    **{("rollout.tool_format", v): ELSEWHERE for v in ("auto", "qwen", "llama3")},
+    # W&B's mode matters only with report.trackers=[wandb] (tests/relax/services/trackers): a run takes either
+    ("report.wandb_mode", "offline"): RUNS, ("report.wandb_mode", "online"): RUNS,
     ("rollout.partial_rollout", "abort"): LOAD,  # colocated: no weights arrive mid-generation (see below)
     **{("algorithm.advantage", v): RUNS
        for v in ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")},

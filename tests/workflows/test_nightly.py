@@ -31,9 +31,9 @@ def test_second_tick_continues_the_lineage_of_the_first(tmp_path, ray_session):
     # RL started from the first run's final checkpoint (no second warm-start), and "before" scored it
     assert second.eval_before.checkpoint == first.train.checkpoint
     assert set(second.eval_after.accuracy) == TASKS
-    runs = [s.run_id for s in second.lineage.steps]  # newest first
-    assert runs[0] == second.train.run_id and runs[-1] == first.train.run_id
-    assert runs == sorted(runs, reverse=True)  # one run, then the earlier one: no interleaving
+    runs = [s.run_id for s in second.lineage.steps]  # newest first, ending at the first run's warm start
+    assert runs[0] == second.train.run_id and runs[-2] == first.train.run_id and runs[-1] == "warm-start"
+    assert runs[:-1] == sorted(runs[:-1], reverse=True)  # one run, then the earlier one: no interleaving
     oldest_of_second = [s for s in second.lineage.steps if s.run_id == second.train.run_id][-1]
     assert oldest_of_second.parent == first.lineage.head  # the link across runs
     assert second.lineage.steps[len(runs) - len(first.lineage.steps):] == first.lineage.steps

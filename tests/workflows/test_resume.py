@@ -68,10 +68,14 @@ def test_sigkill_mid_training_then_rerun_resumes_with_one_lineage_chain(tmp_path
 
     graph = lineage(cfg)["records"]
     assert graph["head"] == f"killed/step-{STEPS - 1:06d}"
-    checkpoints = [n for n in graph["nodes"] if n["kind"] == "checkpoint"]
+    nodes = [n for n in graph["nodes"] if n["kind"] == "checkpoint"]
+    warm = [n for n in nodes if n["id"].startswith("warm-start/")]
+    checkpoints = [n for n in nodes if n["id"].startswith("killed/")]
+    assert len(warm) == 1 and len(nodes) == len(checkpoints) + 1  # the chain starts at the format warm start
     steps = [n["step"] for n in checkpoints]  # oldest first
     assert steps == list(range(3, STEPS, 4))  # every checkpoint, before and after the kill, in order
     parents = {e["from"]: e["to"] for e in graph["edges"] if e["kind"] == "parent"}
+    assert parents[checkpoints[0]["id"]] == warm[0]["id"]
     for older, newer in zip(checkpoints, checkpoints[1:], strict=False):
         assert parents[newer["id"]] == older["id"]  # one unbroken chain across the kill
     assert sum(n["sample_count"] for n in checkpoints) == STEPS * 2 * 2  # every trained sample counted once

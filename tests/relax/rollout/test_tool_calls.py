@@ -51,3 +51,16 @@ def test_the_format_follows_the_family_unless_set_and_tool_choice_forces_its_pre
     calls = parse_llama3('{"name": "lookup", "parameters": {"key": "a"}}; {"name": "lookup", "parameters": {}}')
     assert llama.calls(calls) == calls[:1]
     assert tool_choice_of({"tool_choice": "required"}, ["lookup"], "llama3").prefill() == '{"name": "'
+
+
+def test_each_configured_format_is_the_one_the_gateway_reads():
+    # what the rollout role hands its SessionHub: tool_format(rollout.tool_format, model.family)
+    picked = {o: tool_format(c.rollout.tool_format, c.model.family)
+              for o in ("rollout.tool_format=auto", "rollout.tool_format=qwen", "rollout.tool_format=llama3")
+              for c in [load_config("tiny-cpu", [o])]}
+    assert picked == {"rollout.tool_format=auto": "qwen",  # tiny-cpu is a qwen2 model
+                      "rollout.tool_format=qwen": "qwen", "rollout.tool_format=llama3": "llama3"}
+    call = '{"name": "lookup", "parameters": {"key": "fig"}}'
+    assert parse_tool_calls(call, picked["rollout.tool_format=llama3"]) == [
+        {"name": "lookup", "arguments": {"key": "fig"}}]
+    assert parse_tool_calls(call, picked["rollout.tool_format=qwen"]) == []  # a qwen run reads only <tool_call>
