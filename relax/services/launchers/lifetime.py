@@ -55,14 +55,24 @@ REGISTRY_FLAG = "--registry-id"  # not a credential: what names an engine in its
 
 
 # -- dying with the owner --------------------------------------------------------------------------
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """Ask the kernel to send ``sig`` when the thread that forked this process ends (Linux only)."""
+def _load_prctl() -> Callable[..., int] | None:
     import ctypes
 
     try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig)) == 0
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: the watchdog and the reaper remain
-        return False
+        return None
+
+
+# Resolved here, in the parent, at import: the ``preexec_fn``s below run in a child forked from a
+# threaded process, where a dlopen (what ctypes.CDLL does) can wait forever for the loader lock some
+# other thread of the parent held at the fork. The child then only calls the resolved function.
+_PRCTL = _load_prctl()
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` when the thread that forked this process ends (Linux only)."""
+    return _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, int(sig)) == 0
 
 
 def child_setup(owner_pid: int, sig: int = signal.SIGKILL) -> Callable[[], None]:
