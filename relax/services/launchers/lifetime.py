@@ -5,7 +5,7 @@ that owner is gone (SIGKILLed, OOM-killed, crashed) the engine serves nobody and
 memory and cores until someone notices. Three mechanisms, because each has a hole:
 
 1. **Parent-death signal** (Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, set in the child
-   before exec by :func:`child_setup`): the kernel kills the engine as soon as its owner dies.
+   by :func:`dying_with_owner` before the engine is exec'd): the kernel kills the engine as soon as its owner dies.
    The signal follows the *thread* that forked the child, not the process, so every owned
    engine is forked by one spawner thread that lives as long as the process (:func:`spawn`);
    forked from a short-lived worker thread, an engine would be killed when that thread ends.
@@ -39,6 +39,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -75,14 +76,24 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
     return _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, int(sig)) == 0
 
 
-def child_setup(owner_pid: int, sig: int = signal.SIGKILL) -> Callable[[], None]:
-    """A ``preexec_fn``: the parent-death signal, then a check that the owner did not die before
-    it was set (the race prctl leaves open: the child would then have been reparented)."""
-    def setup() -> None:
-        set_parent_death_signal(sig)
-        if os.getppid() != owner_pid:
-            os._exit(1)
-    return setup
+# Run as ``python -c`` in the child: set the parent-death signal, check the owner did not die before
+# it was set (the race prctl leaves open: the child would then have been reparented), then become the
+# engine (execvp keeps the signal). Not a ``preexec_fn``: CPython runs its after-fork clean-up in the
+# child before one, which frees the other threads' thread-locals there, and PyAV's per-thread frame
+# reformatter, freed in a child whose threads are gone, waits forever for them (CI hung on it).
+_DIE_WITH_OWNER = ("import ctypes, os, sys\n"
+                   "try:\n    ctypes.CDLL('libc.so.6').prctl(1, int(sys.argv[1]))\n"
+                   "except (OSError, AttributeError):\n    pass\n"
+                   "if os.getppid() != int(sys.argv[2]):\n    os._exit(1)\n"
+                   "os.execvp(sys.argv[3], sys.argv[3:])\n")
+
+
+def dying_with_owner(args: list[str], owner_pid: int, sig: int = signal.SIGKILL) -> list[str]:
+    """``args`` started so that the process gets ``sig`` when the thread that forked it ends (Linux; the
+    watchdog and the reaper remain elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return list(args)
+    return [sys.executable, "-c", _DIE_WITH_OWNER, str(int(sig)), str(owner_pid), *args]
 
 
 class _Spawner:

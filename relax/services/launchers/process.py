@@ -110,8 +110,8 @@ class EngineProcess:
         self.log_path = Path(log.name)
         with log:
             # its own process group (session): stop() and a reaper end it with anything it started
-            self.proc = lifetime.spawn(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                       preexec_fn=lifetime.child_setup(owner) if owned else None)
+            self.proc = lifetime.spawn(lifetime.dying_with_owner(args, owner) if owned else args, stdout=log,
+                                       stderr=subprocess.STDOUT, env=env, start_new_session=True)
         if owned and token:
             lifetime.record(self.proc.pid, token, owner, url=self.url, log=str(self.log_path))
 

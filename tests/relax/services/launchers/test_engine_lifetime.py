@@ -72,7 +72,7 @@ def test_an_engine_forked_on_behalf_of_a_short_lived_thread_outlives_that_thread
     # would be killed as soon as the thread ended, with its owner still running
     started: list[subprocess.Popen] = []
     t = threading.Thread(target=lambda: started.append(lifetime.spawn(
-        [sys.executable, "-c", SLEEP], start_new_session=True, preexec_fn=lifetime.child_setup(os.getpid()))))
+        lifetime.dying_with_owner([sys.executable, "-c", SLEEP], os.getpid()), start_new_session=True)))
     t.start()
     t.join()
     [child] = started
