@@ -69,8 +69,8 @@ def test_sigkill_mid_training_then_rerun_resumes_with_one_lineage_chain(tmp_path
     graph = lineage(cfg)["records"]
     assert graph["head"] == f"killed/step-{STEPS - 1:06d}"
     nodes = [n for n in graph["nodes"] if n["kind"] == "checkpoint"]
-    warm = [n for n in nodes if n["id"].startswith("warm-start/")]
-    checkpoints = [n for n in nodes if n["id"].startswith("killed/")]
+    warm = [n for n in nodes if n["id"].startswith("checkpoint:warm-start/")]
+    checkpoints = [n for n in nodes if n["id"].startswith("checkpoint:killed/")]
     assert len(warm) == 1 and len(nodes) == len(checkpoints) + 1  # the chain starts at the format warm start
     steps = [n["step"] for n in checkpoints]  # oldest first
     assert steps == list(range(3, STEPS, 4))  # every checkpoint, before and after the kill, in order
