@@ -46,14 +46,6 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def kill_on_parent_death() -> None:
-    """A ``preexec_fn`` for role processes (Linux): SIGTERM when the spawning thread's process
-    dies, so a role never outlives a killed owner (a Ray task, a driver). Only for owners that
-    spawn from a thread that lives as long as they do: the signal follows the thread, not the
-    process. Engines get more (SIGKILL, a watchdog, a reaper): ``lifetime.py``."""
-    lifetime.set_parent_death_signal(signal.SIGTERM)  # not Linux: the owner's stop() is the only way out
-
-
 class EngineStartFailed(RuntimeError):
     """An engine process exited before it answered ``/health``; ``killed``: by a signal (a SIGKILL,
     the OOM killer, a lost node), which a replacement may survive, rather than by an error of its

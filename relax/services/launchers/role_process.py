@@ -18,7 +18,7 @@ import time
 
 from relax.config import SupervisorConfig
 from relax.faults import ATTEMPT_ENV
-from relax.services.launchers.process import kill_on_parent_death
+from relax.services.launchers.lifetime import dying_with_owner
 from relax.services.report.role_logs import ERROR_FILE_ENV, RoleLogFile, next_attempt, role_error
 from relax.services.supervision import RoleFailure
 
@@ -53,9 +53,9 @@ class RoleProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", ATTEMPT_ENV: str(attempt), ERROR_FILE_ENV: self.error_file}
         # this thread waits for the roles, so they die with it: a killed controller (Ctrl-C'd or SIGKILLed
         # `make run`, a Ray task whose owner died) leaves no role writing to the run it will resume
-        self.proc = subprocess.Popen(role_command(role, cfg_path), env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     preexec_fn=kill_on_parent_death)
+        self.proc = subprocess.Popen(dying_with_owner(role_command(role, cfg_path), os.getpid(), signal.SIGTERM),
+                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
         self._pump = self.log.pump(self.proc.stdout)
         self._closed = False
 

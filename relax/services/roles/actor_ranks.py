@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,7 +33,8 @@ import torch.distributed as dist
 
 from relax.config import RelaxConfig, config_from_dict, config_to_dict
 from relax.models import lora
-from relax.services.launchers.process import free_port, kill_on_parent_death
+from relax.services.launchers.lifetime import dying_with_owner
+from relax.services.launchers.process import free_port
 from relax.services.launchers.role_process import describe_exit
 from relax.services.policy import build_actor_model
 from relax.services.run_context import RunContext
@@ -199,9 +201,9 @@ class ActorRanks:
         config = json.dumps(config_to_dict(ctx.cfg))
         self.procs = []
         for rank in range(1, world):
-            p = subprocess.Popen([sys.executable, "-m", "relax.services.roles.actor_ranks"],
-                                 env={**env, RANK_ENV: str(rank)}, stdin=subprocess.PIPE, text=True,
-                                 preexec_fn=kill_on_parent_death)
+            args = [sys.executable, "-m", "relax.services.roles.actor_ranks"]
+            p = subprocess.Popen(dying_with_owner(args, os.getpid(), signal.SIGTERM),
+                                 env={**env, RANK_ENV: str(rank)}, stdin=subprocess.PIPE, text=True)
             p.stdin.write(config)
             p.stdin.close()
             self.procs.append(p)
