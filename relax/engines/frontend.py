@@ -30,7 +30,7 @@ from relax.engines.types import (
 )
 from relax.engines.weight_source import check_source, complete_tied, load_weights, store_version
 from relax.faults import fault_point
-from relax.transfer.adapter_versions import is_adapter_version
+from relax.transfer.adapter_versions import is_adapter_chain
 from relax.transfer.weight_updates import WeightFollower
 
 
@@ -355,8 +355,10 @@ class Frontend:
         try:
             found = store_version(path, store_root, run_id)
             # deltas where they are fewer bytes; an adapter version goes below, merged onto its base
-            if found is not None and hasattr(self.engine, "model") and not is_adapter_version(*found):
-                await self._follow(found[0], found[1], body.get("weight_version"), path)
+            follows = found is not None and hasattr(self.engine, "model")
+            chain = await asyncio.to_thread(found[0].chain, found[1]) if follows else None
+            if chain is not None and hasattr(self.engine, "model") and not is_adapter_chain(chain):
+                await self._follow(found[0], found[1], body.get("weight_version"), path, chain)
                 return 200, {"success": True, "message": f"loaded {path} as weight_version {found[1]} "
                                                          f"({self.follower.last_path})", "num_paused_requests": 0}
             state, version = await asyncio.to_thread(load_weights, path, store_root, run_id)
@@ -372,7 +374,7 @@ class Frontend:
         return 200, {"success": True, "message": f"loaded {path} as weight_version {version}",
                      "num_paused_requests": 0}
 
-    async def _follow(self, store: Any, version: int, label: Any, path: str) -> None:
+    async def _follow(self, store: Any, version: int, label: Any, path: str, chain: list[dict[str, Any]]) -> None:
         """A WeightStore version through the engine's :class:`WeightFollower`."""
         fault_point("engine", "load", version)
         if label is not None and str(label) != str(version):  # samples carry the store's version, not a label
@@ -381,4 +383,4 @@ class Frontend:
             self.follower.forget()
         model = self.engine.model
         await asyncio.to_thread(self.follower.update, store, version, model.state_dict, self.engine.update_weights,
-                                lambda s: self.engine.update_weights(complete_tied(s, model), str(version)))
+                                lambda s: self.engine.update_weights(complete_tied(s, model), str(version)), chain)

@@ -22,7 +22,7 @@ from relax.engines.adapter_load import load_into
 from relax.engines.native.engine import NativeEngine
 from relax.engines.types import Completion, GenerateRequest, SamplingParams
 from relax.rollout.prompts import EncodedPrompt
-from relax.transfer.adapter_versions import is_adapter_version, load_version
+from relax.transfer.adapter_versions import is_adapter_chain, load_version
 from relax.transfer.weight_updates import WeightFollower
 from relax.transfer.weights import WeightStore
 
@@ -71,12 +71,13 @@ class LocalEngines:
     def load_weights(self, store: WeightStore, version: int) -> None:
         """By the fewest bytes: the deltas from the version it holds, or the version whole (weight_updates);
         an adapter version merged onto its base (relax.engines.adapter_load)."""
-        if is_adapter_version(store, version):
-            load_into(self.engine, load_version(store, version), str(version))
+        chain = store.chain(version)  # read once: it says which path, and both paths rebuild from it
+        if is_adapter_chain(chain):
+            load_into(self.engine, load_version(store, version, chain), str(version))
             self.follower.forget()
         else:
             self.follower.update(store, version, self.engine.model.state_dict, self.engine.update_weights,
-                                 lambda state: self.engine.update_weights(state, str(version)))
+                                 lambda state: self.engine.update_weights(state, str(version)), chain)
         self.weight_version = version
 
     def close(self) -> None:

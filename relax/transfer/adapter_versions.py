@@ -112,15 +112,15 @@ def adapter_record(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
-def is_adapter_version(store: WeightStore, version: int) -> bool:
-    """Whether version ``version`` is an adapter version (its manifest alone is read)."""
-    return adapter_record(store.manifest(version).get("meta", {})) is not None
+def is_adapter_chain(chain: list[dict[str, Any]]) -> bool:
+    """Whether the version :meth:`WeightStore.chain` rebuilt in ``chain`` is an adapter version."""
+    return adapter_record(chain[-1].get("meta", {})) is not None
 
 
-def load_version(store: WeightStore, version: int) -> dict[str, Any]:
+def load_version(store: WeightStore, version: int, chain: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Version ``version``'s tensors, verified; an :class:`AdapterVersion` for an adapter version, whose
-    base version must be published (else a StoreError naming both)."""
-    state, meta = store.load(version)
+    base version must be published (else a StoreError naming both). ``chain``: as in ``WeightStore.load``."""
+    state, meta = store.load(version, chain=chain)
     info = adapter_record(meta)
     if info is None:
         return state

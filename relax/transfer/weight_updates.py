@@ -66,13 +66,14 @@ class WeightFollower:
         self.version, self.content, self.digests = None, None, {}
 
     def update(self, store: Any, version: int, tensors: Callable[[], Mapping[str, Any]], swap: Swap,
-               load_full: Callable[[Mapping[str, Any]], None]) -> str:
+               load_full: Callable[[Mapping[str, Any]], None], chain: list[dict[str, Any]] | None = None) -> str:
         """Bring the engine to ``version``; returns "delta" or "full", how it went.
 
         ``tensors()``: the engine's tensors by published name (views of its parameters);
         ``swap(write, label)``: run ``write()`` between scheduler steps and then serve ``label``;
-        ``load_full(state)``: swap in a whole state dict (the engine's usual load)."""
-        chain = store.chain(version)
+        ``load_full(state)``: swap in a whole state dict (the engine's usual load); ``chain``: the
+        store's chain of ``version`` if the caller read it already (each manifest is read once per sync)."""
+        chain = chain if chain else store.chain(version)
         how, start = plan(chain, self.version, self.content)
         if how == "delta":
             try:
@@ -82,7 +83,7 @@ class WeightFollower:
             except (StoreError, ValueError) as e:
                 self.refused += 1
                 log.warning("weight version %s: delta refused (%s); loading it whole", version, e)
-        state, _ = store.load(version)
+        state, _ = store.load(version, chain=chain)
         load_full(state)
         self.forget()
         content = chain[-1].get("content")

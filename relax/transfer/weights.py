@@ -256,16 +256,19 @@ class WeightStore:
             out[name] = weight_delta.TensorDelta(kind, found[f"{name}{_INDEX}"], found[f"{name}{_VALUES}"])
         return out
 
-    def load(self, version: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def load(self, version: int | None = None,
+             chain: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(state_dict, meta)`` of ``version`` (default: the latest), every file checksum-verified;
-        a delta version rebuilt from its nearest full version and its content hash verified."""
+        a delta version rebuilt from its nearest full version and its content hash verified.
+        ``chain``: :meth:`chain` of ``version`` if the caller already read it (one read per sync)."""
         from safetensors.torch import load as st_load
 
         if version is None:
             version = self.latest()
             if version is None:
                 raise StoreError(f"no weight version is published at {self.url}")
-        chain = self.chain(version)
+        if chain is None or not chain or chain[-1].get("version") != version:
+            chain = self.chain(version)
         state: dict[str, Any] = {}
         for blob in self.fetch(chain[0]):
             state.update(st_load(blob))

@@ -168,3 +168,25 @@ def test_a_delta_costing_more_than_the_full_version_is_published_full(tmp_path):
     store.publish(0, vs[0])
     store.publish(1, vs[1])
     assert "delta" not in store.manifest(1) and bits(store.load(1)[0]) == bits(vs[1])
+
+
+class CountingStore(WeightStore):
+    """The real store, counting manifest reads (each is a GET on S3)."""
+
+    reads = 0
+
+    def manifest(self, version):
+        self.reads += 1
+        return super().manifest(version)
+
+
+def test_a_sync_reads_each_manifest_of_its_chain_once(tmp_path):
+    vs = versions(8)
+    store = CountingStore(str(tmp_path), "run", full_every=8)
+    for v, state in enumerate(vs):
+        store.publish(v, state)
+    store.reads = 0
+    assert Engine(vs[0]).follow(WeightFollower(), store, 7) == "full"  # chain: version 0 whole + 7 deltas
+    assert store.reads == 8  # the plan and the rebuild share one read of the chain, not 8 + 8
+    assert bits(store.load(7, chain=store.chain(7))[0]) == bits(vs[7])
+    assert bits(store.load(7, chain=store.chain(5))[0]) == bits(vs[7])  # another version's chain is not used
