@@ -92,5 +92,10 @@ class WandbTracker:
 
     def close(self) -> None:
         if self.run is not None:
+            import wandb
+
             self.run.finish()
             self.run = None
+            # finish() may return before W&B's service has written the run's file (seen in CI: a run file
+            # holding its header only); teardown waits for the service, which the next init restarts
+            wandb.teardown()
