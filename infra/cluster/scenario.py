@@ -123,12 +123,16 @@ def registered(result, cfg) -> dict:
 
 def lineage_ok(root: str, runs: list[str]) -> bool:
     """The newest run's chain holds every step of ``runs`` (oldest first), newest first, back to a
-    record without a parent, and ``relax lineage`` prints it."""
+    record without a parent (the first run's format warm start, when it had one), and ``relax lineage``
+    prints it."""
+    from relax.config.tree import WARM_START_RUN
     from relax.transfer.lineage import chain
 
     records = chain(root, runs[-1])
     seen = [r.run_id for r in records]
     order = [run for i, run in enumerate(seen) if i == 0 or seen[i - 1] != run]
+    if order[-1:] == [WARM_START_RUN] and WARM_START_RUN not in runs:
+        order.pop()
     shown = subprocess.run([sys.executable, "-m", "relax.cli.main", "lineage", root, runs[-1]],
                            capture_output=True, text=True, timeout=300)
     return (order == list(reversed(runs)) and records[-1].parent is None and shown.returncode == 0
