@@ -163,6 +163,7 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
             handles[role] = serve.run(app, name=names[role], route_prefix=f"/{cfg.run_id}" if serves_api else None)
         bar = Progress(cfg.trainer.total_steps, 0, progress)
         actor = MetricsReader(ctx.run_url, "actor")
+        rollout = MetricsReader(ctx.run_url, "rollout")  # the reward on the progress line
         lost: dict[str, float] = {}  # role -> since when its replica does not answer
         hangs = HangWatch(ctx.run_url, cfg.supervisor.hang_timeout_s, max(poll_s, cfg.supervisor.heartbeat_s))
         driver = Supervisor(ctx.run_url, cfg.supervisor, notify=bar.note)  # counts the replicas it kills
@@ -184,7 +185,11 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
             if failed:
                 role, s = next(iter(failed.items()))
                 raise RuntimeError(f"role {role} failed:\n{s['error']}")
-            for m in actor.new():
+            stepped = actor.new()
+            if stepped:  # the rollout's records only when the line may move: one listing less per idle poll
+                for m in rollout.new():
+                    bar.rollout(m)
+            for m in stepped:
                 bar.actor(m)
             if all(s["done"] for s in states.values()):
                 break

@@ -52,6 +52,7 @@ def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.
         procs = {role: start(role, 0) for role in (role_names(ctx.cfg) if roles is None else roles)}
         due: dict[str, float] = {}  # role -> when its restart is due (monotonic)
         actor = MetricsReader(ctx.run_url, "actor")
+        rollout = MetricsReader(ctx.run_url, "rollout")  # the reward on the progress line
         sup = ctx.cfg.supervisor
         hangs = HangWatch(ctx.run_url, sup.hang_timeout_s, check_s=max(poll_s, sup.heartbeat_s))
         while True:
@@ -70,7 +71,11 @@ def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.
                 if time.monotonic() >= at:
                     procs[role] = start(role, procs[role].attempt + 1)
                     del due[role]
-            for m in actor.new():
+            stepped = actor.new()
+            if stepped:  # the rollout's records only when the line may move: one listing less per idle poll
+                for m in rollout.new():
+                    bar.rollout(m)
+            for m in stepped:
                 bar.actor(m)
             if not due and all(p.returncode == 0 and not p.failed for p in procs.values()):
                 break

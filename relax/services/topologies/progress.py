@@ -59,7 +59,8 @@ class Progress:
     def _line(self, sps: float) -> None:
         elapsed = time.perf_counter() - self.t0
         per_step = elapsed / max(self.done - self.start, 1)
-        print(f"step {self.done}/{self.total}  reward {self.reward:.3f}  samples/s {sps:.1f}  "
+        reward = "?" if math.isnan(self.reward) else f"{self.reward:.3f}"  # no rollout record read yet
+        print(f"step {self.done}/{self.total}  reward {reward}  samples/s {sps:.1f}  "
               f"ETA {eta_text(per_step * (self.total - self.done))}", file=self.stream, flush=True)
 
     def note(self, text: str) -> None:

@@ -19,13 +19,16 @@ def test_train_logs_progress_lines_and_mlflow_then_report_regenerates(tmp_path, 
 
     root = f"file://{tmp_path}"
     args = [a for a in ARGS if not a.startswith("trainer.total_steps")] + ["trainer.total_steps=4"]
+    # disaggregated, as make run: the rollout's reward reaches the line from another process's metrics
     out = subprocess.run([sys.executable, "-m", "relax.cli.main", "train", f"root={root}", *args,
-                          "report.trackers=[tensorboard,mlflow]"], capture_output=True, text=True, timeout=300)
+                          "topology=disaggregated", "report.trackers=[tensorboard,mlflow]"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     # stderr is a pipe here, as in a log or CI: a line per tenth of the run (every step of 4) and no bar
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("step ")]
     assert [ln.split()[1] for ln in lines] == ["1/4", "2/4", "3/4", "4/4"] and "ETA 0s" in lines[-1]
     assert "samples/s" in lines[0] and "train:" not in out.stderr
+    assert 0.0 <= float(lines[-1].split()[3]) <= 1.0  # the reward: read from the rollout's records, not nan
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (version,) = client.search_model_versions("name = 'relax-tiny-qwen2'")
     assert version.tags["relax_checkpoint"] == "cli/step-000003"

@@ -36,3 +36,12 @@ def test_no_progress_prints_nothing():
 
 def test_eta_reads_in_the_unit_that_matters():
     assert [eta_text(s) for s in (0.4, 42, 185, 7620, float("nan"))] == ["0s", "42s", "3m05s", "2h07m", "?"]
+
+
+def test_a_reward_not_yet_read_prints_as_a_question_mark_not_nan():
+    out = io.StringIO()
+    p = Progress(2, 0, True, stream=out)
+    p.actor({"step": 0, "samples": 8})
+    p.rollout({"reward": 0.5})
+    p.actor({"step": 1, "samples": 8})
+    assert [ln.split()[3] for ln in out.getvalue().splitlines()] == ["?", "0.500"]
