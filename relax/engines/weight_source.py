@@ -25,7 +25,7 @@ def _local(path: str) -> Path | None:
 def check_source(path: str, store_root: str | None, run_id: str | None, served: str) -> None:
     """Refuse (PermissionError) a ``model_path`` outside what this engine may load: a version of its
     own run's WeightStore (``store_root`` *and* ``run_id``: a version number or its exact URL, loaded
-    through its manifest and sha256s) and the folder it serves. Any other folder (a scratch folder
+    through its manifest and file digests) and the folder it serves. Any other folder (a scratch folder
     or another version's files under the store, named as a folder, would load without a manifest
     and take the folder's name as their version), another run, ``../`` or a URL a caller names
     would make the server read (or fetch) it."""

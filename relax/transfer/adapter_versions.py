@@ -1,6 +1,6 @@
 """Adapter weight versions: a LoRA run publishes its adapter alone, with the base version it applies to.
 
-An adapter version is an ordinary WeightStore version (safetensors files, sha256s, the manifest
+An adapter version is an ordinary WeightStore version (safetensors files, their digests, the manifest
 written last: ``relax.transfer.weights``), so it is verified exactly as a full one is; its manifest's
 ``meta.adapter`` says what it is::
 

@@ -18,18 +18,20 @@ Not compressed: zlib level 1 saves a further ~30% of gap16 bytes but runs at ~50
 slower than the object store it would save time on (docs/weight_sync.md, "Encoding").
 
 :func:`content_hash` names a version's content independent of how it is stored (files, shards,
-deltas): the sha256 of every tensor's name, dtype, shape and bytes, in name order.
+deltas): a digest (xxh3_128 by default; the algorithm the version's manifest names,
+``relax.transfer.weight_files``) of every tensor's name, dtype, shape and bytes, in name order.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from relax.transfer.weight_files import DIGEST, hasher
 
 KINDS = ("mask", "gap16", "gap32", "full")
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # a dtype's bits, by element size
@@ -142,27 +144,31 @@ def undo_(target: torch.Tensor, d: TensorDelta, old: torch.Tensor) -> None:
         target.data.view(-1)[indices(d, target.numel()).to(target.device)] = old
 
 
-def tensor_digest(name: str, t: torch.Tensor) -> str:
-    """sha256 of one tensor's name, dtype, shape and bytes."""
-    h = hashlib.sha256(f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{list(t.shape)}\0".encode())
+def tensor_digest(name: str, t: torch.Tensor, algorithm: str = DIGEST) -> str:
+    """The ``algorithm`` digest of one tensor's name, dtype, shape and bytes."""
+    h = hasher(algorithm)
+    h.update(f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{list(t.shape)}\0".encode())
     t = t.detach().cpu().contiguous()  # an engine's tensors may live on a GPU
     if t.numel():
-        h.update(t.view(-1).view(torch.uint8).numpy())  # hashlib releases the GIL: threads hash in parallel
+        h.update(t.view(-1).view(torch.uint8).numpy())  # both hashes release the GIL: threads hash in parallel
     return h.hexdigest()
 
 
-def digests(state: Mapping[str, torch.Tensor], threads: int = 8) -> dict[str, str]:
+def digests(state: Mapping[str, torch.Tensor], threads: int = 8, algorithm: str = DIGEST) -> dict[str, str]:
     """:func:`tensor_digest` of every tensor, hashed concurrently."""
     names = sorted(state)
+    hasher(algorithm)  # an unknown algorithm fails here, not in a worker thread
     with ThreadPoolExecutor(max(1, threads)) as pool:
-        return dict(zip(names, pool.map(lambda n: tensor_digest(n, state[n]), names), strict=True))
+        return dict(zip(names, pool.map(lambda n: tensor_digest(n, state[n], algorithm), names), strict=True))
 
 
-def combine(per_tensor: Mapping[str, str]) -> str:
+def combine(per_tensor: Mapping[str, str], algorithm: str = DIGEST) -> str:
     """The content hash from every tensor's digest (:func:`content_hash` without re-hashing)."""
-    return hashlib.sha256("".join(f"{n}\0{per_tensor[n]}\n" for n in sorted(per_tensor)).encode()).hexdigest()
+    h = hasher(algorithm)
+    h.update("".join(f"{n}\0{per_tensor[n]}\n" for n in sorted(per_tensor)).encode())
+    return h.hexdigest()
 
 
-def content_hash(state: Mapping[str, torch.Tensor], threads: int = 8) -> str:
-    """sha256 naming ``state``'s content (names, dtypes, shapes, bytes), however it is stored."""
-    return combine(digests(state, threads))
+def content_hash(state: Mapping[str, torch.Tensor], threads: int = 8, algorithm: str = DIGEST) -> str:
+    """The ``algorithm`` digest naming ``state``'s content (names, dtypes, shapes, bytes), however it is stored."""
+    return combine(digests(state, threads, algorithm), algorithm)

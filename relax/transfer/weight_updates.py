@@ -9,7 +9,7 @@ version ``t`` it reads ``t``'s chain (its nearest full version ``F``, then each 
   dense);
 * otherwise it loads ``t`` whole (``WeightStore.load``: ``F`` plus every delta, verified).
 
-A delta is refused when a file fails its sha256, its base content is not what the engine
+A delta is refused when a file fails its digest, its base content is not what the engine
 holds, or the engine's tensors afterwards do not hash to ``t``'s content; what it wrote is put
 back (the elements it overwrote were kept aside) and the follower loads ``t`` whole instead, so
 an engine never serves bits that are not ``t``'s. Versions published with ``full_every = 1``
@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from relax.transfer import weight_delta
+from relax.transfer import weight_delta, weight_files
 from relax.transfer.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,9 @@ class WeightFollower:
         content = chain[-1].get("content")
         if content is not None:  # what the engine now holds, for the next delta
             held = tensors()
-            digests = weight_delta.digests({n: held[n] for n in state if n in held}, self.threads)
-            if set(digests) == set(state) and weight_delta.combine(digests) == content:
+            algorithm = weight_files.algorithm(chain[-1], f"weight version {version}'s manifest")
+            digests = weight_delta.digests({n: held[n] for n in state if n in held}, self.threads, algorithm)
+            if set(digests) == set(state) and weight_delta.combine(digests, algorithm) == content:
                 self.version, self.content, self.digests = version, content, digests
         self.last_path = "full"
         return "full"
@@ -110,6 +111,7 @@ class WeightFollower:
                 if problem is not None:
                     raise StoreError(f"delta version {m['version']}, tensor {name!r}: {problem}")
         target = chain[-1]
+        algorithm = weight_files.algorithm(target, f"weight version {target['version']}'s manifest")
 
         def write() -> None:
             undo: list[tuple[str, Any, Any]] = []
@@ -118,8 +120,8 @@ class WeightFollower:
                     for name, d in deltas.items():
                         undo.append((name, d, weight_delta.apply_(held[name], d)))
                 # every tensor, not only those the deltas touched: the result is verified whole
-                fresh = weight_delta.digests({n: held[n] for n in self.digests}, self.threads)
-                if weight_delta.combine(fresh) != target["content"]:
+                fresh = weight_delta.digests({n: held[n] for n in self.digests}, self.threads, algorithm)
+                if weight_delta.combine(fresh, algorithm) != target["content"]:
                     raise StoreError(f"after its deltas the engine's weights do not hash to version "
                                      f"{target['version']}'s content")
             except BaseException:

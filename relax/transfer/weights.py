@@ -4,7 +4,7 @@
 
     model-00001-of-00002.safetensors ...   tensors, split at ``max_shard_bytes``
     delta-00001-of-00001.safetensors ...   or, for a delta version, the changed elements
-    manifest.json                          written last: files, sha256, sizes, meta
+    manifest.json                          written last: files, their digests, sizes, meta
 
 A version exists iff its manifest does, so a reader never sees half a version however
 the publisher dies. The store is the truth; in-cluster fast paths (NCCL broadcast to
@@ -15,12 +15,12 @@ before it (``relax.transfer.weight_delta``) when that is fewer bytes, and at mos
 ``full_every - 1`` deltas follow a full version. Its manifest then names its ``base`` version,
 the base's content hash and its own (``content``), and :meth:`WeightStore.load` rebuilds it
 from the nearest full version and verifies the result (docs/weight_sync.md). Files go up and
-come down concurrently, ``threads`` at a time.
+come down concurrently, ``threads`` at a time; how they are digested, and which digest
+algorithms a manifest may name, is ``relax.transfer.weight_files``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -31,7 +31,7 @@ from typing import Any
 
 from relax import objstore
 from relax.faults import fault_point
-from relax.transfer import weight_delta
+from relax.transfer import weight_delta, weight_files
 from relax.transfer.errors import QueueTimeout, StoreError, TransferError
 from relax.transfer.polling import Backoff
 from relax.transfer.writers import WriterLease
@@ -96,7 +96,8 @@ class WeightStore:
                            for part, t in ((_INDEX, d.index), (_VALUES, d.values))}
         files = self._write_files(version, tensors, "delta" if "delta" in extra else "model")
         fault_point("actor", "publish", version)  # files written, manifest not: the version does not exist yet
-        manifest = {"version": version, "time": time.time(), "files": files, "meta": dict(meta or {}), **extra}
+        manifest = {"version": version, "time": time.time(), "digest": weight_files.DIGEST, "files": files,
+                    "meta": dict(meta or {}), **extra}
         objstore.write_bytes(objstore.join(self.version_url(version), "manifest.json"),
                              json.dumps(manifest, indent=1).encode(), fsync=self.fsync)
         if content is not None:
@@ -148,7 +149,7 @@ class WeightStore:
             fname = f"{prefix}-{i + 1:05d}-of-{len(groups):05d}.safetensors"
             blob = st_save(groups[i], metadata={"format": "pt"})
             objstore.write_bytes(objstore.join(self.version_url(version), fname), blob, fsync=self.fsync)
-            return {"name": fname, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob),
+            return {"name": fname, weight_files.DIGEST: weight_files.digest([blob]), "bytes": len(blob),
                     "tensors": sorted(groups[i])}
 
         with ThreadPoolExecutor(min(self.threads, len(groups))) as pool:
@@ -200,11 +201,12 @@ class WeightStore:
         files = manifest.get("files") if isinstance(manifest, dict) else None
         if not isinstance(files, list) or not isinstance(manifest.get("meta", {}), dict):
             raise StoreError(f"{where} is malformed (no list of files); the store was altered")
+        algorithm = weight_files.algorithm(manifest, where)  # sha256 for versions written before xxh3_128
         for f in files:
             name = f.get("name") if isinstance(f, dict) else None
-            if not isinstance(name, str) or not WEIGHT_FILE.fullmatch(name) or not isinstance(f.get("sha256"), str):
+            if not isinstance(name, str) or not WEIGHT_FILE.fullmatch(name) or not isinstance(f.get(algorithm), str):
                 raise StoreError(f"{where} names weight file {name!r}, not one of model-NNNNN-of-NNNNN.safetensors "
-                                 f"(or delta-...) with a sha256; nothing was loaded")
+                                 f"(or delta-...) with a {algorithm} digest; nothing was loaded")
         delta = manifest.get("delta")
         if delta is not None and not (isinstance(delta, dict) and isinstance(delta.get("base"), int)
                                       and 0 <= delta["base"] < version and isinstance(delta.get("kinds"), dict)):
@@ -228,13 +230,15 @@ class WeightStore:
         return out[::-1]
 
     def fetch(self, manifest: Mapping[str, Any]) -> list[bytes]:
-        """The bytes of every file of ``manifest``'s version, read concurrently and sha256-verified."""
+        """The bytes of every file of ``manifest``'s version, read concurrently and each checked against
+        its digest (with the algorithm the manifest names)."""
         version = manifest["version"]
+        algorithm = weight_files.algorithm(manifest, self.version_url(version))
 
         def read(f: Mapping[str, Any]) -> bytes:
             blob = objstore.read_bytes(objstore.join(self.version_url(version), f["name"]), large=True)
-            if hashlib.sha256(blob).hexdigest() != f["sha256"]:
-                raise StoreError(f"weight file {self.version_url(version)}/{f['name']} fails its sha256 check")
+            if weight_files.digest([blob], algorithm) != f[algorithm]:
+                raise StoreError(f"weight file {self.version_url(version)}/{f['name']} fails its {algorithm} check")
             return blob
 
         files = manifest["files"]
@@ -280,7 +284,8 @@ class WeightStore:
                     weight_delta.apply_(state[name], d)
                 except ValueError as e:
                     raise StoreError(f"delta version {m['version']}, tensor {name!r}: {e}") from None
-        if len(chain) > 1 and weight_delta.content_hash(state, self.threads) != chain[-1]["content"]:
+        algorithm = weight_files.algorithm(chain[-1], self.version_url(version))  # the content's, too
+        if len(chain) > 1 and weight_delta.content_hash(state, self.threads, algorithm) != chain[-1]["content"]:
             raise StoreError(f"weight version {version}, rebuilt from version {chain[0]['version']} and "
                              f"{len(chain) - 1} deltas, does not match its content hash; the store was altered")
         return state, chain[-1].get("meta", {})

@@ -54,7 +54,7 @@ def test_a_tampered_adapter_or_a_missing_base_is_refused(tmp_path):
     blob = bytearray(objstore.read_bytes(objstore.join(store.version_url(1), name)))
     blob[-1] ^= 1
     objstore.write_bytes(objstore.join(store.version_url(1), name), bytes(blob))
-    with pytest.raises(StoreError, match="fails its sha256 check"):
+    with pytest.raises(StoreError, match="fails its xxh3_128 check"):
         load_version(store, 1)
     publish_adapter(store, 2, parts(2)[1], {**INFO, "base_version": 7})
     with pytest.raises(StoreError, match="applies to base version 7, which is not published"):

@@ -109,7 +109,7 @@ def test_a_corrupted_delta_is_refused_and_the_engine_keeps_exact_bits(tmp_path):
     blob = bytearray(open(path, "rb").read())
     blob[-1] ^= 0xFF
     open(path, "wb").write(bytes(blob))
-    with pytest.raises(StoreError, match="fails its sha256"):
+    with pytest.raises(StoreError, match="fails its xxh3_128"):
         engine.follow(follower, store, 2)  # the whole version needs the same delta: nothing to fall back to
     assert bits(engine.tensors) == bits(vs[1]) and follower.refused == 1 and engine.version == "1"
 

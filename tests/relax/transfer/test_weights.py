@@ -62,7 +62,7 @@ def test_corrupt_file_is_named(tmp_path):
     store.publish(0, state(0))
     name = store.manifest(0)["files"][0]["name"]
     objstore.write_bytes(objstore.join(store.version_url(0), name), b"garbage")
-    with pytest.raises(StoreError, match=f"{name} fails its sha256 check"):
+    with pytest.raises(StoreError, match=f"{name} fails its xxh3_128 check"):
         store.load(0)
 
 
