@@ -15,8 +15,8 @@ before it (``relax.transfer.weight_delta``) when that is fewer bytes, and at mos
 ``full_every - 1`` deltas follow a full version. Its manifest then names its ``base`` version,
 the base's content hash and its own (``content``), and :meth:`WeightStore.load` rebuilds it
 from the nearest full version and verifies the result (docs/weight_sync.md). Files go up and
-come down concurrently, ``threads`` at a time; how they are digested, and which digest
-algorithms a manifest may name, is ``relax.transfer.weight_files``.
+come down concurrently, ``threads`` at a time; how their bytes are laid out and digested, and
+which digest algorithms a manifest may name, is ``relax.transfer.weight_files``.
 """
 
 from __future__ import annotations
@@ -74,14 +74,8 @@ class WeightStore:
         if version in have:
             raise TransferError(f"weight version {version} is already published at {self.version_url(version)}; "
                                 f"versions are immutable, publish {self.latest() + 1} instead")
-        tensors: dict[str, Any] = {}
-        seen: set[int] = set()
-        for name in sorted(state_dict):
-            t = state_dict[name].detach().cpu().contiguous()
-            if t.data_ptr() in seen:  # tied weights (embedding = LM head): safetensors wants separate copies
-                t = t.clone()
-            seen.add(t.data_ptr())
-            tensors[name] = t
+        # tied weights (embedding = LM head) share memory: weight_files writes each name's bytes all the same
+        tensors = {name: state_dict[name].detach().cpu().contiguous() for name in sorted(state_dict)}
         extra: dict[str, Any] = {}
         content = None
         if self.full_every > 1:
@@ -133,8 +127,6 @@ class WeightStore:
 
     def _write_files(self, version: int, tensors: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
         """``tensors`` in files of at most ``max_shard_bytes`` (a larger tensor alone), written concurrently."""
-        from safetensors.torch import save as st_save
-
         groups: list[dict[str, Any]] = [{}]
         size = 0
         for name, t in tensors.items():
@@ -147,10 +139,10 @@ class WeightStore:
 
         def write(i: int) -> dict[str, Any]:
             fname = f"{prefix}-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-            blob = st_save(groups[i], metadata={"format": "pt"})
-            objstore.write_bytes(objstore.join(self.version_url(version), fname), blob, fsync=self.fsync)
-            return {"name": fname, weight_files.DIGEST: weight_files.digest([blob]), "bytes": len(blob),
-                    "tensors": sorted(groups[i])}
+            parts = weight_files.serialize(groups[i], {"format": "pt"})  # views of the tensors: no copy
+            objstore.write_bytes(objstore.join(self.version_url(version), fname), parts, fsync=self.fsync)
+            return {"name": fname, weight_files.DIGEST: weight_files.digest(parts),
+                    "bytes": sum(memoryview(p).nbytes for p in parts), "tensors": sorted(groups[i])}
 
         with ThreadPoolExecutor(min(self.threads, len(groups))) as pool:
             return list(pool.map(write, range(len(groups))))
