@@ -11,8 +11,9 @@ Reported, in one run:
   changed_fraction   bf16 elements whose bits a step changed, per lr
   delta_bytes_ratio  full version bytes / delta version bytes, per lr
   sync_speedup       (publish + fetch + load) time of full versions / of delta versions, per lr and store
-  wire_efficiency    bytes/s of our publish + fetch of a full version / bytes/s of a plain parallel
-                     fsspec copy (pipe + cat of the same files' bytes), per store
+  wire_efficiency    bytes/s of our publish + fetch of a full version (serialise, write, read, digest
+                     both sides) / bytes/s of a plain parallel fsspec copy (pipe + cat of the same
+                     files' bytes), per store
   encodings          the same deltas' bytes under each encoding weight_delta chooses among, and zlib
   broadcast_gloo     the in-cluster path instead: the version broadcast over a gloo group to an engine process
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import tempfile
 import time
@@ -41,7 +43,7 @@ from bench_data import start_moto  # a sibling script: benchmarks/ is sys.path[0
 from output import Output, add_arguments
 
 from relax import objstore
-from relax.transfer import weight_delta
+from relax.transfer import weight_delta, weight_files
 from relax.transfer.weight_updates import WeightFollower
 from relax.transfer.weights import WeightStore
 
@@ -104,31 +106,56 @@ def encodings(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> dic
 
 def wire(url: str, state: dict[str, torch.Tensor], repeats: int = 3) -> dict:
     """Our publish + fetch of one full version against a plain parallel fsspec pipe + cat of its files'
-    bytes; the best of ``repeats`` each, alternating, so a passing hiccup of a shared machine drops out."""
-    ours, plain, nbytes = [], [], 0
-    for _ in range(repeats):
+    bytes; the best of ``repeats`` each, taking turns at going first, so a passing hiccup of a shared
+    machine drops out. On a local folder every timed pass starts with the page cache's dirty pages
+    flushed (os.sync, untimed): otherwise whichever goes second pays for the first one's writeback."""
+    local = objstore.local_path(url) is not None
+    blobs = None
+
+    def settle() -> None:
+        if local:
+            os.sync()
+
+    def ours() -> tuple[float, list[bytes]]:
         store = WeightStore(url, f"wire-{uuid.uuid4().hex[:6]}", max_shard_bytes=SHARD, fsync=False)
+        settle()
         t0 = time.perf_counter()
         store.publish(0, state)
-        blobs = store.fetch(store.manifest(0))
-        ours.append(time.perf_counter() - t0)
-        nbytes = sum(map(len, blobs))
+        got = store.fetch(store.manifest(0))
+        seconds = time.perf_counter() - t0
+        store.retain([], keep_latest=0)
+        return seconds, got
+
+    def plain(blobs: list[bytes]) -> float:
         fs, base = objstore.open_fs(objstore.join(url, f"plain-{uuid.uuid4().hex[:6]}"))
         paths = [f"{base}/f{i}" for i in range(len(blobs))]
         fs.makedirs(base, exist_ok=True)
+        settle()
         t0 = time.perf_counter()
-        if objstore.local_path(url) is None:  # fsspec's async batch: one event loop, every object at once
+        if not local:  # fsspec's async batch: one event loop, every object at once
             fs.pipe(dict(zip(paths, blobs, strict=True)))
             fs.cat(paths)
         else:  # a local filesystem has no async batch: a thread per file, as ours
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(fs.pipe_file, paths, blobs))
                 list(pool.map(fs.cat_file, paths))
-        plain.append(time.perf_counter() - t0)
-        store.retain([], keep_latest=0)
+        seconds = time.perf_counter() - t0
         fs.rm(base, recursive=True)
-        del blobs
-    ours_rate, plain_rate = 2 * nbytes / min(ours), 2 * nbytes / min(plain)
+        return seconds
+
+    times: dict[str, list[float]] = {"ours": [], "plain": []}
+    seconds, blobs = ours()  # the files' bytes, which the plain copy moves
+    times["ours"].append(seconds)
+    times["plain"].append(plain(blobs))
+    for i in range(1, repeats):
+        if i % 2:
+            times["plain"].append(plain(blobs))
+            times["ours"].append(ours()[0])
+        else:
+            times["ours"].append(ours()[0])
+            times["plain"].append(plain(blobs))
+    nbytes = sum(map(len, blobs))
+    ours_rate, plain_rate = 2 * nbytes / min(times["ours"]), 2 * nbytes / min(times["plain"])
     return {"bytes": nbytes, "ours_mb_per_s": ours_rate / 1e6, "plain_mb_per_s": plain_rate / 1e6,
             "wire_efficiency": ours_rate / plain_rate}
 
@@ -294,7 +321,7 @@ def main() -> None:
     n = sum(t.numel() for t in state.values())
     result = {"quick": args.quick, "model": f"{'quick shape' if args.quick else 'Qwen2.5-0.5B shape'} "
                                             f"({n / 1e6:.0f}M parameters, bf16 versions)",
-              "shape": shape, "lrs": lrs, "wire": wires, "broadcast_gloo": gloo}
+              "shape": shape, "digest": weight_files.DIGEST, "lrs": lrs, "wire": wires, "broadcast_gloo": gloo}
     output.write_json("weight_sync", result)
     write_table(result, output)
     summary = {"model": result["model"], "quick": args.quick,
