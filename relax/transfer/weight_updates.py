@@ -73,7 +73,7 @@ class WeightFollower:
         ``swap(write, label)``: run ``write()`` between scheduler steps and then serve ``label``;
         ``load_full(state)``: swap in a whole state dict (the engine's usual load); ``chain``: the
         store's chain of ``version`` if the caller read it already (each manifest is read once per sync)."""
-        chain = chain if chain else store.chain(version)
+        chain = chain or store.chain(version)
         how, start = plan(chain, self.version, self.content)
         if how == "delta":
             try:

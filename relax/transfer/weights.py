@@ -263,7 +263,7 @@ class WeightStore:
             version = self.latest()
             if version is None:
                 raise StoreError(f"no weight version is published at {self.url}")
-        if chain is None or not chain or chain[-1].get("version") != version:
+        if not chain or chain[-1].get("version") != version:
             chain = self.chain(version)
         state: dict[str, Any] = {}
         for blob in self.fetch(chain[0]):

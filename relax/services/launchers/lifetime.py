@@ -43,7 +43,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,33 +55,13 @@ REGISTRY_FLAG = "--registry-id"  # not a credential: what names an engine in its
 
 
 # -- dying with the owner --------------------------------------------------------------------------
-def _load_prctl() -> Callable[..., int] | None:
-    import ctypes
-
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: the watchdog and the reaper remain
-        return None
-
-
-# Resolved here, in the parent, at import: the ``preexec_fn``s below run in a child forked from a
-# threaded process, where a dlopen (what ctypes.CDLL does) can wait forever for the loader lock some
-# other thread of the parent held at the fork. The child then only calls the resolved function.
-_PRCTL = _load_prctl()
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """Ask the kernel to send ``sig`` when the thread that forked this process ends (Linux only)."""
-    return _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, int(sig)) == 0
-
-
 # Run as ``python -c`` in the child: set the parent-death signal, check the owner did not die before
 # it was set (the race prctl leaves open: the child would then have been reparented), then become the
 # engine (execvp keeps the signal). Not a ``preexec_fn``: CPython runs its after-fork clean-up in the
 # child before one, which frees the other threads' thread-locals there, and PyAV's per-thread frame
 # reformatter, freed in a child whose threads are gone, waits forever for them (CI hung on it).
 _DIE_WITH_OWNER = ("import ctypes, os, sys\n"
-                   "try:\n    ctypes.CDLL('libc.so.6').prctl(1, int(sys.argv[1]))\n"
+                   f"try:\n    ctypes.CDLL('libc.so.6').prctl({PR_SET_PDEATHSIG}, int(sys.argv[1]))\n"
                    "except (OSError, AttributeError):\n    pass\n"
                    "if os.getppid() != int(sys.argv[2]):\n    os._exit(1)\n"
                    "os.execvp(sys.argv[3], sys.argv[3:])\n")

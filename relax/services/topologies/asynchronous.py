@@ -185,12 +185,7 @@ def run_async(ctx: RunContext, progress: bool = True, engine_urls: list[str] | N
             if failed:
                 role, s = next(iter(failed.items()))
                 raise RuntimeError(f"role {role} failed:\n{s['error']}")
-            stepped = actor.new()
-            if stepped:  # the rollout's records only when the line may move: one listing less per idle poll
-                for m in rollout.new():
-                    bar.rollout(m)
-            for m in stepped:
-                bar.actor(m)
+            bar.follow(actor, rollout)
             if all(s["done"] for s in states.values()):
                 break
             time.sleep(poll_s)

@@ -71,12 +71,7 @@ def run_disaggregated(ctx: RunContext, progress: bool = True, poll_s: float = 0.
                 if time.monotonic() >= at:
                     procs[role] = start(role, procs[role].attempt + 1)
                     del due[role]
-            stepped = actor.new()
-            if stepped:  # the rollout's records only when the line may move: one listing less per idle poll
-                for m in rollout.new():
-                    bar.rollout(m)
-            for m in stepped:
-                bar.actor(m)
+            bar.follow(actor, rollout)
             if not due and all(p.returncode == 0 and not p.failed for p in procs.values()):
                 break
             time.sleep(poll_s)

@@ -56,6 +56,16 @@ class Progress:
                                                   or self.done >= self.total):
             self._line(sps)
 
+    def follow(self, actor: Any, rollout: Any) -> None:
+        """Feed the new records of two ``MetricsReader``s (relax.services.report.metrics); the rollout's
+        are read only when the actor stepped (the line may move then): one listing less per idle poll."""
+        stepped = actor.new()
+        if stepped:
+            for m in rollout.new():
+                self.rollout(m)
+        for m in stepped:
+            self.actor(m)
+
     def _line(self, sps: float) -> None:
         elapsed = time.perf_counter() - self.t0
         per_step = elapsed / max(self.done - self.start, 1)
