@@ -1,7 +1,7 @@
 """The one config tree of Relax: typed sections, strict checks, presets and overrides.
 
 * ``fields``: how a field is declared (help, choices, range) and read strictly; ``ConfigError``;
-* ``model``, ``data``, ``rollout``, ``algorithm``, ``trainer``, ``runtime``: the sections, each
+* ``model``, ``genrm``, ``data``, ``rollout``, ``algorithm``, ``trainer``, ``runtime``: the sections, each
   with the checks that read it alone; ``cross``: the checks that span sections;
 * ``tree``: ``RelaxConfig`` and the order its checks run (``validate``);
 * ``loader``: presets, YAML files, ``key=value`` overrides, to and from dicts, a run's saved config;
@@ -15,6 +15,7 @@ what the rest of Relax imports (``from relax.config import RelaxConfig, load_con
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.data import DataConfig
 from relax.config.fields import ConfigError
+from relax.config.genrm import GenRMConfig
 from relax.config.loader import (
     config_from_dict,
     config_hash,
@@ -32,7 +33,7 @@ from relax.config.runtime import QueueConfig, ResourcesConfig, SupervisorConfig
 from relax.config.trainer import TrainerConfig
 from relax.config.tree import RelaxConfig, validate
 
-__all__ = ["AlgorithmConfig", "ConfigError", "DataConfig", "ModelConfig", "QueueConfig", "RelaxConfig",
+__all__ = ["AlgorithmConfig", "ConfigError", "DataConfig", "GenRMConfig", "ModelConfig", "QueueConfig", "RelaxConfig",
            "ResourcesConfig", "RolloutConfig", "SupervisorConfig", "TeacherConfig", "TrainerConfig",
            "config_from_dict", "config_hash", "config_to_dict", "config_to_yaml", "list_presets", "load_config",
            "parse_override", "preflight", "saved_config", "validate"]

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relax.config import algorithm, cross, data, model, report, rollout, runtime, trainer
+from relax.config import algorithm, cross, data, genrm, model, report, rollout, runtime, trainer
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.data import DataConfig
 from relax.config.fields import ConfigError, build, check_fields, opt, section
+from relax.config.genrm import GenRMConfig
 from relax.config.model import ModelConfig, TeacherConfig
 from relax.config.report import ReportConfig
 from relax.config.rollout import RolloutConfig
@@ -41,6 +42,7 @@ class RelaxConfig:
     rollout: RolloutConfig = section(RolloutConfig, "Generation.")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "RL algorithm.")
     teacher: TeacherConfig = section(TeacherConfig, "On-policy distillation's teacher.")
+    genrm: GenRMConfig = section(GenRMConfig, "Generative reward model: a judge served by the reward role.")
     trainer: TrainerConfig = section(TrainerConfig, "Optimisation and checkpoints.")
     queue: QueueConfig = section(QueueConfig, "TransferQueue.")
     weights: WeightsConfig = section(WeightsConfig, "Policy versions in the WeightStore: deltas and transfer.")
@@ -75,7 +77,8 @@ CHECKS: tuple[Callable[[Any], None], ...] = (
     trainer.check_torch_backend_options, cross.check_megatron_family, trainer.check_megatron_parallel_options,
     trainer.check_freeze_needs_torch, trainer.check_thaw_single_rank, cross.check_colocated_actor_ranks,
     cross.check_ranks_have_samples, data.check_one_reward_source, cross.check_near_miss_credit,
-    data.check_judge_url, algorithm.check_reference_role, algorithm.check_turn_rewards, cross.check_exact_staleness,
+    data.check_judge_url, genrm.check_genrm, algorithm.check_reference_role, algorithm.check_turn_rewards,
+    cross.check_exact_staleness,
     algorithm.check_conventions, cross.check_routing_replay,
     model.check_teacher_url, cross.check_remote_teacher_temperature, model.check_teacher_plain_http,
     cross.check_distillation, cross.check_overlong_buffer, algorithm.check_stuck_group_push,

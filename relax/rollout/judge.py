@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from relax.data.samples import IMAGE_PLACEHOLDER, Sample
+from relax.data.samples import Sample
+from relax.rollout.verdicts import question_of
 
 API_KEY_ENV = "RELAX_JUDGE_API_KEY"
 
@@ -38,13 +39,6 @@ SCORE = re.compile(r"<score>\s*([-+]?(?:\d+\.?\d*|\.\d+))\s*</score>")
 
 class JudgeError(RuntimeError):
     """The judge gave no usable score (unreachable, HTTP error, timeout, or no <score> tag)."""
-
-
-def question_of(sample: Sample) -> str:
-    """The sample's last user message, its media placeholders written as words (a text judge)."""
-    users = [m.content for m in sample.messages if m.role == "user"]
-    text = users[-1] if users else ""
-    return text.replace(IMAGE_PLACEHOLDER, "[image]").replace("<audio>", "[audio]")
 
 
 class JudgeReward:

@@ -167,7 +167,8 @@ class RemoteEngines:
             sampling_params=sps[0] if one else sps, rid=rids[0] if one else rids, return_logprob=True,
             image_data=(images[0] if one else images) if any(images) else None,
             audio_data=(audios[0] if one else audios) if any(audios) else None,
-            **({"return_routed_experts": True} if self.routed_experts else {}))
+            **({"return_routed_experts": True} if self.routed_experts else {}),
+            **({"top_logprobs_num": top} if (top := max(sp.top_logprobs_num for sp in params)) else {}))  # SGLang's
         items = out if isinstance(out, list) else [out]
         result, at = [], 0
         for p, sp, rid in zip(prompts, params, rids, strict=True):
@@ -392,6 +393,8 @@ def _completion(rid: str, index: int, item: dict[str, Any], prompt_tokens: int) 
         meta.get("finish_reason") or {},
         prompt_tokens,
         str(meta.get("weight_version", "-1")),
+        top_logprobs=[[(float(e[0]), int(e[1])) for e in row] for row in top] if (top := meta.get(
+            "output_top_logprobs")) else None,
         routed_experts=routes_from_wire(meta.get("routed_experts"), rid),
     )
 

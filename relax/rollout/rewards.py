@@ -93,8 +93,9 @@ class RewardDispatcher:
         task = TASKS.get(sample.task)
         return task is not None and task.is_ordinal(sample) and integer_distance(response, sample) == 1
 
-    def score_many(self, pairs: Sequence[tuple[str, Sample]]) -> list[Scored]:
-        """:meth:`score` for each pair; a judge grades them all concurrently."""
+    def score_many(self, pairs: Sequence[tuple[str, Sample]], ids: Sequence[str] | None = None) -> list[Scored]:
+        """:meth:`score` for each pair; a judge grades them all concurrently. ``ids`` (the rows') go unused:
+        the signature is the generative judge's (relax.rollout.genrm)."""
         if self.judge is None:
             return [self.score(r, s) for r, s in pairs]
         return [self._checked(v, self.judge, s) for v, (_, s) in zip(self.judge.many(pairs), pairs, strict=True)]

@@ -20,6 +20,8 @@ from relax.transfer.lineage import code_version
 
 # how a run is operated, not what it computes: a rerun may change them
 RESUMABLE_FIELDS = {"trainer.total_steps", "rollout.api_port", "rollout.api_host", "rollout.max_engine_processes",
+                    # the judge's pool size and API (its weights are checked apart: relax.services.judge_record)
+                    "genrm.engines", "genrm.max_engines", "genrm.api_port", "genrm.allow_change",
                     *(f"supervisor.{f.name}" for f in fields(SupervisorConfig)),
                     *(f"report.{f.name}" for f in fields(ReportConfig)),  # where metrics go, not what they are
                     # a checkpoint, gathered or sharded, loads by Hugging Face name at any layout

@@ -154,7 +154,7 @@ def forget(pid: int, token: str) -> None:
 
 # -- temporary folders that outlive a killed owner -------------------------------------------------
 _OWNED_TMP = re.compile(r"^(relax-[a-z-]+-)(\d+)\.(\d*)-")
-SWEPT_PREFIXES = ("relax-roles-", "relax-engine-model-")
+SWEPT_PREFIXES = ("relax-roles-", "relax-engine-model-", "relax-judge-model-")
 
 
 def owned_temp_dir(prefix: str) -> str:

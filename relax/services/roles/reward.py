@@ -12,6 +12,10 @@ trains with zero weight because its consumers zero its loss mask (``media.effect
 Rewards are a pure function of the row, so a crash between recording a step and committing
 it is repaired at start by scoring the recorded step again.
 
+With ``genrm`` (a generative reward model) the scorer is the judge of
+relax.services.judge_engines: the whole batch goes to its engines in one batched call, each
+commit carries the judge's identity in its meta, and the step's metrics count its verdicts.
+
 Not with ``rollout.dynamic_sampling`` (the rollout filters groups by reward) nor with agent
 episodes (their reward comes from the env, during the rollout).
 """
@@ -25,6 +29,7 @@ import numpy as np
 
 from relax.data.samples import Sample
 from relax.rollout.rewards import RewardDispatcher, reward_metrics
+from relax.services.judge_engines import open_judge
 from relax.services.queue_contract import REWARD_FIELDS, REWARD_GROUP
 from relax.services.roles.column import ColumnStage
 from relax.services.roles.media import sample_id_of
@@ -37,7 +42,10 @@ ROW_FIELDS = ["response"]
 class RewardRole:
     def __init__(self, ctx: RunContext, writer_id: str = "reward"):
         self.samples = {s.id: s for s in ctx.split("train")}
-        self.rewards = RewardDispatcher.for_training(ctx.cfg)
+        # a generative judge (genrm) or the verifiers / data.reward_fn / data.judge_url
+        self.judge = open_judge(ctx) if ctx.cfg.genrm.enabled else None
+        self.rewards = self.judge or RewardDispatcher.for_training(ctx.cfg)
+        self.meta = {"judge": self.judge.identity} if self.judge is not None else {}
         self.stage = ColumnStage(ctx, REWARD_GROUP, ROW_FIELDS, writer_id, REWARD_FIELDS, "reward")
         self.queue, self.consumer, self.producer = self.stage.queue, self.stage.consumer, self.stage.producer
         self.repaired = self.stage.repair(self._commit)
@@ -45,9 +53,10 @@ class RewardRole:
     def _commit(self, batch: Batch) -> list[tuple[Sample, float, str]]:
         pairs = [(str(r), self.samples[sample_id_of(sid)]) for sid, r in zip(batch.ids, batch.fields["response"],
                                                                               strict=True)]
-        scored = self.rewards.score_many(pairs)
+        scored = self.rewards.score_many(pairs, batch.ids)
         self.producer.add_fields({sid: {"reward": np.float32(s.reward), "error": s.error}
-                                  for sid, s in zip(batch.ids, scored, strict=True)}, meta={"step": batch.step})
+                                  for sid, s in zip(batch.ids, scored, strict=True)},
+                                 meta={"step": batch.step, **self.meta})
         return [(sample, s.reward, s.error) for (_, sample), s in zip(pairs, scored, strict=True)]
 
     @property
@@ -63,7 +72,13 @@ class RewardRole:
                                    "reward_errors": sum(bool(e) for _, _, e in scored),
                                    "time_s": time.perf_counter() - t0}
         metrics.update(reward_metrics([(sample, r) for sample, r, _ in scored]))
+        if self.judge is not None:
+            metrics.update(self.judge.metrics())
         return metrics
 
     def close(self) -> None:
-        self.stage.close()
+        try:
+            self.stage.close()
+        finally:
+            if self.judge is not None:
+                self.judge.close()
