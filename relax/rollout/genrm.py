@@ -49,9 +49,11 @@ class JudgeSpec:
 class GenRMJudge:
     """``score_many(pairs, ids) -> list[Scored]``, as the reward dispatcher's, with verdict counts kept."""
 
-    def __init__(self, pool: EnginePool, tokenizer: Any, spec: JudgeSpec, identity: dict[str, Any]):
+    def __init__(self, pool: EnginePool, tokenizer: Any, spec: JudgeSpec, identity: dict[str, Any],
+                 context: int | None = None):
         self.pool, self.tokenizer, self.spec, self.identity = pool, tokenizer, spec, identity
-        self.counts = {"judged": 0, "unparsable": 0, "out_of_range": 0}
+        self.context = context  # the judge's context in tokens; None = unknown (a URL pool's servers check it)
+        self.counts = {"judged": 0, "unparsable": 0, "out_of_range": 0, "too_long": 0}
         self.last: dict[str, float] = {}  # the last batch's figures (relax.services.roles.reward's metrics)
 
     def prompt(self, response: str, sample: Sample) -> EncodedPrompt:
@@ -71,14 +73,28 @@ class GenRMJudge:
             return []
         prompts = [self.prompt(r, s) for r, s in pairs]
         params = [self.spec.sampling() for _ in pairs]
+        # a row whose judge prompt cannot fit is its own invalid verdict, never a failed batch
+        fits = [self._too_long(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        keep = [i for i, why in enumerate(fits) if why is None]
         t0 = time.perf_counter()
-        out = self.pool.generate(prompts, params, [f"genrm-{i}" for i in ids])
-        verdicts = [self.verdict(per_prompt[0]) for per_prompt in out]
+        out = self.pool.generate([prompts[i] for i in keep], [params[i] for i in keep],
+                                 [f"genrm-{ids[i]}" for i in keep]) if keep else []
+        verdicts: list[Verdict] = [Verdict(None, why) if why else Verdict(None) for why in fits]
+        for i, per_prompt in zip(keep, out, strict=True):
+            verdicts[i] = self.verdict(per_prompt[0])
         valid = [v.score for v in verdicts if v.score is not None]
         self.last = {"genrm/judge_s": time.perf_counter() - t0,
                      "genrm/score_mean": math.fsum(valid) / len(valid) if valid else float("nan"),
                      "genrm/invalid": float(sum(v.score is None for v in verdicts))}
         return verdicts
+
+    def _too_long(self, prompt: EncodedPrompt, params: SamplingParams) -> str | None:
+        n = len(prompt.input_ids)
+        if self.context is None or n + params.max_new_tokens <= self.context:
+            return None
+        return (f"too long: the judge prompt has {n} tokens and the verdict up to {params.max_new_tokens}, over the "
+                f"judge's context of {self.context}; shorten genrm.template or genrm.max_new_tokens, or use a judge "
+                f"with a longer context")
 
     def score_many(self, pairs: Sequence[tuple[str, Sample]], ids: Sequence[str] | None = None) -> list[Scored]:
         """Rewards of ``(response, sample)`` pairs; an invalid verdict by ``spec.invalid`` (module docstring)."""

@@ -38,8 +38,8 @@ _ASK = "You grade answers to questions.\nQuestion:\n{question}\n\nReference answ
 TEMPLATES = {
     "score": _ASK + "Does the response give the reference answer? Reply with <score>1</score> if it does and "
                     "<score>0</score> if it does not (a fraction for partial credit).",
-    "boxed": _ASK + "Does the response give the reference answer? Reply with \\boxed{1} if it does and \\boxed{0} "
-                    "if it does not.",
+    "boxed": _ASK + "Does the response give the reference answer? Reply with \\boxed{{1}} if it does and "
+                    "\\boxed{{0}} if it does not.",
     "yes_no": _ASK + "Does the response give the reference answer? Reply yes or no.",
 }
 
@@ -53,11 +53,11 @@ class Verdict:
     """A judge's reading: ``score`` in [0, 1], or None with ``invalid`` saying why."""
 
     score: float | None
-    invalid: str = ""  # "" when valid; else "unparsable: ..." or "out of range: ..."
+    invalid: str = ""  # "" when valid; else "unparsable: ...", "out of range: ..." or "too long: ..."
 
     @property
     def kind(self) -> str:
-        """'' (valid), 'unparsable' or 'out_of_range' (the metric it is counted under)."""
+        """'' (valid), 'unparsable', 'out_of_range' or 'too_long' (the metric it is counted under)."""
         return self.invalid.split(":", 1)[0].replace(" ", "_") if self.invalid else ""
 
 

@@ -12,9 +12,8 @@
   and the two take turns on the same CPUs or GPU.
 
 Lineage: the judge is named by its weights' content hash and its template's hash
-(:func:`judge_identity`), kept in ``runs/<id>/genrm.json`` by the first start, put on every reward
-commit and every checkpoint's lineage record. A restart whose judge differs is refused unless
-``genrm.allow_change=true``, which records the change.
+(:func:`judge_identity`), checked against the run's record (relax.services.judge_record) before
+any engine starts, and put on every reward commit.
 """
 
 from __future__ import annotations
@@ -23,27 +22,20 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import time
 from typing import Any
 
 import torch
 
-from relax import objstore
 from relax.config import ConfigError, ModelConfig, RelaxConfig
 from relax.rollout.engine_pool import EnginePool, LocalEngines
 from relax.rollout.genrm import GenRMJudge, JudgeSpec
 from relax.rollout.remote_engines import RemoteEngines
 from relax.rollout.verdicts import TEMPLATES, template_hash
 from relax.services.api.server import RolloutAPIServer
+from relax.services.judge_record import check_judge_record
 from relax.services.launchers.factory import engine_launcher, first_engines
 from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.run_context import RunContext
-
-RECORD = "genrm.json"
-
-
-class JudgeChanged(RuntimeError):
-    """A resumed run's judge is not the one it started with."""
 
 
 def judge_model_config(cfg: RelaxConfig) -> ModelConfig:
@@ -51,7 +43,14 @@ def judge_model_config(cfg: RelaxConfig) -> ModelConfig:
     return dataclasses.replace(cfg.model, name_or_path=g.name_or_path, family=g.family,
                                tokenizer=g.tokenizer or cfg.model.tokenizer, hidden_size=g.hidden_size,
                                num_layers=g.num_layers, num_heads=g.num_heads, init_checkpoint="", value_head=False,
+                               max_seq_len=judge_context(cfg),  # a built-in judge reads template + prompt + response
                                dtype="float32", lora=dataclasses.replace(cfg.model.lora, rank=0))
+
+
+def judge_context(cfg: RelaxConfig) -> int:
+    """The context a built-in judge is built with and its in-process engine serves: room for the template
+    around the policy's whole prompt and response."""
+    return 2 * cfg.model.max_seq_len + 256
 
 
 def judge_tokenizer(ctx: RunContext) -> Any:
@@ -73,6 +72,11 @@ def judge_spec(cfg: RelaxConfig) -> JudgeSpec:
     return JudgeSpec(judge_template(cfg), g.verdict, g.reference, g.top_logprobs, g.max_new_tokens, g.invalid)
 
 
+def context_of(model: torch.nn.Module) -> int:
+    """Tokens the judge's engines take, prompt and verdict together (its config's positions)."""
+    return int(model.config.get_text_config().max_position_embeddings)
+
+
 def weights_id(model: torch.nn.Module) -> str:
     """sha256 over the judge's tensors (names, dtypes, shapes, bytes), 16 hex digits: its content, not its path."""
     h = hashlib.sha256()
@@ -90,38 +94,6 @@ def judge_identity(cfg: RelaxConfig, model_id: str) -> dict[str, Any]:
             **where}
 
 
-def read_judge_record(run_url: str) -> dict[str, Any] | None:
-    """The run's judge record (the first start's judge and any allowed changes), or None without a judge."""
-    url = objstore.join(run_url, RECORD)
-    if not objstore.exists(url):
-        return None
-    record = json.loads(objstore.read_bytes(url))
-    if not isinstance(record, dict) or not isinstance(record.get("judge"), dict):
-        raise ValueError(f"{url} is not a judge record (an object with a 'judge' object); remove it to start anew")
-    return record
-
-
-def check_judge_record(ctx: RunContext, identity: dict[str, Any]) -> None:
-    """First start: record the judge. Later starts: the same judge, or (``genrm.allow_change``) the change recorded."""
-    url = objstore.join(ctx.run_url, RECORD)
-    record = read_judge_record(ctx.run_url)
-    if record is None:
-        objstore.write_bytes(url, json.dumps({"judge": identity, "changes": []}, indent=2).encode())
-        return
-    was = record["judge"]
-    differs = {k: (was.get(k), identity[k]) for k in ("model_id", "template_hash", "verdict")
-               if was.get(k) != identity[k]}
-    if not differs:
-        return
-    if not ctx.cfg.genrm.allow_change:
-        raise JudgeChanged(f"run {ctx.cfg.run_id} was graded by judge {was} and this start's judge differs in "
-                           f"{differs}: rewards would change meaning mid-run. Restore that judge, or resume with "
-                           f"genrm.allow_change=true to grade on with the new one (the change is recorded)")
-    record["changes"].append({"at": time.time(), "from": was, "to": identity})
-    record["judge"] = identity
-    objstore.write_bytes(url, json.dumps(record, indent=2).encode())
-
-
 def _pool(ctx: RunContext, model: torch.nn.Module | None, slots: int) -> tuple[EnginePool, str | None]:
     """The judge's engine pool and the model copy its owned engines serve (removed on close)."""
     cfg, g, r = ctx.cfg, ctx.cfg.genrm, ctx.cfg.rollout
@@ -131,7 +103,7 @@ def _pool(ctx: RunContext, model: torch.nn.Module | None, slots: int) -> tuple[E
         return RemoteEngines(list(g.urls), **faults), None
     assert model is not None
     if g.engines == 0:
-        return LocalEngines(model, judge_tokenizer(ctx), max_batch_size=slots, max_seq_len=2 * cfg.model.max_seq_len,
+        return LocalEngines(model, judge_tokenizer(ctx), max_batch_size=slots, max_seq_len=context_of(model),
                             seed=cfg.seed), None
     model_dir = owned_temp_dir("relax-judge-model-")  # swept by the next run if this process is killed
     try:
@@ -185,7 +157,7 @@ def open_judge(ctx: RunContext) -> Judge:
     check_judge_record(ctx, identity)
     slots = max(8, cfg.rollout.n_samples_per_prompt * cfg.rollout.prompts_per_step)
     pool, model_dir = _pool(ctx, model, slots)
-    judge = Judge(pool, judge_tokenizer(ctx), judge_spec(cfg), identity)
+    judge = Judge(pool, judge_tokenizer(ctx), judge_spec(cfg), identity, context_of(model) if model else None)
     judge.model_dir = model_dir
     if g.api_port:
         if not isinstance(pool, RemoteEngines):

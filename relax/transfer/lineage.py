@@ -361,6 +361,11 @@ def chain_to_text(records: list[LineageRecord]) -> str:
         if isinstance(lora, dict):  # an adapter checkpoint: what it applies to is not in it
             lines.append(f"  LoRA adapter r={lora.get('rank')} on base model {lora.get('base_model')}, base checkpoint "
                          f"{lora.get('base_checkpoint') or '(none: the seeded model)'}")
+        judge = record.extra.get("judge") if isinstance(record.extra, dict) else None
+        if isinstance(judge, dict):  # a generative reward model graded its samples (relax.services.judge_record)
+            source = judge.get("name_or_path") or judge.get("urls")
+            lines.append(f"  rewards by judge {judge.get('model_id')} ({source}), "
+                         f"template {judge.get('template_hash')}, verdict {judge.get('verdict')}")
         if record.parent is None:
             lines.append("  (format warm start of the base model)" if record.run_id == WARM_START_RUN
                          else "  (first checkpoint: no parent)")

@@ -20,6 +20,7 @@ from relax import objstore
 from relax.config import config_hash
 from relax.config.tree import WARM_START_RUN
 from relax.faults import fault_point
+from relax.services.judge_record import judge_lineage
 from relax.services.policy import build_model
 from relax.services.queue_contract import ACTOR_GROUP
 from relax.services.roles.actor_ranks import actor_ranks, megatron_beside_actor, parallel_model
@@ -228,6 +229,7 @@ class ActorRole:
              "restarts": read_restarts(self.ctx.run_url),  # roles healed so far (relax.services.supervision)
              **({"init_checkpoint": cfg.model.init_checkpoint} if cfg.model.init_checkpoint else {}),
              **({"teacher": teacher_identity(cfg)} if cfg.algorithm.distill_coef > 0 else {}),
+             **(judge_lineage(self.ctx.run_url) if cfg.genrm.enabled else {}),  # the judge that graded it
              **self.lora_record()}), redo=True)
         self.parent_step = step
         kept = list_checkpoints(self.ctx)[-cfg.queue.keep_checkpoints:]

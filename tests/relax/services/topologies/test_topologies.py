@@ -22,6 +22,7 @@ from relax.services.run_context import RunContext
 from relax.services.run_record import ensure_run
 from relax.transfer.weights import WeightStore
 from tests.polling import poll_until, wait_until
+from tests.relax.services.judges import yes_judge
 from tests.relax.services.manifest_checks import check_run
 from tests.relax.services.runtime_helpers import tiny_config
 
@@ -32,9 +33,12 @@ pytestmark = pytest.mark.slow
 def test_async_topology_on_ray_serve(tmp_path, ray_session):
     from ray import serve
 
-    # with the reference as a role of its own: a Serve deployment of its own in this topology
-    cfg = tiny_config(f"file://{tmp_path}", "async", "topology=async", "queue.max_staleness=1",
-                      "trainer.total_steps=5", "algorithm.kl_coef=0.5", "algorithm.reference_role=true")
+    # with the reference as a role of its own, and the reward role grading with a generative judge
+    # (genrm, an engine inside its replica): each a Serve deployment of its own in this topology
+    judge = yes_judge(str(tmp_path / "judge"))
+    cfg = tiny_config(f"file://{tmp_path}/root", "async", "topology=async", "queue.max_staleness=1",
+                      "trainer.total_steps=5", "algorithm.kl_coef=0.5", "algorithm.reference_role=true",
+                      "data.reward_role=true", f"genrm.name_or_path={judge}")
     apps_seen: set[str] = set()
     real_run = serve.run
 
@@ -48,8 +52,11 @@ def test_async_topology_on_ray_serve(tmp_path, ray_session):
     finally:
         serve.run = real_run
     assert result.steps == 5
-    assert "relax-async-reference" in apps_seen
+    assert {"relax-async-reference", "relax-async-reward"} <= apps_seen
     assert [m["step"] for m in read_metrics(result.run_url, "reference")] == [0, 1, 2, 3, 4]
+    reward = read_metrics(result.run_url, "reward")  # the judge's rewards (it says yes), each row once
+    assert [m["step"] for m in reward] == [0, 1, 2, 3, 4] and reward[-1]["genrm/judged_total"] == 5 * 16
+    assert all(m["reward"] > 0.9 for m in reward)
     stats = check_run(RunContext(cfg), 5)
     assert stats["max_staleness_seen"] <= 1
     # the rollout ran ahead of the actor: some batch was generated before the previous update landed

@@ -1,0 +1,91 @@
+"""The reward role's judge (relax.services.judge_engines, judge_record): its record in the run, and
+its owned engines healing under a batch.
+
+A run is graded by one judge: the first start records it (weights' content hash, template hash,
+verdict), a restart with other weights is refused unless genrm.allow_change, which records the
+change. A judge engine SIGKILLed while it holds a batch is replaced and the batch is judged whole,
+with the verdicts an unbroken engine gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+
+import pytest
+
+from relax import objstore
+from relax.services.judge_engines import open_judge
+from relax.services.judge_record import RECORD, JudgeChanged, judge_lineage, read_judge_record
+from relax.services.run_context import RunContext
+from tests.polling import wait_until
+from tests.relax.services.judges import nudged, yes_judge
+from tests.relax.services.runtime_helpers import tiny_config
+
+
+@pytest.fixture(scope="module")
+def judge_dir(tmp_path_factory):
+    return yes_judge(str(tmp_path_factory.mktemp("judge") / "yes"))
+
+
+def _ctx(root: str, *overrides: str) -> RunContext:
+    return RunContext(tiny_config(f"file://{root}", "judged", "data.reward_role=true", *overrides))
+
+
+def test_a_restart_with_another_judge_is_refused_unless_allowed(tmp_path, judge_dir):
+    folder = str(tmp_path / "judge")
+    shutil.copytree(judge_dir, folder)
+    nudged(judge_dir, folder + "-b")
+    ctx = _ctx(str(tmp_path / "root"), f"genrm.name_or_path={folder}")
+    open_judge(ctx).close()
+    first = read_judge_record(ctx.run_url)
+    assert first["changes"] == [] and len(first["judge"]["model_id"]) == 16
+    assert first["judge"]["name_or_path"] == folder and first["judge"]["verdict"] == "yes_no"
+    open_judge(ctx).close()  # the same judge again: fine, nothing recorded
+    assert read_judge_record(ctx.run_url) == first
+    shutil.rmtree(folder)
+    shutil.copytree(folder + "-b", folder)  # someone retrained the judge in place
+    with pytest.raises(JudgeChanged, match="genrm.allow_change=true") as e:
+        open_judge(ctx)
+    assert "model_id" in str(e.value) and first["judge"]["model_id"] in str(e.value)
+    allowed = _ctx(str(tmp_path / "root"), f"genrm.name_or_path={folder}", "genrm.allow_change=true")
+    open_judge(allowed).close()
+    record = read_judge_record(ctx.run_url)
+    assert len(record["changes"]) == 1 and record["changes"][0]["from"] == first["judge"]
+    assert record["judge"]["model_id"] != first["judge"]["model_id"]
+    assert judge_lineage(ctx.run_url) == {"judge": record["judge"], "judge_changes": 1}
+
+
+def test_a_malformed_judge_record_is_not_trusted(tmp_path, judge_dir):
+    ctx = _ctx(str(tmp_path), f"genrm.name_or_path={judge_dir}")
+    objstore.write_bytes(objstore.join(ctx.run_url, RECORD), json.dumps({"judge": "me"}).encode())
+    with pytest.raises(ValueError, match="is not a judge record"):
+        open_judge(ctx)
+
+
+@pytest.mark.slow
+def test_a_judge_engine_killed_mid_batch_is_replaced_and_every_row_judged_once(tmp_path):
+    # an untrained judge asked for <score>: 48 greedy tokens per row, long enough to kill it mid-batch
+    ctx = _ctx(str(tmp_path), "genrm.name_or_path=tiny-qwen2", "genrm.engines=1", "genrm.max_engines=2",
+               "genrm.verdict=score", "genrm.max_new_tokens=48", "genrm.invalid=zero")
+    judge = open_judge(ctx)
+    try:
+        samples = ctx.split("train")[:24]
+        pairs = [(f"<answer>{i}</answer>", s) for i, s in enumerate(samples)]
+        ids = [f"row-{i}" for i in range(len(pairs))]
+        baseline = judge.verdicts(pairs, ids)
+        (engine,) = judge.pool.owned.values()
+        out: list = []
+        worker = threading.Thread(target=lambda: out.append(judge.verdicts(pairs, ids)))
+        worker.start()
+        wait_until(lambda: any(e["outstanding"] for e in judge.pool.engines()), timeout=60)
+        os.kill(engine.proc.pid, signal.SIGKILL)
+        worker.join(timeout=300)
+        assert not worker.is_alive() and len(out) == 1
+        assert out[0] == baseline  # one verdict per row, the ones an unbroken engine gives
+        assert judge.pool.fault_counts()["engines_replaced"] >= 1
+        assert engine.proc.poll() is not None and len(judge.pool.owned) == 1
+    finally:
+        judge.close()
