@@ -23,8 +23,8 @@ class GenRMConfig:
     """A generative reward model: a frozen text model that reads prompt, response and reference and writes a
     verdict, on engines the reward role owns (or a pool of URLs)."""
 
-    name_or_path: str = opt("", "The judge: a local Hugging Face folder (e.g. one relax.trainers.torch.judge_sft "
-                            "trained) or a built-in tiny name; empty = no generative reward model.")
+    name_or_path: str = opt("", "The judge: a local Hugging Face folder (e.g. a tiny judge fine-tuned to grade a "
+                            "task, docs/genrm.md) or a built-in tiny name; empty = no generative reward model.")
     family: str = opt("qwen2", "The judge's architecture family (a text model).", choices=TEXT_FAMILIES)
     hidden_size: int = opt(64, "Hidden width of a built-in tiny judge.", range=(8, 16384))
     num_layers: int = opt(2, "Decoder layers of a built-in tiny judge.", range=(1, 256))
@@ -82,6 +82,10 @@ def check_genrm(cfg: Any) -> None:
     if g.engines > g.max_engines:
         raise ConfigError(f"genrm.engines={g.engines} is more than genrm.max_engines={g.max_engines}; raise "
                           f"genrm.max_engines")
+    if g.engine == "sglang" and not g.engines:
+        raise ConfigError("genrm.engine=sglang picks the kind of the judge engines the reward role starts, and "
+                          "genrm.engines=0 starts none (the judge runs inside the role): set genrm.engines >= 1, "
+                          "or genrm.engine=native")
     if g.api_port and not (g.engines or g.urls):
         raise ConfigError("genrm.api_port scales a pool of judge engine servers, and genrm.engines=0 runs the judge "
                           "inside the reward role: set genrm.engines >= 1 or genrm.api_port=0")

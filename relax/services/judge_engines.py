@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from relax.config import ConfigError, ModelConfig, RelaxConfig
+from relax.config import ModelConfig, RelaxConfig
 from relax.rollout.engine_pool import EnginePool, LocalEngines
 from relax.rollout.genrm import GenRMJudge, JudgeSpec
 from relax.rollout.remote_engines import RemoteEngines
@@ -160,7 +160,6 @@ def open_judge(ctx: RunContext) -> Judge:
     judge = Judge(pool, judge_tokenizer(ctx), judge_spec(cfg), identity, context_of(model) if model else None)
     judge.model_dir = model_dir
     if g.api_port:
-        if not isinstance(pool, RemoteEngines):
-            raise ConfigError("genrm.api_port needs judge engine servers: set genrm.engines >= 1")
+        assert isinstance(pool, RemoteEngines)  # relax.config.genrm.check_genrm: api_port needs servers
         judge.api = RolloutAPIServer(pool, None, cfg.rollout.api_host, g.api_port).start()
     return judge

@@ -73,6 +73,9 @@ COMPANIONS: dict[Any, list[str]] = {
     ("algorithm.mode", "distill"): ["teacher.name_or_path=tiny-qwen2", "algorithm.distill_coef=1"],
     # a row format is the format of a file: the built-in suite has none
     ("data.format", "gsm8k"): [f"data.train_url={GSM8K}", "data.eval_fraction=0.25"],
+    # the judge's settings mean something only with a judge (the reward role's genrm)
+    **{f: ["data.reward_role=true", "genrm.name_or_path=tiny-qwen2"]
+       for f in ("genrm.family", "genrm.verdict", "genrm.invalid", "genrm.engine")},
     # parts are megatron's model-parallel ones (the torch backend refuses it)
     ("trainer.checkpoint_format", "sharded"): ["trainer.backend=megatron"],
 }
@@ -130,6 +133,11 @@ EXPECTED: dict[tuple[str, Any], str] = {
     **{("trainer.micro_batch_layout", v): RUNS for v in ("pack", "bucket", "pad", "prefix")},
     ("trainer.lr_schedule", "constant"): RUNS, ("trainer.lr_schedule", "cosine"): RUNS,
     ("trainer.nan_policy", "skip"): RUNS, ("trainer.nan_policy", "fail"): RUNS,
+    **{("genrm.family", v): RUNS for v in ("qwen2", "qwen3", "llama")},
+    **{("genrm.verdict", v): RUNS for v in ("yes_no", "score", "boxed")},
+    ("genrm.invalid", "skip"): RUNS, ("genrm.invalid", "zero"): RUNS,
+    ("genrm.engine", "native"): RUNS,
+    ("genrm.engine", "sglang"): LOAD,  # the judge runs inside the reward role unless genrm.engines >= 1
 }
 # Accepted values that crash mid-run today (after run.json): a strict xfail, so the fix turns it red.
 # (model.dtype=bfloat16/float16 crashed the native engine's fused decode step until its rope tables
