@@ -153,9 +153,11 @@ def check_engine_kind_options(cfg: Any) -> None:
     if ro.engine == "sglang" and ro.engine_processes:
         raise ConfigError(f"rollout.engine_processes={ro.engine_processes} counts native engine processes; the SGLang "
                           f"servers the rollout launches are rollout.num_engines: set that, and engine_processes=0")
-    if ro.engine == "native" and ro.sglang_module != "sglang.launch_server":
+    # the judge's SGLang servers (genrm.engine=sglang) are launched as the rollout's would be
+    if ro.engine == "native" and ro.sglang_module != "sglang.launch_server" and cfg.genrm.engine != "sglang":
         raise ConfigError(f"rollout.sglang_module={ro.sglang_module!r} is what runs as an SGLang server, and "
-                          f"rollout.engine=native launches none: set rollout.engine=sglang, or drop sglang_module")
+                          f"rollout.engine=native launches none: set rollout.engine=sglang (or genrm.engine=sglang), "
+                          f"or drop sglang_module")
 
 
 def check_engine_launcher(cfg: Any) -> None:

@@ -109,7 +109,10 @@ def _pool(ctx: RunContext, model: torch.nn.Module | None, slots: int) -> tuple[E
     try:
         model.save_pretrained(model_dir)
         judge_tokenizer(ctx).save_pretrained(model_dir)
-        launch_cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(r, engine=g.engine),
+        # the judge's model settings (context, dtype) and engine kind, the rollout's launcher and its token
+        launch_cfg = dataclasses.replace(cfg, model=dataclasses.replace(judge_model_config(cfg),
+                                                                          max_seq_len=context_of(model)),
+                                         rollout=dataclasses.replace(r, engine=g.engine),
                                          algorithm=dataclasses.replace(cfg.algorithm, routing_replay=False))
         launcher = engine_launcher(launch_cfg, model_dir, g.max_engines, slots, ctx.run_url)
         started, killed = first_engines(launcher, g.engines)

@@ -89,3 +89,37 @@ def test_a_judge_engine_killed_mid_batch_is_replaced_and_every_row_judged_once(t
         assert engine.proc.poll() is not None and len(judge.pool.owned) == 1
     finally:
         judge.close()
+
+
+@pytest.mark.slow
+def test_a_judge_behind_urls_and_one_on_sglang_servers_grade_alike(tmp_path, judge_dir, monkeypatch):
+    from relax.services.launchers.process import NativeEngineProcess
+
+    pairs = [(f"<answer>{i}</answer>", s) for i, s in enumerate(_ctx(str(tmp_path / "a")).split("train")[:4])]
+    server = NativeEngineProcess(judge_dir, max_batch_size=8, log_dir=tmp_path)
+    try:
+        server.wait_healthy()
+        judge = open_judge(_ctx(str(tmp_path / "a"), f"genrm.urls=[{server.url}]"))
+        by_url = judge.score_many(pairs)
+        assert judge.identity["urls"] == [server.url] and judge.identity["model_id"].startswith("urls:")
+        judge.close()
+    finally:
+        server.stop()
+    assert all(s.reward > 0.9 and not s.error for s in by_url)
+
+    # genrm.engine=sglang: the reward role launches SGLang (a stand-in here) on the judge's copy and context
+    argv_dir = tmp_path / "argv"
+    argv_dir.mkdir()
+    monkeypatch.setenv("RELAX_STANDIN_ARGV_DIR", str(argv_dir))
+    judge = open_judge(_ctx(str(tmp_path / "b"), f"genrm.name_or_path={judge_dir}", "genrm.engine=sglang",
+                            "genrm.engines=1", "rollout.sglang_module=tests.relax.engines.sglang.stand_in_server",
+                            "model.max_seq_len=128"))
+    try:
+        by_sglang = judge.score_many(pairs)
+    finally:
+        judge.close()
+    assert [s.reward for s in by_sglang] == pytest.approx([s.reward for s in by_url], abs=1e-5)
+    (record,) = [json.loads(p.read_text()) for p in argv_dir.iterdir()]
+    argv = record["argv"]
+    assert os.path.basename(argv[argv.index("--model-path") + 1]).startswith("relax-judge-model-")
+    assert argv[argv.index("--context-length") + 1] == "256"  # the judge's own (its config), not the policy's 128
