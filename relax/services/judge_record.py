@@ -14,13 +14,14 @@ import time
 from typing import Any
 
 from relax import objstore
+from relax.config import ConfigError
 from relax.services.run_context import RunContext
 
 RECORD = "genrm.json"
 
 
-class JudgeChanged(RuntimeError):
-    """A resumed run's judge is not the one it started with."""
+class JudgeChanged(ConfigError):
+    """A resumed run's judge is not the one it started with: a user's choice, so no restart heals it."""
 
 
 def read_judge_record(run_url: str) -> dict[str, Any] | None:
