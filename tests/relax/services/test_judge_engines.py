@@ -4,7 +4,8 @@ its owned engines healing under a batch.
 A run is graded by one judge: the first start records it (weights' content hash, template hash,
 verdict), a restart with other weights is refused unless genrm.allow_change, which records the
 change. A judge engine SIGKILLed while it holds a batch is replaced and the batch is judged whole,
-with the verdicts an unbroken engine gives."""
+with the verdicts an unbroken engine gives. A disaggregated run's judge pool is scaled out and back in
+through its REST API while the run trains."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import os
 import shutil
 import signal
 import threading
+import urllib.request
 
 import pytest
 
 from relax import objstore
+from relax.services.driver import train
 from relax.services.judge_engines import open_judge
 from relax.services.judge_record import RECORD, JudgeChanged, judge_lineage, read_judge_record
+from relax.services.report.metrics import read_metrics
 from relax.services.run_context import RunContext
 from tests.polling import wait_until
 from tests.relax.services.judges import nudged, yes_judge
@@ -123,3 +127,53 @@ def test_a_judge_behind_urls_and_one_on_sglang_servers_grade_alike(tmp_path, jud
     argv = record["argv"]
     assert os.path.basename(argv[argv.index("--model-path") + 1]).startswith("relax-judge-model-")
     assert argv[argv.index("--context-length") + 1] == "256"  # the judge's own (its config), not the policy's 128
+
+
+STEPS = 30
+
+
+def _post(url: str, body: dict, token: str) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_disaggregated_judge_pool_scales_out_and_in_through_the_rest_api(tmp_path, monkeypatch):
+    from tests.conftest import _free_port
+
+    token, port = "judge-api-token", _free_port()
+    monkeypatch.setenv("RELAX_API_TOKEN", token)
+    # an untrained judge writing 160 greedy tokens a row (invalid verdicts, scored 0): a step takes seconds, so
+    # the run is still going when the scale operations (an engine start, a drain) return
+    cfg = tiny_config(f"file://{tmp_path}", "scaled", "topology=disaggregated", "data.reward_role=true",
+                      "genrm.name_or_path=tiny-qwen2", "genrm.verdict=score", "genrm.max_new_tokens=160",
+                      "genrm.invalid=zero", "genrm.engines=1", "genrm.max_engines=2", f"genrm.api_port={port}",
+                      f"trainer.total_steps={STEPS}", "trainer.checkpoint_every=10")
+    done: list = []
+    runner = threading.Thread(target=lambda: done.append(train(cfg, progress=False)))
+    runner.start()
+    try:
+        api = f"http://127.0.0.1:{port}"
+        run_url = f"{cfg.root}/runs/{cfg.run_id}"
+
+        def engines_seen(n: int) -> bool:
+            return any(m.get("genrm/engines") == n for m in read_metrics(run_url, "reward")[-3:])
+
+        wait_until(lambda: engines_seen(1), timeout=300)
+        out = _post(f"{api}/rollout/scale_out", {"num_replicas": 1}, token)
+        assert out["status"] == "succeeded" and len(out["engines_added"]) == 1
+        wait_until(lambda: engines_seen(2), timeout=120)
+        out = _post(f"{api}/rollout/scale_in", {"num_replicas": 1}, token)
+        assert out["status"] == "succeeded" and len(out["engines_removed"]) == 1
+        wait_until(lambda: engines_seen(1) and read_metrics(run_url, "reward")[-1]["genrm/engines"] == 1,
+                   timeout=120)
+    finally:
+        runner.join(timeout=600)
+    (result,) = done
+    assert result.steps == STEPS
+    reward = result.metrics("reward")
+    assert [m["step"] for m in reward] == list(range(STEPS))  # each step scored once, scaled or not
+    assert reward[-1]["genrm/judged_total"] == STEPS * 16 == reward[-1]["genrm/unparsable_total"]
+    assert [m["genrm/engines"] for m in reward][-1] == 1 and 2 in [m["genrm/engines"] for m in reward]
