@@ -1,10 +1,13 @@
-"""The gateway's Responses and Messages APIs with the official ``openai`` (its Responses client) and
-``anthropic`` clients: full tool episodes, streamed or not, that become trainable trajectories, the
-tool-choice constraints, and errors in each API's own shape. The tiny policy is taught the task's
+"""The gateway's three APIs driven by the official ``openai`` (its Responses client) and ``anthropic``
+clients and by agent frameworks, unchanged: the OpenAI Agents SDK (``Runner.run`` over its Responses
+model and its chat-completions model) and LangChain (``ChatOpenAI.bind_tools``, invoked and
+streamed). Each plays full tool episodes, streamed or not, that become trainable trajectories; then
+the tool-choice constraints, and errors in each API's own shape. The tiny policy is taught the task's
 tool-use transcript first (tests/relax/services/tool_episodes.py), so its replies call the tool."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,9 +15,12 @@ import sys
 import threading
 from typing import Any
 
+import agents
 import anthropic
 import openai
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_openai import ChatOpenAI
 
 from relax.config import load_config
 from relax.config.preflight import AGENT_TOKEN_ENV
@@ -121,6 +127,89 @@ def messages_episode(url: str, stream: bool, log: list) -> None:
     log.append(("closed", _close(url, session["id"])))
 
 
+def sdk_episode(url: str, api: str, log: list) -> None:
+    """One episode of an OpenAI Agents SDK agent with a function tool, through ``Runner.run``: over the
+    SDK's Responses model (``api="responses"``) or its chat-completions model (``"chat"``)."""
+    agents.set_tracing_disabled(True)  # the SDK would export traces to OpenAI: no network in tests
+    session = _open(url)
+    sample = session["sample"]
+    (system, user) = sample["messages"]
+
+    @agents.function_tool
+    def lookup(key: str) -> str:
+        """Return the secret code stored for an item.
+
+        Args:
+            key: The item's name, e.g. 'golden plum'.
+        """
+        log.append((f"tool sdk {api}", key))
+        return _tool(sample, "lookup", {"key": key})
+
+    async def run() -> Any:
+        async with openai.AsyncOpenAI(base_url=session["base_url"], api_key=TOKEN, max_retries=0) as client:
+            kind = agents.OpenAIResponsesModel if api == "responses" else agents.OpenAIChatCompletionsModel
+            agent = agents.Agent(name="tool_lookup", instructions=system["content"], model=kind("policy", client),
+                                 tools=[lookup])
+            try:
+                return (await agents.Runner.run(agent, user["content"], max_turns=3)).final_output
+            except agents.MaxTurnsExceeded:  # the policy kept calling the tool: the agent's own limit ends it
+                return None
+
+    log.append((f"sdk {api}", asyncio.run(run())))
+    log.append(("closed", _close(url, session["id"])))
+
+
+def langchain_episode(url: str, stream: bool, log: list) -> None:
+    """One episode through LangChain: ``ChatOpenAI(...).bind_tools`` with the task's tool schema, invoked or
+    streamed (the chunks summed), the tool's result sent back as a ``ToolMessage``."""
+    session = _open(url)
+    sample = session["sample"]
+    (system, user) = sample["messages"]
+    llm = ChatOpenAI(model="policy", base_url=session["base_url"], api_key=TOKEN, max_retries=0)
+    llm = llm.bind_tools(sample["tools"])
+    messages: list[Any] = [SystemMessage(system["content"]), HumanMessage(user["content"])]
+
+    def ask() -> AIMessage:
+        if not stream:
+            return llm.invoke(messages)
+        chunks = iter(llm.stream(messages))
+        reply = next(chunks)
+        for chunk in chunks:
+            reply += chunk
+        return reply
+
+    mode = "langchain stream" if stream else "langchain invoke"
+    first = ask()
+    if first.tool_calls:
+        messages.append(first)
+        messages += [ToolMessage(_tool(sample, c["name"], c["args"]), tool_call_id=c["id"]) for c in first.tool_calls]
+        log += [(f"tool {mode}", c["args"]) for c in first.tool_calls]
+        log.append((mode, ask().content))
+    log.append(("closed", _close(url, session["id"])))
+
+
+def _trainable(trajs: list, log: list, modes: tuple[str, ...]) -> None:
+    """Each of ``modes`` called the tool and answered after its result; the episodes are trainable
+    samples: the engine's tokens and log-probs on the policy's turns, the tool's result in the context
+    but masked out of the loss, the verifier's reward, and every final reply the framework handed its
+    caller is the policy's own text in the recorded episode."""
+    assert len(trajs) == 4 and len([x for x in log if x[0] == "closed"]) == 4
+    for mode in modes:
+        assert {f"tool {mode}", mode} <= {kind for kind, text in log if text}, (mode, log)
+    two = [t for t in trajs if t.turns == 2]
+    assert two, [t.response for t in trajs]
+    for t in two:
+        assert "\n[tool] " in t.response and len(t.turn_spans) == 2
+        trained = [i for i in range(t.prompt_len, len(t.tokens)) if t.mask[i]]
+        masked = [i for i in range(t.prompt_len, len(t.tokens)) if not t.mask[i]]
+        assert masked and trained == [i for a, b in t.turn_spans for i in range(a, b)]
+        assert all(t.logprobs[i] <= 0 for i in trained) and any(t.logprobs[i] < 0 for i in trained)
+        assert all(t.logprobs[i] == 0 for i in masked)
+    assert max(t.reward for t in trajs) == 1.0
+    finals = [text for kind, text in log if kind in modes and text]
+    assert finals and all(any(text in t.response for t in trajs) for text in finals), (finals, trajs)
+
+
 def _play(hub: SessionHub, prompts: list, n: int, agents: list) -> list:
     errors: list[BaseException] = []
 
@@ -168,6 +257,22 @@ def test_the_anthropic_client_plays_tool_episodes_that_train(served):
     for t in two:
         assert "\n[tool] " in t.response and 0 in t.mask[t.prompt_len:] and sum(t.mask) > 0
     assert max(t.reward for t in trajs) == 1.0
+
+
+def test_the_agents_sdk_plays_tool_episodes_with_both_its_models(served):
+    gw, hub, samples = served
+    log: list = []
+    agents_ = [lambda a=a: sdk_episode(gw.url, a, log) for a in ("responses", "chat", "responses", "chat")]
+    trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, agents_)
+    _trainable(trajs, log, ("sdk responses", "sdk chat"))
+
+
+def test_langchain_bind_tools_plays_tool_episodes_invoked_and_streamed(served):
+    gw, hub, samples = served
+    log: list = []
+    agents_ = [lambda s=s: langchain_episode(gw.url, s, log) for s in (False, True, False, True)]
+    trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, agents_)
+    _trainable(trajs, log, ("langchain invoke", "langchain stream"))
 
 
 def test_tool_choice_through_each_api_and_errors_in_each_apis_shape(served):
