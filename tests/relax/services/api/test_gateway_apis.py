@@ -19,6 +19,7 @@ import agents
 import anthropic
 import openai
 import pytest
+import torch
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
@@ -188,7 +189,23 @@ def langchain_episode(url: str, stream: bool, log: list) -> None:
     log.append(("closed", _close(url, session["id"])))
 
 
-def _trainable(trajs: list, log: list, modes: tuple[str, ...]) -> None:
+def _engine_turns(hub: SessionHub, t: Any) -> None:
+    """A two-turn episode trains on the policy's turns only, with the engine's log-probs there (the
+    policy's own, recomputed over the recorded tokens: nothing was re-tokenised); the tool's result
+    sits between them, masked out of the loss (log-prob 0)."""
+    assert "\n[tool] " in t.response and len(t.turn_spans) == 2
+    trained = [i for i in range(t.prompt_len, len(t.tokens)) if t.mask[i]]
+    masked = [i for i in range(t.prompt_len, len(t.tokens)) if not t.mask[i]]
+    assert masked and trained == [i for a, b in t.turn_spans for i in range(a, b)]
+    assert all(t.logprobs[i] == 0 for i in masked)
+    with torch.no_grad():
+        logits = hub.pool.engine.model(input_ids=torch.tensor([t.tokens])).logits[0].float()
+    policy = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(t.tokens[1:])[:, None])[:, 0]
+    recorded = torch.tensor([t.logprobs[i] for i in trained])
+    assert torch.allclose(recorded, policy[[i - 1 for i in trained]], atol=1e-3), (recorded, policy)
+
+
+def _trainable(hub: SessionHub, trajs: list, log: list, modes: tuple[str, ...]) -> None:
     """Each of ``modes`` called the tool and answered after its result; the episodes are trainable
     samples: the engine's tokens and log-probs on the policy's turns, the tool's result in the context
     but masked out of the loss, the verifier's reward, and every final reply the framework handed its
@@ -199,12 +216,7 @@ def _trainable(trajs: list, log: list, modes: tuple[str, ...]) -> None:
     two = [t for t in trajs if t.turns == 2]
     assert two, [t.response for t in trajs]
     for t in two:
-        assert "\n[tool] " in t.response and len(t.turn_spans) == 2
-        trained = [i for i in range(t.prompt_len, len(t.tokens)) if t.mask[i]]
-        masked = [i for i in range(t.prompt_len, len(t.tokens)) if not t.mask[i]]
-        assert masked and trained == [i for a, b in t.turn_spans for i in range(a, b)]
-        assert all(t.logprobs[i] <= 0 for i in trained) and any(t.logprobs[i] < 0 for i in trained)
-        assert all(t.logprobs[i] == 0 for i in masked)
+        _engine_turns(hub, t)
     assert max(t.reward for t in trajs) == 1.0
     finals = [text for kind, text in log if kind in modes and text]
     assert finals and all(any(text in t.response for t in trajs) for text in finals), (finals, trajs)
@@ -243,6 +255,7 @@ def test_the_openai_responses_client_plays_tool_episodes_that_train(served):
     assert two, [t.response for t in trajs]  # previous_response_id and resent items both continued the session
     for t in two:  # the tool output is in the context, masked out of the loss; the replies trained
         assert "\n[tool] " in t.response and 0 in t.mask[t.prompt_len:] and sum(t.mask) > 0
+        _engine_turns(hub, t)
     assert max(t.reward for t in trajs) == 1.0
 
 
@@ -256,6 +269,7 @@ def test_the_anthropic_client_plays_tool_episodes_that_train(served):
     assert two, [t.response for t in trajs]
     for t in two:
         assert "\n[tool] " in t.response and 0 in t.mask[t.prompt_len:] and sum(t.mask) > 0
+        _engine_turns(hub, t)
     assert max(t.reward for t in trajs) == 1.0
 
 
@@ -264,7 +278,7 @@ def test_the_agents_sdk_plays_tool_episodes_with_both_its_models(served):
     log: list = []
     agents_ = [lambda a=a: sdk_episode(gw.url, a, log) for a in ("responses", "chat", "responses", "chat")]
     trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, agents_)
-    _trainable(trajs, log, ("sdk responses", "sdk chat"))
+    _trainable(hub, trajs, log, ("sdk responses", "sdk chat"))
 
 
 def test_langchain_bind_tools_plays_tool_episodes_invoked_and_streamed(served):
@@ -272,7 +286,7 @@ def test_langchain_bind_tools_plays_tool_episodes_invoked_and_streamed(served):
     log: list = []
     agents_ = [lambda s=s: langchain_episode(gw.url, s, log) for s in (False, True, False, True)]
     trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, agents_)
-    _trainable(trajs, log, ("langchain invoke", "langchain stream"))
+    _trainable(hub, trajs, log, ("langchain invoke", "langchain stream"))
 
 
 def test_tool_choice_through_each_api_and_errors_in_each_apis_shape(served):
