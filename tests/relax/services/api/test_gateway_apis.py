@@ -15,13 +15,10 @@ import sys
 import threading
 from typing import Any
 
-import agents
 import anthropic
 import openai
 import pytest
 import torch
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
-from langchain_openai import ChatOpenAI
 
 from relax.config import load_config
 from relax.config.preflight import AGENT_TOKEN_ENV
@@ -131,6 +128,7 @@ def messages_episode(url: str, stream: bool, log: list) -> None:
 def sdk_episode(url: str, api: str, log: list) -> None:
     """One episode of an OpenAI Agents SDK agent with a function tool, through ``Runner.run``: over the
     SDK's Responses model (``api="responses"``) or its chat-completions model (``"chat"``)."""
+    import agents  # imported here: the frameworks take seconds to import, and only these tests use them
     agents.set_tracing_disabled(True)  # the SDK would export traces to OpenAI: no network in tests
     session = _open(url)
     sample = session["sample"]
@@ -163,6 +161,8 @@ def sdk_episode(url: str, api: str, log: list) -> None:
 def langchain_episode(url: str, stream: bool, log: list) -> None:
     """One episode through LangChain: ``ChatOpenAI(...).bind_tools`` with the task's tool schema, invoked or
     streamed (the chunks summed), the tool's result sent back as a ``ToolMessage``."""
+    from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
     session = _open(url)
     sample = session["sample"]
     (system, user) = sample["messages"]
@@ -170,7 +170,7 @@ def langchain_episode(url: str, stream: bool, log: list) -> None:
     llm = llm.bind_tools(sample["tools"])
     messages: list[Any] = [SystemMessage(system["content"]), HumanMessage(user["content"])]
 
-    def ask() -> AIMessage:
+    def ask() -> Any:
         if not stream:
             return llm.invoke(messages)
         chunks = iter(llm.stream(messages))
@@ -276,16 +276,16 @@ def test_the_anthropic_client_plays_tool_episodes_that_train(served):
 def test_the_agents_sdk_plays_tool_episodes_with_both_its_models(served):
     gw, hub, samples = served
     log: list = []
-    agents_ = [lambda a=a: sdk_episode(gw.url, a, log) for a in ("responses", "chat", "responses", "chat")]
-    trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, agents_)
+    players = [lambda a=a: sdk_episode(gw.url, a, log) for a in ("responses", "chat", "responses", "chat")]
+    trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, players)
     _trainable(hub, trajs, log, ("sdk responses", "sdk chat"))
 
 
 def test_langchain_bind_tools_plays_tool_episodes_invoked_and_streamed(served):
     gw, hub, samples = served
     log: list = []
-    agents_ = [lambda s=s: langchain_episode(gw.url, s, log) for s in (False, True, False, True)]
-    trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, agents_)
+    players = [lambda s=s: langchain_episode(gw.url, s, log) for s in (False, True, False, True)]
+    trajs = _play(hub, [(0, samples[0]), (1, samples[1])], 2, players)
     _trainable(hub, trajs, log, ("langchain invoke", "langchain stream"))
 
 
