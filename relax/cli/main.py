@@ -14,6 +14,7 @@ from relax.cli import (
     config_cmd,
     data_cmd,
     export_cmd,
+    genrm_cmd,
     lineage_cmd,
     replay_cmd,
     report_cmd,
@@ -32,7 +33,7 @@ from relax.transfer.lineage import LineageError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous omni-modal RL post-training.")
     sub = parser.add_subparsers(
-        dest="area", required=True, metavar="{config,data,run,eval,train,role,status,scale,lineage,replay,export}"
+        dest="area", required=True, metavar="{config,data,run,eval,train,role,status,scale,lineage,replay,export,genrm}"
     )
     config_cmd.register(sub)
     data_cmd.register(sub)
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_cmd.register(sub)
     scale_cmd.register(sub)
     export_cmd.register(sub)
+    genrm_cmd.register(sub)
     return parser
 
 
