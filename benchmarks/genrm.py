@@ -141,6 +141,7 @@ def learning_run(args: argparse.Namespace, root: str, reward: str, judge: str) -
     train_s = time.perf_counter() - t0
     after = evaluate(cfg, f"{summary.run_url}/checkpoints/step-{args.steps - 1:06d}").accuracy[args.task]
     scored = read_all_metrics(summary.run_url).get("reward", [])
+    agreement = rollout_agreement(cfg, args.task) if reward == "genrm" else None
     every = max(1, len(scored) // 10)
     curve = [{"step": m["step"], "reward": m["reward"], "invalid": m.get("genrm/invalid", 0.0)}
              for m in scored[::every]]
@@ -148,7 +149,34 @@ def learning_run(args: argparse.Namespace, root: str, reward: str, judge: str) -
     return {"reward": reward, "steps": args.steps, "train_s": train_s, "before": before, "after": after,
             "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt,
             "reward_first": summary.reward_first, "reward_last": summary.reward_last,
-            "invalid_total": scored[-1].get("genrm/unparsable_total", 0.0) if scored else 0.0, "reward_curve": curve}
+            "invalid_total": scored[-1].get("genrm/unparsable_total", 0.0) if scored else 0.0, "reward_curve": curve,
+            "rollout_agreement": agreement}
+
+
+def rollout_agreement(cfg, task: str, chunks: int = 4) -> list[dict]:
+    """The judge's verdict (reward > 0.5) against the task's verifier on the run's own rollouts still in its queue,
+    in ``chunks`` spans of commit order (early to late): what the policy was rewarded for."""
+    from relax.data.suite import TASKS
+    from relax.services.run_context import RunContext
+    from relax.transfer.queue import TransferQueue
+
+    q = TransferQueue(cfg.root, cfg.run_id, "rollouts")
+    q.refresh()
+    ids = [sid for sid, meta in q.state.samples.items() if "reward" in meta.locs]  # scored rows
+    rows = q.read(ids, ["response", "reward"])
+    samples = {s.id: s for s in RunContext(cfg).split("train")}
+    spans = []
+    size = max(1, len(ids) // chunks)
+    for start in range(0, size * chunks, size):
+        cells = {"judge_yes_correct": 0, "judge_yes_wrong": 0, "judge_no_correct": 0, "judge_no_wrong": 0}
+        for sid, response, reward in zip(ids[start:start + size], rows["response"][start:start + size],
+                                         rows["reward"][start:start + size], strict=True):
+            correct = TASKS[task].reward(str(response), samples[sid.rsplit("@", 1)[0]]) > 0.5
+            cells[f"judge_{'yes' if float(reward) > 0.5 else 'no'}_{'correct' if correct else 'wrong'}"] += 1
+        n = sum(cells.values())
+        spans.append({**cells, "rows": n, "agreement": (cells["judge_yes_correct"] + cells["judge_no_wrong"]) / n,
+                      "verifier_accuracy": (cells["judge_yes_correct"] + cells["judge_no_correct"]) / n})
+    return spans
 
 
 def write_table(result: dict, output: Output) -> None:
