@@ -197,6 +197,16 @@ def write_table(result: dict, output: Output) -> None:
     for r in result["runs"]:
         rows.append(f"| {r['reward']} | {r['before']:.3f} | {r['after']:.3f} | {r['reward_first']:.3f} -> "
                     f"{r['reward_last']:.3f} | {r['train_s'] / 60:.1f} min |")
+    for r in result["runs"]:
+        if r.get("rollout_agreement"):
+            rows += ["", f"The {r['reward']} run's own rollouts, graded afterwards by the verifier (commit order):", "",
+                     "| rollouts | verifier accuracy (sampled) | judge yes on correct | judge yes on wrong | "
+                     "agreement |", "|---|---|---|---|---|"]
+            for i, a in enumerate(r["rollout_agreement"]):
+                yes_c = a["judge_yes_correct"] / max(1, a["judge_yes_correct"] + a["judge_no_correct"])
+                yes_w = a["judge_yes_wrong"] / max(1, a["judge_yes_wrong"] + a["judge_no_wrong"])
+                rows.append(f"| quarter {i + 1} ({a['rows']} rows) | {a['verifier_accuracy']:.3f} | {yes_c:.3f} | "
+                            f"{yes_w:.3f} | {a['agreement']:.3f} |")
     output.table("genrm", rows, "## Generative reward model (`benchmarks/genrm.py`, results/genrm.json)")
 
 
