@@ -43,6 +43,7 @@ def preflight(cfg: Any, engine_urls: list[str] | None = None, *, teacher: bool =
     check_model_folder(cfg)
     if teacher and cfg.teacher.name_or_path:
         check_teacher_folder(cfg)
+    check_judge_folder(cfg)
     check_megatron_installed(cfg)
     check_http_engine_options(cfg, engine_urls)
     check_agent_token(cfg)
@@ -99,6 +100,28 @@ def check_teacher_folder(cfg: Any) -> None:
     if t.checkpoint and not objstore.exists(objstore.join(t.checkpoint, "meta.json")):
         raise ConfigError(f"teacher.checkpoint={t.checkpoint!r} is not a Relax checkpoint (no meta.json there); "
                           f"point it at <root>/runs/<run>/checkpoints/step-NNNNNN of a finished run")
+
+
+JUDGE_RECORD = "relax_judge.json"  # what `relax genrm train-judge` leaves beside its judge's weights
+
+
+def check_judge_folder(cfg: Any) -> None:
+    """A judge folder that says how it answers (relax.trainers.torch.judge_sft) is read that way, or refused."""
+    g = cfg.genrm
+    path = os.path.join(g.name_or_path, JUDGE_RECORD) if g.name_or_path else ""
+    if not path or not os.path.isfile(path):
+        return
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        verdict, tokens = str(record["verdict"]), int(record["max_new_tokens"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path} is not a judge record ({e}); remove it, or train the judge again") from None
+    if g.verdict != verdict or g.max_new_tokens < tokens:
+        raise ConfigError(f"genrm.name_or_path={g.name_or_path} was trained to answer {verdict!r} verdicts in up to "
+                          f"{tokens} tokens ({JUDGE_RECORD}), and the config reads genrm.verdict={g.verdict!r} with "
+                          f"genrm.max_new_tokens={g.max_new_tokens}: set genrm.verdict={verdict} "
+                          f"genrm.max_new_tokens={tokens}")
 
 
 def served_vocab_size(url: str, timeout_s: float = 30.0) -> int | None:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from relax.config import ModelConfig
+from relax.config.preflight import JUDGE_RECORD
 from relax.data.samples import Sample
 from relax.data.suite import TASKS
 from relax.data.suite.base import derive_seed
@@ -59,7 +60,7 @@ JUDGE_SIZE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4}
 TRAIN_STEPS = 500
 # Bump when the demonstrations or the training recipe change: cached judges (benchmarks/genrm.py) are keyed on it.
 JUDGE_RECIPE = 1
-RECORD = "relax_judge.json"  # beside the weights: the task and how the judge answers
+RECORD = JUDGE_RECORD  # beside the weights: the task and how the judge answers (checked by preflight)
 
 
 @dataclasses.dataclass(frozen=True)

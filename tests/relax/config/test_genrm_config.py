@@ -44,3 +44,20 @@ def test_a_template_file_is_read_and_checked(tmp_path):
     bad.write_text("Grade {answer}")
     with pytest.raises(ConfigError, match=r"genrm.template=.*unknown field\(s\) \['answer'\]"):
         _load(*ON, f"genrm.template={bad}")
+
+
+def test_a_trained_judge_folder_is_read_the_way_it_answers(tmp_path):
+    import json
+
+    from relax.config import preflight
+
+    folder = tmp_path / "judge"
+    folder.mkdir()
+    (folder / "relax_judge.json").write_text(json.dumps({"task": "largest", "verdict": "boxed", "max_new_tokens": 20}))
+    on = ("data.reward_role=true", f"genrm.name_or_path={folder}", f"root=file://{tmp_path}/root")
+    with pytest.raises(ConfigError, match="set genrm.verdict=boxed genrm.max_new_tokens=20"):
+        preflight(_load(*on))  # the default yes_no would find no verdict in its answers
+    preflight(_load(*on, "genrm.verdict=boxed", "genrm.max_new_tokens=20"))
+    (folder / "relax_judge.json").write_text("{")
+    with pytest.raises(ConfigError, match="is not a judge record"):
+        preflight(_load(*on, "genrm.verdict=boxed"))
