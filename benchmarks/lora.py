@@ -14,7 +14,9 @@ bytes of a full version / an adapter version, ``optimizer_memory_ratio`` = AdamW
 (LoRA's measured after a real step; the full model's counted as AdamW allocates it, two moments per
 trainable parameter plus a step scalar, the count that equals LoRA's measurement, since a real full
 AdamW step at this size needs ~8 GB), and ``unmerged_forward_slowdown`` = a forward through PEFT's
-unmerged adapters / through the merged weights (why the engine merges).
+unmerged adapters / through the merged weights (why the engine merges). ``peak_rss_gb``: the process's peak
+memory; it holds two copies of the weights (the policy's base and the engine's) and one full version in flight,
+so the 24-layer run fits in about 10 GB.
 
     python benchmarks/lora.py [--quick]
 
@@ -27,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -87,9 +91,14 @@ def main() -> dict:
     layers = 2 if args.quick else SHAPE["num_hidden_layers"]
     torch.manual_seed(0)
     base = Qwen2ForCausalLM(Qwen2Config(**{**SHAPE, "num_hidden_layers": layers})).eval()
+    full_state = adamw_bytes_of(list(base.parameters()))
+    # two copies of the weights, no more: the engine's (it merges into them in place) and the policy's,
+    # which wraps the base itself; the full version is published from the policy's base tensors
+    engine_model = copy.deepcopy(base)
     cfg = load_config(None, ["model.lora.rank=16", "model.lora.alpha=32"])
     torch.manual_seed(1)
-    policy = apply_lora(copy.deepcopy(base), cfg.model)
+    policy = apply_lora(base, cfg.model)
+    del base
     info = adapter_info(cfg.model)
 
     # optimizer state: a real AdamW step over the adapter
@@ -100,12 +109,10 @@ def main() -> dict:
     optimizer.step()
     lora_state = adamw_state_bytes(optimizer)
     assert lora_state == adamw_bytes_of(trainable), (lora_state, adamw_bytes_of(trainable))
-    full_state = adamw_bytes_of(list(base.parameters()))
     del optimizer
     for p in trainable:
         p.grad = None
 
-    engine_model = copy.deepcopy(base)
     tok = build_tokenizer("bpe-tiny")
     full_s, adapter_s, full_bytes, adapter_bytes = [], [], 0, 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,7 +133,7 @@ def main() -> dict:
             store.retain([0], keep_latest=1)
             version += 1
 
-            full = {k: v.clone() for k, v in base.state_dict().items()}
+            full = base_state(policy)  # the base's own tensors, as a trainer's state_dict would be (no copy)
             t0 = time.perf_counter()
             store.publish(version, full, {})
             load_into(pool.engine, load_version(store, version), str(version))
@@ -137,6 +144,8 @@ def main() -> dict:
             version += 1
             pool.load_weights(store, 0)  # back onto the base for the next adapter
         pool.close()
+    del pool, engine_model  # the engine's weights, fused copies and kept base, before the merged copy below
+    gc.collect()
 
     ids = torch.randint(0, 1000, (8, 32))
     merged = copy.deepcopy(policy).merge_and_unload().eval()
@@ -150,6 +159,7 @@ def main() -> dict:
         "full_adamw_state_bytes": full_state, "lora_adamw_state_bytes": lora_state,
         "optimizer_memory_ratio": full_state / lora_state,
         "merged_forward_s": merged_s, "unmerged_forward_s": unmerged, "unmerged_forward_slowdown": unmerged / merged_s,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # Linux: KiB
     }
     out = Output.from_args(args)
     out.write_json("lora", result)
