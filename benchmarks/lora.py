@@ -16,7 +16,7 @@ trainable parameter plus a step scalar, the count that equals LoRA's measurement
 AdamW step at this size needs ~8 GB), and ``unmerged_forward_slowdown`` = a forward through PEFT's
 unmerged adapters / through the merged weights (why the engine merges). ``peak_rss_gb``: the process's peak
 memory; it holds two copies of the weights (the policy's base and the engine's) and one full version in flight,
-so the 24-layer run fits in about 10 GB.
+which at 24 layers peaked at 12.5 GB.
 
     python benchmarks/lora.py [--quick]
 
