@@ -46,6 +46,13 @@ class JudgeSpec:
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, sampling_seed=rid_seed)
 
 
+def judge_prompt(template: str, response: str, sample: Sample, tokenizer: Any, reference: bool = True) -> EncodedPrompt:
+    """The judge's prompt for one row: ``template`` rendered (relax.rollout.verdicts) as the user turn of the
+    judge's chat template, token ids ready for its engines (what a trained judge must be trained on)."""
+    text = render(template, response, sample, reference)
+    return encode_prompt([{"role": "user", "content": text}], [], [], tokenizer, None)
+
+
 class GenRMJudge:
     """``score_many(pairs, ids) -> list[Scored]``, as the reward dispatcher's, with verdict counts kept."""
 
@@ -57,8 +64,7 @@ class GenRMJudge:
         self.last: dict[str, float] = {}  # the last batch's figures (relax.services.roles.reward's metrics)
 
     def prompt(self, response: str, sample: Sample) -> EncodedPrompt:
-        text = render(self.spec.template, response, sample, self.spec.reference)
-        return encode_prompt([{"role": "user", "content": text}], [], [], self.tokenizer, None)
+        return judge_prompt(self.spec.template, response, sample, self.tokenizer, self.spec.reference)
 
     def verdict(self, completion: Any) -> Verdict:
         if self.spec.verdict == "yes_no":

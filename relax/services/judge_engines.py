@@ -36,6 +36,7 @@ from relax.services.judge_record import check_judge_record
 from relax.services.launchers.factory import engine_launcher, first_engines
 from relax.services.launchers.lifetime import owned_temp_dir
 from relax.services.run_context import RunContext
+from relax.transfer.weight_delta import content_hash
 
 
 def judge_model_config(cfg: RelaxConfig) -> ModelConfig:
@@ -78,12 +79,8 @@ def context_of(model: torch.nn.Module) -> int:
 
 
 def weights_id(model: torch.nn.Module) -> str:
-    """sha256 over the judge's tensors (names, dtypes, shapes, bytes), 16 hex digits: its content, not its path."""
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
+    """The judge's content (the WeightStore's hash over names, dtypes, shapes, bytes), 16 hex digits: not its path."""
+    return content_hash(model.state_dict())[:16]
 
 
 def judge_identity(cfg: RelaxConfig, model_id: str) -> dict[str, Any]:

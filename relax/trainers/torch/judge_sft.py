@@ -43,9 +43,8 @@ from relax.data.samples import Sample
 from relax.data.suite import TASKS
 from relax.data.suite.base import derive_seed
 from relax.rollout.engine_pool import LocalEngines
-from relax.rollout.genrm import GenRMJudge, JudgeSpec
-from relax.rollout.prompts import encode_prompt
-from relax.rollout.verdicts import TEMPLATES, render
+from relax.rollout.genrm import GenRMJudge, JudgeSpec, judge_prompt
+from relax.rollout.verdicts import TEMPLATES
 from relax.trainers.torch.batch import RolloutBatch
 from relax.trainers.torch.sft import IM_END
 from relax.trainers.torch.trainer import TorchTrainer, sft_loss
@@ -93,12 +92,6 @@ def judge_demos(samples: Sequence[Sample], rng: random.Random, difficulty: int =
     return demos
 
 
-def judge_prompt_ids(response: str, sample: Sample, tokenizer: Any, template: str) -> list[int]:
-    """The chat-formatted judge prompt, token for token what :meth:`GenRMJudge.prompt` sends the engine."""
-    text = render(template, response, sample, reference=True)
-    return encode_prompt([{"role": "user", "content": text}], [], [], tokenizer, None).input_ids
-
-
 def judge_reply(demo: Demo, verdict: str = VERDICT) -> str:
     """What the judge is taught to answer: ``yes`` / ``no`` (yes_no), or the two answers it compares and then
     the verdict, ``7 vs 9 \\boxed{0}`` (boxed) or ``7 vs 9 <score>0</score>`` (score)."""
@@ -112,7 +105,7 @@ def judge_reply(demo: Demo, verdict: str = VERDICT) -> str:
 def demo_tokens(demo: Demo, tokenizer: Any, verdict: str = VERDICT) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids (L,), loss_mask (L,)): the judge prompt of ``verdict``'s built-in template, then
     :func:`judge_reply` + end-of-turn, trained."""
-    prompt = judge_prompt_ids(demo.response, demo.sample, tokenizer, TEMPLATES[verdict])
+    prompt = judge_prompt(TEMPLATES[verdict], demo.response, demo.sample, tokenizer).input_ids
     reply = tokenizer(judge_reply(demo, verdict) + IM_END, add_special_tokens=False)["input_ids"]
     ids = torch.tensor(prompt + reply, dtype=torch.long)
     mask = torch.cat([torch.zeros(len(prompt)), torch.ones(len(reply))])
@@ -159,18 +152,22 @@ def train_judge(out: str, task: str = "largest", steps: int = TRAIN_STEPS, *, ba
             "loss_last": losses[-1] if losses else None, "loss_curve": losses[:: max(1, steps // 20)]}
 
 
+def read_record(folder: str) -> dict[str, Any]:
+    """How the judge saved in ``folder`` answers (:data:`RECORD`: task, verdict, max_new_tokens)."""
+    with open(f"{folder}/{RECORD}") as f:
+        return json.load(f)
+
+
 def judge_overrides(folder: str) -> list[str]:
     """The ``genrm.*`` overrides that grade a run with the judge saved in ``folder``."""
-    with open(f"{folder}/{RECORD}") as f:
-        record = json.load(f)
+    record = read_record(folder)
     return [f"genrm.name_or_path={folder}", f"genrm.verdict={record['verdict']}",
             f"genrm.max_new_tokens={record['max_new_tokens']}"]
 
 
 def local_spec(folder: str) -> JudgeSpec:
     """How the judge saved in ``folder`` is asked and read: its verdict's built-in template, greedy."""
-    with open(f"{folder}/{RECORD}") as f:
-        record = json.load(f)
+    record = read_record(folder)
     return JudgeSpec(TEMPLATES[record["verdict"]], record["verdict"], max_new_tokens=record["max_new_tokens"])
 
 
@@ -181,8 +178,9 @@ def local_judge(folder: str, max_batch_size: int = 64, seed: int = 0) -> GenRMJu
     tok = build_tokenizer(folder)
     model, _ = build_policy(ModelConfig(name_or_path=folder, family="qwen2", tokenizer=folder), tok, seed=seed)
     model.eval().requires_grad_(False)
-    pool = LocalEngines(model, tok, max_batch_size=max_batch_size, max_seq_len=512, seed=seed)
-    return GenRMJudge(pool, tok, local_spec(folder), {"name_or_path": folder})
+    context = int(model.config.max_position_embeddings)  # a row that cannot fit is an invalid verdict, not a crash
+    pool = LocalEngines(model, tok, max_batch_size=max_batch_size, max_seq_len=context, seed=seed)
+    return GenRMJudge(pool, tok, local_spec(folder), {"name_or_path": folder}, context)
 
 
 def judge_accuracy(judge: GenRMJudge, task: str = "largest", questions: int = 128, seed: int = 0,

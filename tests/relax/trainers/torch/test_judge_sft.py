@@ -9,9 +9,9 @@ import pytest
 
 from relax.data.suite import TASKS
 from relax.models import build_tokenizer
-from relax.rollout.genrm import GenRMJudge, JudgeSpec
+from relax.rollout.genrm import GenRMJudge, JudgeSpec, judge_prompt
 from relax.rollout.verdicts import TEMPLATES
-from relax.trainers.torch.judge_sft import demo_tokens, judge_demos, judge_prompt_ids, judge_reply, text_task
+from relax.trainers.torch.judge_sft import demo_tokens, judge_demos, judge_reply, text_task
 
 
 @pytest.mark.parametrize("task", ["largest", "arithmetic"])
@@ -35,7 +35,7 @@ def test_demo_prompt_is_what_the_judge_engine_is_sent_and_only_the_reply_is_trai
     ids, mask = demo_tokens(wrong, tok, verdict)
     judge = GenRMJudge(None, tok, JudgeSpec(TEMPLATES[verdict], verdict), {})
     sent = judge.prompt(wrong.response, sample).input_ids
-    assert ids[: len(sent)].tolist() == sent == judge_prompt_ids(wrong.response, sample, tok, TEMPLATES[verdict])
+    assert ids[: len(sent)].tolist() == sent == judge_prompt(TEMPLATES[verdict], wrong.response, sample, tok).input_ids
     assert mask[: len(sent)].sum() == 0 and bool(mask[len(sent):].all())
     reply = tok.decode(ids[len(sent):].tolist())
     assert reply == judge_reply(wrong, verdict) + "<|im_end|>"
